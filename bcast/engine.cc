@@ -1,0 +1,543 @@
+#include "bcast/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "bcast/crc.h"
+#include "bcast/queue.h"
+#include "bcast/stream.h"
+
+namespace stage {
+
+bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, bool overwrite,
+                uint64_t local_crc, uint64_t source_crc) {
+  if (overwrite || mode == Validate::none) return true;
+  if (!local.exists || !local.regular || local.size != src.size) return true;
+  if (mode == Validate::checksum) return local_crc != source_crc;
+  return local.mtime_ns != src.mtime_ns;  // size: same size and same mtime as the source
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Buffer {
+  ChunkHeader hdr;
+  std::vector<std::byte> data;
+};
+using BufPtr = std::unique_ptr<Buffer>;
+
+class Transfer {
+ public:
+  Transfer(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt,
+           const StageEndpoint& ep, const ProgressFn& progress)
+      : comm_(comm), src_(src), store_(store), opt_(opt), ep_(ep), progress_(progress) {}
+
+  StageReport run();
+
+ private:
+  [[nodiscard]] bool is_root() const { return comm_.rank() == opt_.root; }
+  [[nodiscard]] std::string dest_of(size_t i) const { return join_path(ep_.dest, m_.entries[i].path); }
+  void fail_local(Error e) {
+    if (!local_err_) local_err_ = std::move(e);
+  }
+
+  Status share_manifest();
+  Status share_source_crcs(std::vector<uint64_t>& crcs);
+  Status decide();
+  Status prepare();
+  Status copy();
+  void finish();
+  void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
+  void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
+  Status share_root_status(std::optional<Error>& err);
+  void collect_errors();
+
+  Comm& comm_;
+  SourceReader* src_;
+  LocalStore& store_;
+  const StageOptions& opt_;
+  const StageEndpoint& ep_;
+  const ProgressFn& progress_;
+
+  StageReport r_;
+  Manifest m_;
+  std::vector<int64_t> need_local_;  // per entry: this node writes it
+  std::vector<int64_t> need_any_;    // per entry: some node writes it (it is in the stream)
+  std::vector<std::unique_ptr<Txn>> txn_;
+  std::vector<uint64_t> file_crc_;       // per entry, accumulated by the writer thread
+  std::vector<char> finished_;           // per entry, set by the writer thread
+  std::vector<uint64_t> source_file_crc_;  // per layout segment, from the root's trailer
+  std::optional<Error> local_err_;   // this node's destination failed
+  std::optional<Error> writer_err_;  // written by the writer thread only, read after join
+  std::optional<Error> source_err_;  // root: reading the source failed (reader thread, then main)
+  std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
+};
+
+// Root broadcasts "did I fail?" and its message; every rank returns the same error.
+Status Transfer::share_root_status(std::optional<Error>& err) {
+  int64_t failed = is_root() && err ? 1 : 0;
+  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&failed, 1)), opt_.root); !st) return st;
+  if (failed == 0) return {};
+  std::string msg = is_root() ? err->message : std::string();
+  if (auto st = bcast_string(comm_, msg, opt_.root); !st) return st;
+  if (!is_root()) err = Error{make_error_code(Errc::peer_failed), msg};
+  return {};
+}
+
+Status Transfer::share_manifest() {
+  std::optional<Error> err;
+  std::string bytes;
+  if (is_root()) {
+    auto skip = [&](const std::string& path, const std::string& why) {
+      r_.skipped.push_back(path + ": " + why);
+      spdlog::warn("{}: skipping {}: {}", host_name(), path, why);
+    };
+    auto scanned = src_ != nullptr ? src_->scan(ep_.source, opt_.recursive, skip)
+                                   : Result<Manifest>(stage_error(Errc::unsupported, "no source reader"));
+    if (scanned) bytes = encode(*scanned);
+    else err = scanned.error();
+  }
+  if (auto st = share_root_status(err); !st) return st;
+  if (err) return *err;
+  if (auto st = bcast_string(comm_, bytes, opt_.root); !st) return st;
+  auto decoded = decode(std::as_bytes(std::span(bytes.data(), bytes.size())));
+  if (!decoded) return decoded.error();
+  m_ = std::move(decoded.value());
+  for (const Entry& e : m_.entries) {
+    if (e.type == EntryType::file) {
+      ++r_.files;
+      r_.bytes_total += e.meta.size;
+    } else if (e.type == EntryType::dir) {
+      ++r_.dirs;
+    } else {
+      ++r_.symlinks;
+    }
+  }
+  return {};
+}
+
+// --pre-validate checksum: the root reads every source file once and broadcasts the CRCs.
+Status Transfer::share_source_crcs(std::vector<uint64_t>& crcs) {
+  crcs.assign(m_.entries.size(), 0);
+  std::optional<Error> err;
+  if (is_root()) {
+    std::vector<std::byte> buf(4 * kMiB);
+    for (size_t i = 0; i < m_.entries.size() && !err; ++i) {
+      const Entry& e = m_.entries[i];
+      if (e.type != EntryType::file) continue;
+      auto f = src_->open(ep_.source, e);
+      if (!f) {
+        err = f.error();
+        break;
+      }
+      uint64_t crc = 0;
+      for (uint64_t off = 0; off < e.meta.size;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), e.meta.size - off));
+        if (auto st = (*f)->read_at(off, std::span(buf.data(), n)); !st) {
+          err = st.error();
+          break;
+        }
+        crc = crc64(std::span(buf.data(), n), crc);
+        off += n;
+      }
+      crcs[i] = crc;
+    }
+  }
+  if (auto st = share_root_status(err); !st) return st;
+  if (err) return *err;
+  return comm_.bcast(std::as_writable_bytes(std::span(crcs)), opt_.root);
+}
+
+Status Transfer::decide() {
+  const size_t n = m_.entries.size();
+  std::vector<uint64_t> src_crc;
+  if (opt_.pre == Validate::checksum && !opt_.overwrite) {
+    if (auto st = share_source_crcs(src_crc); !st) return st;
+  }
+  need_local_.assign(n, 0);
+  if (ep_.writer) {
+    if (auto st = store_.make_parents(ep_.dest); !st) fail_local(st.error());
+    for (size_t i = 0; i < n && !local_err_; ++i) {
+      const Entry& e = m_.entries[i];
+      const std::string path = dest_of(i);
+      if (e.type == EntryType::dir) {
+        if (auto st = store_.make_dir(path, e.meta.mode); !st) fail_local(st.error());
+        continue;
+      }
+      auto ls = store_.inspect(path);
+      if (!ls) {
+        fail_local(ls.error());
+        continue;
+      }
+      if (e.type == EntryType::symlink) {
+        if (ls->link_target != e.link_target || opt_.overwrite) {
+          if (auto st = store_.make_symlink(path, e.link_target); !st) fail_local(st.error());
+        }
+        continue;
+      }
+      if (ls->is_dir) {
+        fail_local(sys_error(EISDIR, "destination (give the full path of the file)", path));
+        continue;
+      }
+      uint64_t local_crc = 0;
+      if (!src_crc.empty() && ls->regular && ls->size == e.meta.size) {
+        auto c = store_.checksum(path);
+        if (!c) {
+          fail_local(c.error());
+          continue;
+        }
+        local_crc = *c;
+      }
+      need_local_[i] =
+          needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1 : 0;
+    }
+  }
+  need_any_ = need_local_;
+  if (auto st = comm_.allreduce_max(need_any_); !st) return st;
+  bool mine = false;
+  for (int64_t v : need_local_) mine = mine || v != 0;
+  r_.this_node_wrote = mine;
+  std::array<int64_t, 2> counts{ep_.writer ? 1 : 0, mine ? 1 : 0};
+  if (auto st = comm_.allreduce_sum(counts); !st) return st;
+  r_.writers = counts[0];
+  r_.nodes_needing = counts[1];
+  return {};
+}
+
+Status Transfer::prepare() {
+  const size_t n = m_.entries.size();
+  txn_.resize(n);
+  file_crc_.assign(n, 0);
+  finished_.assign(n, 0);
+  if (ep_.writer && !local_err_) {
+    uint64_t want = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (need_local_[i] != 0) want += m_.entries[i].meta.size;
+    if (want > 0) {
+      auto free_bytes = store_.free_bytes(m_.tree ? join_path(ep_.dest, "x") : ep_.dest);
+      if (!free_bytes) {
+        fail_local(free_bytes.error());
+      } else if (*free_bytes < want) {
+        Error e = sys_error(ENOSPC, "not enough free space for", ep_.dest);
+        e.message += " (need " + std::to_string(want) + " bytes, " + std::to_string(*free_bytes) + " free)";
+        fail_local(e);
+      }
+    }
+    for (size_t i = 0; i < n && !local_err_; ++i) {
+      if (need_local_[i] == 0) continue;
+      const std::string path = dest_of(i);
+      if (const int k = store_.remove_stale_temps(path); k > 0)
+        spdlog::info("{}: removed {} stale temporary file(s) beside {}", host_name(), k, path);
+      auto t = store_.begin(path);
+      if (!t) fail_local(t.error());
+      else txn_[i] = std::move(t.value());
+    }
+  }
+  auto any = allreduce_max(comm_, local_err_ ? 1 : 0);
+  if (!any) return any.error();
+  if (*any != 0) return Error{make_error_code(Errc::peer_failed), "a node could not prepare its destination"};
+  return {};
+}
+
+void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q) {
+  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  std::unique_ptr<SourceFile> file;
+  size_t open_seg = SIZE_MAX;
+  reader_file_crc_.assign(layout.segments().size(), 0);
+  for (uint64_t i = 0; i < nchunks; ++i) {
+    auto b = free_q.pop();
+    if (!b) return;
+    Buffer& buf = **b;
+    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
+    buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
+    bool any_data = false;
+    uint64_t crc = 0;
+    for (const Piece& p : layout.pieces(range.offset, range.length)) {
+      const Segment& seg = layout.segments()[p.segment];
+      const Entry& e = m_.entries[seg.entry];
+      if (open_seg != p.segment) {
+        auto f = src_->open(ep_.source, e);
+        if (!f) {
+          source_err_ = f.error();
+          break;
+        }
+        file = std::move(f.value());
+        open_seg = p.segment;
+      }
+      const std::span<std::byte> dst(buf.data.data() + p.chunk_off, p.length);
+      uint64_t piece_crc = 0;
+      if (file->has_data(p.file_off, p.length)) {
+        if (auto st = file->read_at(p.file_off, dst); !st) {
+          source_err_ = st.error();
+          break;
+        }
+        any_data = true;
+        piece_crc = crc64(dst);
+      } else {
+        std::memset(dst.data(), 0, dst.size());
+        piece_crc = crc64_zeros(p.length);
+      }
+      crc = crc64_combine(crc, piece_crc, p.length);
+      reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
+      if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
+        auto now = file->stat_now();
+        if (!now) source_err_ = now.error();
+        else if (*now != e.meta)
+          source_err_ = stage_error(Errc::source_changed, "source", join_path(ep_.source, e.path));
+        if (source_err_) break;
+      }
+    }
+    if (source_err_) {
+      buf.hdr.flags = kChunkAbort;
+      full_q.push(std::move(*b));
+      return;
+    }
+    buf.hdr.crc = crc;
+    buf.hdr.flags = any_data ? 0 : kChunkZero;
+    full_q.push(std::move(*b));
+  }
+}
+
+void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q) {
+  std::vector<uint64_t> piece_crc;
+  while (auto b = write_q.pop()) {
+    Buffer& buf = **b;
+    if (!writer_err_) {
+      const bool zero = (buf.hdr.flags & kChunkZero) != 0;
+      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, buf.hdr.index);
+      const auto pieces = layout.pieces(range.offset, range.length);
+      piece_crc.assign(pieces.size(), 0);
+      uint64_t crc = 0;
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const Piece& p = pieces[k];
+        piece_crc[k] = zero ? crc64_zeros(p.length) : crc64(std::span(buf.data.data() + p.chunk_off, p.length));
+        crc = crc64_combine(crc, piece_crc[k], p.length);
+      }
+      if (!zero && crc != buf.hdr.crc) {
+        writer_err_ = stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
+      }
+      for (size_t k = 0; k < pieces.size() && !writer_err_; ++k) {
+        const Piece& p = pieces[k];
+        const Segment& seg = layout.segments()[p.segment];
+        if (need_local_[seg.entry] == 0) continue;
+        Txn& t = *txn_[seg.entry];
+        if (!zero) {
+          if (auto st = t.write(p.file_off, std::span(buf.data.data() + p.chunk_off, p.length)); !st) {
+            writer_err_ = st.error();
+            break;
+          }
+        }
+        file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], piece_crc[k], p.length);
+        if (p.file_off + p.length == seg.size) {
+          if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st) writer_err_ = st.error();
+          finished_[seg.entry] = 1;
+        }
+      }
+    }
+    free_q.push(std::move(*b));  // a failed writer keeps draining so the pipeline never stalls
+  }
+}
+
+Status Transfer::copy() {
+  const Layout layout(m_, need_any_);
+  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  r_.bytes_streamed = 0;
+  r_.files_streamed = layout.segments().size();
+  const bool write_here = ep_.writer && r_.this_node_wrote;
+  BlockingQueue<BufPtr> free_q, full_q, write_q;
+  const uint64_t bufsize = std::min<uint64_t>(opt_.chunk_size, std::max<uint64_t>(layout.bytes(), 1));
+  for (int k = 0; k < std::max(2, opt_.pipeline_depth); ++k) {
+    auto b = std::make_unique<Buffer>();
+    b->data.resize(bufsize);
+    free_q.push(std::move(b));
+  }
+  std::thread reader;
+  std::thread writer;
+  if (is_root()) reader = std::thread([&] { reader_loop(layout, free_q, full_q); });
+  if (write_here) writer = std::thread([&] { writer_loop(layout, write_q, free_q); });
+
+  Status comm_status;
+  for (uint64_t i = 0; i < nchunks; ++i) {
+    auto b = is_root() ? full_q.pop() : free_q.pop();
+    if (!b) break;
+    Buffer& buf = **b;
+    ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
+    if (comm_status = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !comm_status) break;
+    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
+    if (h.index != i || h.length != range.length || (h.flags & ~(kChunkZero | kChunkAbort)) != 0) {
+      comm_status = stage_error(Errc::bad_message, "chunk header " + std::to_string(i));
+      break;  // cannot stay in step with the others: give up on collectives
+    }
+    if ((h.flags & kChunkAbort) != 0) {
+      free_q.push(std::move(*b));
+      break;  // every rank sees the same header and leaves the loop at the same chunk
+    }
+    if ((h.flags & kChunkZero) == 0) {
+      if (comm_status = comm_.bcast(std::span(buf.data.data(), h.length), opt_.root); !comm_status) break;
+      r_.bytes_streamed += h.length;
+    }
+    ++r_.chunks;
+    buf.hdr = h;
+    if (write_here) write_q.push(std::move(*b));
+    else free_q.push(std::move(*b));
+    if (progress_ && is_root()) progress_(range.offset + range.length, layout.bytes());
+  }
+  write_q.close();
+  if (writer.joinable()) writer.join();
+  free_q.close();
+  if (reader.joinable()) reader.join();
+  if (!comm_status) return comm_status;
+
+  // Trailer: the root's verdict on the source, then the CRC of every streamed file.
+  if (auto st = share_root_status(source_err_); !st) return st;
+  if (source_err_) return {};
+  source_file_crc_ = is_root() ? reader_file_crc_ : std::vector<uint64_t>(layout.segments().size());
+  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(source_file_crc_)), opt_.root); !st) return st;
+  if (writer_err_) fail_local(*writer_err_);
+  if (write_here && !local_err_) {
+    for (size_t s = 0; s < layout.segments().size(); ++s) {
+      const size_t i = layout.segments()[s].entry;
+      if (need_local_[i] != 0 && finished_[i] != 0 && file_crc_[i] != source_file_crc_[s])
+        fail_local(stage_error(Errc::checksum_mismatch, "copy of", dest_of(i)));
+    }
+  }
+  return {};
+}
+
+void Transfer::finish() {
+  const size_t n = m_.entries.size();
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < n; ++i)
+    if (need_local_[i] != 0 && txn_[i]) mine.push_back(i);
+  if (!source_err_ && !local_err_) {
+    for (size_t i : mine) {  // zero-length files never saw a chunk
+      if (finished_[i] == 0) {
+        if (auto st = txn_[i]->finish(m_.entries[i].meta, crc64_zeros(0)); !st) fail_local(st.error());
+        finished_[i] = 1;
+      }
+    }
+    if (mine.size() > 8 && !local_err_) {
+      if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
+    } else {
+      for (size_t i : mine)
+        if (auto st = local_err_ ? Status{} : txn_[i]->sync(); !st) fail_local(st.error());
+    }
+  }
+  const auto t_post = Clock::now();
+  if (!source_err_ && !local_err_ && opt_.post != Validate::none) {
+    for (size_t i : mine) {
+      const Entry& e = m_.entries[i];
+      if (opt_.post == Validate::size) {
+        auto sz = txn_[i]->size_on_disk();
+        if (!sz) fail_local(sz.error());
+        else if (*sz != e.meta.size) fail_local(stage_error(Errc::checksum_mismatch, "size check of", dest_of(i)));
+      } else {
+        auto c = txn_[i]->crc_on_disk();
+        if (!c) fail_local(c.error());
+        else if (*c != file_crc_[i]) fail_local(stage_error(Errc::checksum_mismatch, "post-validation of", dest_of(i)));
+      }
+      if (local_err_) break;
+    }
+  }
+  r_.t.postvalidate = since(t_post);
+  // A node publishes iff the source held still and its own copy verified.
+  if (!source_err_ && !local_err_) {
+    for (size_t i : mine)
+      if (auto st = txn_[i]->commit(); !st) {
+        fail_local(st.error());
+        break;
+      }
+  }
+  for (auto& t : txn_)
+    if (t) t->abort();  // no-op after commit
+}
+
+void Transfer::collect_errors() {
+  std::string mine;
+  if (local_err_) mine = local_err_->message;
+  else if (is_root() && source_err_) mine = source_err_->message;
+  auto all = comm_.gather(mine, opt_.root);
+  if (is_root() && all) {
+    for (auto& s : *all)
+      if (!s.empty()) r_.errors.push_back(s);
+  } else if (!mine.empty()) {
+    r_.errors.push_back(mine);
+  }
+}
+
+StageReport Transfer::run() {
+  const auto t0 = Clock::now();
+  auto finish_report = [&](bool ok) {
+    r_.ok = ok;
+    r_.exit_code = ok ? 0 : 1;
+    r_.t.total = since(t0);
+    return r_;
+  };
+  // A collective failure (MPI error, malformed message) ends the transfer here: no further
+  // collectives are attempted, every temporary file is removed by the Txn destructors.
+  auto comm_broke = [&](const Status& st) {
+    r_.errors.push_back(st.error().message);
+    spdlog::error("{}", st.error().message);
+    return finish_report(false);
+  };
+
+  if (auto st = share_manifest(); !st) {
+    if (st.error().code == make_error_code(Errc::comm_failed)) return comm_broke(st);
+    r_.errors.push_back(st.error().message);
+    return finish_report(false);  // the source's error, identical on every rank
+  }
+  r_.t.metadata = since(t0);
+
+  const auto t_pre = Clock::now();
+  if (auto st = decide(); !st) {
+    if (st.error().code != make_error_code(Errc::peer_failed)) return comm_broke(st);
+    r_.errors.push_back(st.error().message);
+    return finish_report(false);
+  }
+  const bool any_need = std::any_of(need_any_.begin(), need_any_.end(), [](int64_t v) { return v != 0; });
+  if (!any_need) {  // the same on every rank: nothing to read, nothing to send
+    auto failed = allreduce_max(comm_, local_err_ ? 1 : 0);
+    r_.t.prevalidate = since(t_pre);
+    if (!failed) return comm_broke(Status(failed.error()));
+    if (*failed != 0) {
+      collect_errors();
+      return finish_report(false);
+    }
+    return finish_report(true);
+  }
+  if (auto st = prepare(); !st) {
+    r_.t.prevalidate = since(t_pre);
+    if (st.error().code != make_error_code(Errc::peer_failed)) return comm_broke(st);
+    txn_.clear();
+    collect_errors();
+    return finish_report(false);
+  }
+  r_.t.prevalidate = since(t_pre);
+
+  const auto t_copy = Clock::now();
+  if (auto st = copy(); !st) return comm_broke(st);
+  finish();
+  r_.t.copy = since(t_copy) - r_.t.postvalidate;  // includes fsync and rename
+
+  std::array<int64_t, 2> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0};
+  if (auto st = comm_.allreduce_max(outcome); !st) return comm_broke(st);
+  collect_errors();
+  return finish_report(outcome[0] == 0 && outcome[1] == 0);
+}
+
+}  // namespace
+
+StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store, const StageOptions& opt,
+                           const StageEndpoint& ep, const ProgressFn& progress) {
+  Transfer t(comm, source, store, opt, ep, progress);
+  return t.run();
+}
+
+}  // namespace stage

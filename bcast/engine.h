@@ -1,0 +1,86 @@
+// The broadcast engine: stage one file or one directory tree from the source rank onto every
+// node's local store, with one read of the source.
+//
+//   1. Metadata   the source rank scans the source and broadcasts the manifest (or its error).
+//   2. Decide     each writer compares its local copy with the manifest (size+mtime, CRC, or
+//                 always) and creates directories and symlinks; an allreduce tells everyone
+//                 which files any node needs. If none: done, nothing read or sent.
+//   3. Prepare    writers check free space and create their temporary files; an allreduce of
+//                 the status stops every rank before any data moves if one node cannot write.
+//   4. Copy       a pipeline of a few chunk buffers: the source's reader thread reads chunk
+//                 i+1 (computing its CRC) while the MPI thread broadcasts chunk i and each
+//                 writer thread verifies and writes chunk i-1. Holes are sent as a flag.
+//   5. Finish     fsync, optional post-validation (size, or re-read CRC), then an allreduce of
+//                 [source failed, this node failed]. A node publishes (rename) only if the
+//                 source stayed unchanged and its own copy verified; a final allreduce gives
+//                 every rank the same overall outcome.
+//
+// stage_transfer() is COLLECTIVE over `comm` and is called by one thread per rank (the thread
+// that owns the Comm); it starts and joins its own reader/writer threads. A non-writer rank
+// (a second rank on a node) relays broadcasts and writes nothing. Memory: pipeline_depth
+// chunk buffers per rank, whatever the file size. Errors never abort: they come back in the
+// report, identical in `ok` and `exit_code` on every rank.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bcast/chunk.h"
+#include "bcast/comm.h"
+#include "bcast/source.h"
+#include "bcast/store.h"
+
+namespace stage {
+
+enum class Validate { none, size, checksum };
+
+struct StageOptions {
+  uint64_t chunk_size = kDefaultChunk;
+  Validate pre = Validate::size;
+  Validate post = Validate::none;
+  bool overwrite = false;
+  bool recursive = false;
+  int root = 0;
+  int pipeline_depth = 4;
+};
+
+struct StageEndpoint {
+  std::string source;  // used on the root only
+  std::string dest;    // this node's destination path
+  bool writer = true;  // false: relay only
+};
+
+struct PhaseTimes {
+  double topology = 0, metadata = 0, prevalidate = 0, copy = 0, postvalidate = 0, total = 0;
+};
+
+struct StageReport {
+  bool ok = false;
+  int exit_code = 1;
+  PhaseTimes t;
+  uint64_t files = 0, dirs = 0, symlinks = 0;
+  uint64_t bytes_total = 0;     // regular file bytes in the manifest
+  uint64_t bytes_streamed = 0;  // bytes that went through the broadcast (holes excluded)
+  uint64_t files_streamed = 0;
+  uint64_t chunks = 0;
+  int64_t writers = 0;          // nodes (one writer each)
+  int64_t nodes_needing = 0;    // nodes that wrote something
+  bool this_node_wrote = false;
+  std::vector<std::string> errors;  // root: every failing rank's message; elsewhere: its own
+  std::vector<std::string> skipped; // root: entries not staged (FIFOs, sockets, devices)
+};
+
+// Called on the root rank from the MPI thread after each chunk (bytes done, bytes to stream).
+using ProgressFn = std::function<void(uint64_t, uint64_t)>;
+
+StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store,
+                           const StageOptions& opt, const StageEndpoint& ep,
+                           const ProgressFn& progress = {});
+
+// The pre-validation decision for one regular file (pure; unit-tested).
+bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, bool overwrite,
+                uint64_t local_crc, uint64_t source_crc);
+
+}  // namespace stage

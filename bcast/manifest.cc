@@ -1,0 +1,142 @@
+#include "bcast/manifest.h"
+
+#include <cstring>
+#include <unordered_set>
+
+namespace stage {
+namespace {
+
+constexpr uint32_t kMagic = 0x53544731;  // "STG1"
+constexpr uint64_t kMaxEntries = 1ULL << 26;
+constexpr uint32_t kMaxPath = 4096;
+
+class Writer {
+ public:
+  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) { raw(&v, sizeof v); }
+  void u64(uint64_t v) { raw(&v, sizeof v); }
+  void str(const std::string& s) {
+    u32(static_cast<uint32_t>(s.size()));
+    out_ += s;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> b) : b_(b) {}
+  bool u8(uint8_t& v) { return raw(&v, sizeof v); }
+  bool u32(uint32_t& v) { return raw(&v, sizeof v); }
+  bool u64(uint64_t& v) { return raw(&v, sizeof v); }
+  bool str(std::string& s) {
+    uint32_t n = 0;
+    if (!u32(n) || n > kMaxPath || n > b_.size() - pos_) return false;
+    s.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  [[nodiscard]] bool at_end() const { return pos_ == b_.size(); }
+
+ private:
+  bool raw(void* p, size_t n) {
+    if (n > b_.size() - pos_) return false;
+    std::memcpy(p, b_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  std::span<const std::byte> b_;
+  size_t pos_ = 0;
+};
+
+Error bad(const char* why) { return stage_error(Errc::bad_message, std::string("manifest: ") + why); }
+
+}  // namespace
+
+bool is_safe_relative(std::string_view path) {
+  if (path.empty()) return true;  // the root itself
+  if (path.front() == '/' || path.find('\0') != std::string_view::npos) return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find('/', start), path.size());
+    const std::string_view part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+std::string join_path(const std::string& root, const std::string& rel) {
+  if (rel.empty()) return root;
+  if (!root.empty() && root.back() == '/') return root + rel;
+  return root + "/" + rel;
+}
+
+std::string encode(const Manifest& m) {
+  Writer w;
+  w.u32(kMagic);
+  w.u8(m.tree ? 1 : 0);
+  w.u64(m.entries.size());
+  for (const Entry& e : m.entries) {
+    w.str(e.path);
+    w.u8(static_cast<uint8_t>(e.type));
+    w.u64(e.meta.size);
+    w.u64(static_cast<uint64_t>(e.meta.mtime_ns));
+    w.u64(static_cast<uint64_t>(e.meta.ctime_ns));
+    w.u64(e.meta.ino);
+    w.u64(e.meta.dev);
+    w.u32(e.meta.mode);
+    w.str(e.link_target);
+  }
+  return w.take();
+}
+
+Result<Manifest> decode(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  uint32_t magic = 0;
+  uint8_t tree = 0;
+  uint64_t count = 0;
+  if (!r.u32(magic) || magic != kMagic) return bad("bad magic");
+  if (!r.u8(tree) || tree > 1) return bad("bad flags");
+  if (!r.u64(count) || count > kMaxEntries || count > bytes.size()) return bad("bad entry count");
+  Manifest m;
+  m.tree = tree == 1;
+  m.entries.reserve(count);
+  std::unordered_set<std::string> dirs;  // a parent must be a directory listed earlier
+  for (uint64_t i = 0; i < count; ++i) {
+    Entry e;
+    uint8_t type = 0;
+    uint64_t mtime = 0;
+    uint64_t ctime = 0;
+    if (!r.str(e.path) || !r.u8(type) || !r.u64(e.meta.size) || !r.u64(mtime) || !r.u64(ctime) ||
+        !r.u64(e.meta.ino) || !r.u64(e.meta.dev) || !r.u32(e.meta.mode) || !r.str(e.link_target))
+      return bad("truncated entry");
+    if (type < 1 || type > 3) return bad("bad entry type");
+    e.type = static_cast<EntryType>(type);
+    e.meta.mtime_ns = static_cast<int64_t>(mtime);
+    e.meta.ctime_ns = static_cast<int64_t>(ctime);
+    if (!is_safe_relative(e.path)) return bad("unsafe path");
+    if (e.path.empty() && (m.tree ? e.type != EntryType::dir : count != 1)) return bad("bad root entry");
+    if (!m.tree && !e.path.empty()) return bad("path in a single-file manifest");
+    if ((e.meta.mode & ~07777U) != 0) return bad("bad mode");
+    if (e.type == EntryType::symlink ? e.link_target.empty() : !e.link_target.empty())
+      return bad("bad symlink target");
+    if (e.type != EntryType::file && e.meta.size != 0 && e.type != EntryType::symlink)
+      return bad("size on a directory");
+    if (e.meta.size > (1ULL << 62)) return bad("size out of range");
+    if (!e.path.empty()) {
+      const size_t slash = e.path.rfind('/');
+      const std::string parent = slash == std::string::npos ? "" : e.path.substr(0, slash);
+      if (!dirs.contains(parent)) return bad("entry whose parent is not a listed directory");
+    }
+    if (e.type == EntryType::dir) dirs.insert(e.path);
+    m.entries.push_back(std::move(e));
+  }
+  if (!r.at_end()) return bad("trailing bytes");
+  return m;
+}
+
+}  // namespace stage

@@ -1,0 +1,54 @@
+// What the source rank found under --source, sent to every rank before any data.
+// A manifest is a list of entries (regular files, directories, symlinks) with the source's
+// metadata; for a single file it holds one entry whose path is "". The wire encoding is a
+// flat little-endian byte string; decode() validates every length, type and path (no "..",
+// no absolute path, no NUL, no empty component) before anything is used, so a corrupt or
+// hostile message cannot make a rank touch a path outside its destination. Pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bcast/error.h"
+
+namespace stage {
+
+enum class EntryType : uint8_t { file = 1, dir = 2, symlink = 3 };
+
+// Identity of a source file: if any field changes, a copy made from it is stale.
+struct FileMeta {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  uint64_t ino = 0;
+  uint64_t dev = 0;
+  uint32_t mode = 0;  // permission bits only
+  bool operator==(const FileMeta&) const = default;
+};
+
+struct Entry {
+  std::string path;  // relative to the source root; "" for the root itself
+  EntryType type = EntryType::file;
+  FileMeta meta;
+  std::string link_target;  // symlinks only
+};
+
+struct Manifest {
+  std::vector<Entry> entries;
+  bool tree = false;  // source was a directory (--recursive)
+};
+
+std::string encode(const Manifest& m);
+Result<Manifest> decode(std::span<const std::byte> bytes);
+
+// True for a path that stays below its root: relative, no "." or ".." or empty component.
+bool is_safe_relative(std::string_view path);
+
+// dest_root joined with a manifest path ("" -> dest_root itself).
+std::string join_path(const std::string& root, const std::string& rel);
+
+}  // namespace stage

@@ -1,0 +1,150 @@
+#include "bcast/source.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "bcast/fd.h"
+
+namespace stage {
+
+FileMeta meta_from_stat(const struct stat& st) {
+  FileMeta m;
+  m.size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  m.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  m.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
+  m.ino = st.st_ino;
+  m.dev = st.st_dev;
+  m.mode = st.st_mode & 07777U;
+  return m;
+}
+
+namespace {
+
+class PosixSourceFile final : public SourceFile {
+ public:
+  PosixSourceFile(Fd fd, std::string path, uint64_t size)
+      : fd_(std::move(fd)), path_(std::move(path)), size_(size) {}
+
+  Status read_at(uint64_t off, std::span<std::byte> buf) override {
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t n = ::pread(fd_.get(), buf.data() + done, buf.size() - done,
+                                static_cast<off_t>(off + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return sys_error(errno, "read source", path_);
+      }
+      if (n == 0) {
+        Error e = stage_error(Errc::short_read, "read source", path_);
+        e.message += " (at byte " + std::to_string(off + done) + " of " + std::to_string(size_) + ")";
+        return e;
+      }
+      done += static_cast<size_t>(n);
+    }
+    return {};
+  }
+
+  bool has_data(uint64_t off, uint64_t len) override {
+    const off_t d = ::lseek(fd_.get(), static_cast<off_t>(off), SEEK_DATA);
+    if (d < 0) return errno != ENXIO;  // ENXIO: only a hole up to EOF
+    return static_cast<uint64_t>(d) < off + len;
+  }
+
+  Result<FileMeta> stat_now() override {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) return sys_error(errno, "stat source", path_);
+    return meta_from_stat(st);
+  }
+
+ private:
+  Fd fd_;
+  std::string path_;
+  uint64_t size_;
+};
+
+struct Walker {
+  const SourceReader::SkipFn& skipped;
+  Manifest& m;
+
+  Status walk(const std::string& abs, const std::string& rel) {
+    DIR* d = ::opendir(abs.c_str());
+    if (d == nullptr) return sys_error(errno, "open source directory", abs);
+    std::vector<std::string> names;
+    errno = 0;
+    while (const dirent* de = ::readdir(d)) {
+      const std::string name = de->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    const int err = errno;
+    ::closedir(d);
+    if (err != 0) return sys_error(err, "read source directory", abs);
+    std::sort(names.begin(), names.end());  // same order on every run
+    for (const std::string& name : names) {
+      const std::string cabs = abs + "/" + name;
+      const std::string crel = rel.empty() ? name : rel + "/" + name;
+      struct stat st {};
+      if (::lstat(cabs.c_str(), &st) != 0) return sys_error(errno, "stat source", cabs);
+      Entry e{crel, EntryType::file, meta_from_stat(st), {}};
+      if (S_ISREG(st.st_mode)) {
+        if (::access(cabs.c_str(), R_OK) != 0) return sys_error(errno, "source", cabs);
+        m.entries.push_back(std::move(e));
+      } else if (S_ISDIR(st.st_mode)) {
+        e.type = EntryType::dir;
+        m.entries.push_back(std::move(e));
+        if (auto s = walk(cabs, crel); !s) return s;
+      } else if (S_ISLNK(st.st_mode)) {
+        std::string target(static_cast<size_t>(st.st_size) + 1, '\0');
+        const ssize_t n = ::readlink(cabs.c_str(), target.data(), target.size());
+        if (n < 0) return sys_error(errno, "read symlink", cabs);
+        target.resize(static_cast<size_t>(n));
+        e.type = EntryType::symlink;
+        e.meta.size = 0;
+        e.link_target = std::move(target);
+        m.entries.push_back(std::move(e));
+      } else if (skipped) {
+        skipped(cabs, "not a regular file, directory or symlink");
+      }
+    }
+    return {};
+  }
+};
+
+}  // namespace
+
+Result<Manifest> PosixSource::scan(const std::string& path, bool recursive, const SkipFn& skipped) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return sys_error(errno, "source", path);
+  Manifest m;
+  if (S_ISDIR(st.st_mode)) {
+    if (!recursive) return sys_error(EISDIR, "source (use --recursive to stage a directory tree)", path);
+    m.tree = true;
+    m.entries.push_back(Entry{"", EntryType::dir, meta_from_stat(st), {}});
+    Walker w{skipped, m};
+    if (auto s = w.walk(path, ""); !s) return s.error();
+    return m;
+  }
+  if (!S_ISREG(st.st_mode)) return stage_error(Errc::unsupported, "source", path);
+  // Check readability now so every rank hears about it before any collective on data.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return sys_error(errno, "open source", path);
+  m.entries.push_back(Entry{"", EntryType::file, meta_from_stat(st), {}});
+  return m;
+}
+
+Result<std::unique_ptr<SourceFile>> PosixSource::open(const std::string& root, const Entry& e) {
+  const std::string path = join_path(root, e.path);
+  // The root may be a symlink the user named; below it, symlinks are never followed.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (e.path.empty() ? 0 : O_NOFOLLOW)));
+  if (!fd.valid()) return sys_error(errno, "open source", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return sys_error(errno, "stat source", path);
+  if (!S_ISREG(st.st_mode) || meta_from_stat(st) != e.meta)
+    return stage_error(Errc::source_changed, "open source", path);
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  return std::unique_ptr<SourceFile>(new PosixSourceFile(std::move(fd), path, e.meta.size));
+}
+
+}  // namespace stage

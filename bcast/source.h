@@ -1,0 +1,50 @@
+// The source seam: what the source rank reads. PosixSource reads a shared filesystem with
+// pread; tests substitute readers that fail, return short reads or change under the copy.
+// scan() walks the source without following symlinks below the root (a symlink is sent as a
+// symlink, never followed out of the source tree); FIFOs, sockets and devices are skipped and
+// reported. Only the source rank uses a SourceReader. Instances are not thread-safe; a
+// SourceFile is used by one thread (the engine's reader thread).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "bcast/manifest.h"
+
+namespace stage {
+
+class SourceFile {
+ public:
+  virtual ~SourceFile() = default;
+  // Reads exactly buf.size() bytes at off; a short read is an error (Errc::short_read).
+  virtual Status read_at(uint64_t off, std::span<std::byte> buf) = 0;
+  // False when [off, off+len) lies entirely in a hole (sparse file); true when unsure.
+  virtual bool has_data(uint64_t off, uint64_t len) = 0;
+  // The file's identity now (for "changed during the transfer" checks).
+  virtual Result<FileMeta> stat_now() = 0;
+};
+
+class SourceReader {
+ public:
+  virtual ~SourceReader() = default;
+  // Called for entries scan() skipped (FIFO, socket, device): path and reason.
+  using SkipFn = std::function<void(const std::string&, const std::string&)>;
+  virtual Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) = 0;
+  // Opens a regular file of the manifest and checks it is still the file that was scanned.
+  virtual Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) = 0;
+};
+
+class PosixSource final : public SourceReader {
+ public:
+  Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) override;
+  Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) override;
+};
+
+FileMeta meta_from_stat(const struct stat& st);
+
+}  // namespace stage

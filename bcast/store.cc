@@ -1,0 +1,283 @@
+#include "bcast/store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+#include "bcast/crc.h"
+#include "bcast/fd.h"
+
+namespace stage {
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+static std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+static const char* const kTempMark = ".stage-tmp.";
+
+std::string temp_name_for(const std::string& path) {
+  return parent_dir(path) + "/." + base_name(path) + kTempMark + host_name() + "." +
+         std::to_string(::getpid());
+}
+
+bool is_temp_name(const std::string& name) {
+  return !name.empty() && name[0] == '.' && name.find(kTempMark) != std::string::npos;
+}
+
+Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache) {
+  if (drop_cache) {
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<std::byte> buf(4U << 20U);
+  uint64_t crc = 0;
+  uint64_t off = 0;
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return sys_error(errno, "read local copy", path);
+    }
+    if (n == 0) break;
+    crc = crc64(std::span(buf.data(), static_cast<size_t>(n)), crc);
+    off += static_cast<uint64_t>(n);
+  }
+  return crc;
+}
+
+namespace {
+
+std::string encode_origin(const FileMeta& m, uint64_t crc) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "v1 %" PRIu64 " %" PRId64 " %" PRId64 " %" PRIu64 " %" PRIu64 " %016" PRIx64,
+                m.size, m.mtime_ns, m.ctime_ns, m.ino, m.dev, crc);
+  return buf;
+}
+
+std::optional<Origin> decode_origin(const std::string& s) {
+  Origin o;
+  uint64_t crc = 0;
+  if (std::sscanf(s.c_str(), "v1 %" SCNu64 " %" SCNd64 " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNx64,
+                  &o.source.size, &o.source.mtime_ns, &o.source.ctime_ns, &o.source.ino, &o.source.dev,
+                  &crc) != 6)
+    return std::nullopt;
+  o.crc = crc;
+  o.crc_known = true;
+  return o;
+}
+
+class PosixTxn final : public Txn {
+ public:
+  PosixTxn(std::string dest, std::string temp) : dest_(std::move(dest)), temp_(std::move(temp)) {}
+  ~PosixTxn() override { abort(); }
+
+  Status write(uint64_t off, std::span<const std::byte> data) override {
+    if (auto st = open_rw(); !st) return st;
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::pwrite(fd_.get(), data.data() + done, data.size() - done,
+                                 static_cast<off_t>(off + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return sys_error(errno, "write local copy", temp_);
+      }
+      done += static_cast<size_t>(n);
+    }
+    return {};
+  }
+
+  Status finish(const FileMeta& src, uint64_t crc) override {
+    if (auto st = open_rw(); !st) return st;
+    if (::ftruncate(fd_.get(), static_cast<off_t>(src.size)) != 0)
+      return sys_error(errno, "set size of local copy", temp_);
+    if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
+    const std::string origin = encode_origin(src, crc);
+    if (::fsetxattr(fd_.get(), kOriginXattr, origin.data(), origin.size(), 0) != 0 && errno != ENOTSUP)
+      return sys_error(errno, "record origin of local copy", temp_);
+    const timespec times[2] = {
+        {0, UTIME_OMIT},
+        {static_cast<time_t>(src.mtime_ns / 1000000000LL), src.mtime_ns % 1000000000LL}};
+    if (::futimens(fd_.get(), times) != 0) return sys_error(errno, "set mtime of local copy", temp_);
+    fd_.reset();
+    return {};
+  }
+
+  Status sync() override {
+    Fd fd(::open(temp_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) return sys_error(errno, "open local copy", temp_);
+    if (::fsync(fd.get()) != 0) return sys_error(errno, "sync local copy", temp_);
+    return {};
+  }
+
+  Result<uint64_t> crc_on_disk() override {
+    Fd fd(::open(temp_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) return sys_error(errno, "open local copy", temp_);
+    return crc_of_fd(fd.get(), temp_, true);
+  }
+
+  Result<uint64_t> size_on_disk() override {
+    struct stat st {};
+    if (::lstat(temp_.c_str(), &st) != 0) return sys_error(errno, "stat local copy", temp_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  Status commit() override {
+    fd_.reset();
+    if (::rename(temp_.c_str(), dest_.c_str()) != 0) return sys_error(errno, "publish local copy", dest_);
+    committed_ = true;
+    Fd dir(::open(parent_dir(dest_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.valid() && ::fsync(dir.get()) != 0) return sys_error(errno, "sync directory of", dest_);
+    return {};
+  }
+
+  void abort() noexcept override {
+    if (committed_ || aborted_) return;
+    aborted_ = true;
+    fd_.reset();
+    ::unlink(temp_.c_str());
+  }
+
+  [[nodiscard]] const std::string& temp_path() const override { return temp_; }
+
+ private:
+  Status open_rw() {
+    if (fd_.valid()) return {};
+    fd_ = Fd(::open(temp_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd_.valid()) return sys_error(errno, "open temporary file", temp_);
+    return {};
+  }
+
+  Fd fd_;
+  std::string dest_;
+  std::string temp_;
+  bool committed_ = false;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+Result<LocalState> PosixStore::inspect(const std::string& path) {
+  LocalState ls;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return ls;
+    return sys_error(errno, "stat destination", path);
+  }
+  ls.exists = true;
+  ls.regular = S_ISREG(st.st_mode);
+  ls.is_dir = S_ISDIR(st.st_mode);
+  ls.size = static_cast<uint64_t>(st.st_size);
+  ls.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  if (S_ISLNK(st.st_mode)) {
+    std::string t(static_cast<size_t>(st.st_size) + 1, '\0');
+    const ssize_t n = ::readlink(path.c_str(), t.data(), t.size());
+    if (n >= 0) ls.link_target.assign(t.data(), static_cast<size_t>(n));
+  }
+  if (ls.regular) {
+    char buf[256];
+    const ssize_t n = ::lgetxattr(path.c_str(), kOriginXattr, buf, sizeof buf - 1);
+    if (n > 0) ls.origin = decode_origin(std::string(buf, static_cast<size_t>(n)));
+  }
+  return ls;
+}
+
+Result<uint64_t> PosixStore::checksum(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return sys_error(errno, "open local copy", path);
+  return crc_of_fd(fd.get(), path, false);
+}
+
+Result<uint64_t> PosixStore::free_bytes(const std::string& path) {
+  struct statvfs sv {};
+  const std::string dir = parent_dir(path);
+  if (::statvfs(dir.c_str(), &sv) != 0) return sys_error(errno, "statvfs destination directory", dir);
+  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+}
+
+Result<std::unique_ptr<Txn>> PosixStore::begin(const std::string& path) {
+  const std::string temp = temp_name_for(path);
+  ::unlink(temp.c_str());  // our own leftover (same host and pid) cannot be in use
+  const Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return sys_error(errno, "create temporary file for destination", path);
+  return std::unique_ptr<Txn>(new PosixTxn(path, temp));
+}
+
+Status PosixStore::sync_filesystem(const std::string& path) {
+  Fd fd(::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid() || ::syncfs(fd.get()) != 0) return sys_error(errno, "sync filesystem of", path);
+  return {};
+}
+
+Status PosixStore::make_dir(const std::string& path, uint32_t mode) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return sys_error(errno, "create directory", path);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return sys_error(errno, "stat directory", path);
+  if (!S_ISDIR(st.st_mode)) return sys_error(ENOTDIR, "create directory", path);
+  if ((st.st_mode & 07777U) != (mode | 0700U) && ::chmod(path.c_str(), mode | 0700U) != 0)
+    return sys_error(errno, "chmod directory", path);
+  return {};
+}
+
+Status PosixStore::make_parents(const std::string& path) {
+  const std::string dir = parent_dir(path);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return {};
+    return sys_error(ENOTDIR, "destination directory", dir);
+  }
+  if (dir != "/" && dir != ".") {
+    if (auto s = make_parents(dir); !s) return s;
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return sys_error(errno, "create directory", dir);
+  return {};
+}
+
+Status PosixStore::make_symlink(const std::string& path, const std::string& target) {
+  const std::string temp = temp_name_for(path);
+  ::unlink(temp.c_str());
+  if (::symlink(target.c_str(), temp.c_str()) != 0) return sys_error(errno, "create symlink", path);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    return sys_error(err, "publish symlink", path);
+  }
+  return {};
+}
+
+int PosixStore::remove_stale_temps(const std::string& path) {
+  const std::string dir = parent_dir(path);
+  const std::string prefix = "." + base_name(path) + kTempMark + host_name() + ".";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  std::vector<std::string> victims;
+  while (const dirent* de = ::readdir(d)) {
+    const std::string name = de->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      victims.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& v : victims)
+    if (::unlink(v.c_str()) == 0) ++removed;
+  return removed;
+}
+
+}  // namespace stage

@@ -1,0 +1,96 @@
+// The local-store seam: where a node's copy goes. A copy is written through a Txn:
+//   begin(path)  creates ".<name>.stage-tmp.<host>.<pid>" beside the destination (O_EXCL)
+//   write()      pwrite at an offset (opens the file on first use: a tree of 100,000 small
+//                files never holds more than a few descriptors)
+//   finish()     sets size (holes stay holes), mode, mtime = source mtime, records the source's
+//                identity and CRC in the xattr "user.stagefs.origin", closes
+//   sync()       fsync (or one sync_filesystem() for many files)
+//   commit()     rename over the destination, fsync the directory
+//   abort()      unlink the temporary file (also done by the destructor if not committed)
+// So a destination is either the old file or the complete new one, even after kill -9: a
+// temporary name is never taken for a copy, and remove_stale_temps() clears the ones a dead
+// process left. PosixStore is stateless and thread-safe; a Txn is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "bcast/manifest.h"
+
+namespace stage {
+
+// What a copy records about the source it was made from.
+struct Origin {
+  FileMeta source;
+  uint64_t crc = 0;
+  bool crc_known = false;
+};
+
+struct LocalState {
+  bool exists = false;
+  bool regular = false;
+  bool is_dir = false;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  std::optional<Origin> origin;  // from the xattr, when present and well-formed
+  std::string link_target;       // when the local entry is a symlink
+};
+
+class Txn {
+ public:
+  virtual ~Txn() = default;
+  virtual Status write(uint64_t off, std::span<const std::byte> data) = 0;
+  virtual Status finish(const FileMeta& source, uint64_t crc) = 0;
+  virtual Status sync() = 0;
+  // CRC of what is on disk now (after finish), read back past the page cache where possible.
+  virtual Result<uint64_t> crc_on_disk() = 0;
+  virtual Result<uint64_t> size_on_disk() = 0;
+  virtual Status commit() = 0;
+  virtual void abort() noexcept = 0;
+  [[nodiscard]] virtual const std::string& temp_path() const = 0;
+};
+
+class LocalStore {
+ public:
+  virtual ~LocalStore() = default;
+  virtual Result<LocalState> inspect(const std::string& path) = 0;
+  virtual Result<uint64_t> checksum(const std::string& path) = 0;
+  // Free bytes for an unprivileged writer on the filesystem that holds path's directory.
+  virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
+  // syncfs() of the filesystem holding path: one call instead of one fsync per small file.
+  virtual Status sync_filesystem(const std::string& path) = 0;
+  virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
+  virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
+  // mkdir -p of path's parent (0755 for new levels; existing ones are left as they are).
+  virtual Status make_parents(const std::string& path) = 0;
+  virtual Status make_symlink(const std::string& path, const std::string& target) = 0;
+  // Removes temporary files of dead writers on this host beside path; returns how many.
+  virtual int remove_stale_temps(const std::string& path) = 0;
+};
+
+class PosixStore final : public LocalStore {
+ public:
+  Result<LocalState> inspect(const std::string& path) override;
+  Result<uint64_t> checksum(const std::string& path) override;
+  Result<uint64_t> free_bytes(const std::string& path) override;
+  Status sync_filesystem(const std::string& path) override;
+  Result<std::unique_ptr<Txn>> begin(const std::string& path) override;
+  Status make_dir(const std::string& path, uint32_t mode) override;
+  Status make_parents(const std::string& path) override;
+  Status make_symlink(const std::string& path, const std::string& target) override;
+  int remove_stale_temps(const std::string& path) override;
+};
+
+// Name helpers, shared with the cache (and its tests).
+std::string temp_name_for(const std::string& path);  // beside path, unique to host and pid
+bool is_temp_name(const std::string& name);
+std::string parent_dir(const std::string& path);
+// CRC-64 of a whole file read with pread (drop_cache: ask the kernel to read from disk).
+Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache);
+
+inline constexpr const char* kOriginXattr = "user.stagefs.origin";
+
+}  // namespace stage

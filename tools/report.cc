@@ -1,0 +1,112 @@
+#include "tools/report.h"
+
+#include <cstdio>
+
+namespace stage {
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  size_t u = 0;
+  while (v >= 1024.0 && u + 1 < std::size(units)) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+static double mbps(uint64_t bytes, double secs) { return secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0; }
+
+std::string report_table(const StageReport& r, const std::string& source, const std::string& dest) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "stage-bcast %s: %s -> %s\n", r.ok ? "done" : "FAILED", source.c_str(),
+                dest.c_str());
+  out += line;
+  std::snprintf(line, sizeof line,
+                "  %llu file(s), %s; %lld node(s), %lld wrote, %llu file(s) / %s broadcast in %llu chunk(s)\n",
+                static_cast<unsigned long long>(r.files), human_bytes(r.bytes_total).c_str(),
+                static_cast<long long>(r.writers), static_cast<long long>(r.nodes_needing),
+                static_cast<unsigned long long>(r.files_streamed), human_bytes(r.bytes_streamed).c_str(),
+                static_cast<unsigned long long>(r.chunks));
+  out += line;
+  const std::pair<const char*, double> rows[] = {
+      {"Topology check", r.t.topology}, {"Source metadata", r.t.metadata},
+      {"Pre-validation", r.t.prevalidate}, {"Copy phase", r.t.copy},
+      {"Post-validation", r.t.postvalidate}, {"Total time", r.t.total}};
+  out += "  Phase              Time (s)\n";
+  for (const auto& [name, secs] : rows) {
+    std::snprintf(line, sizeof line, "  %-17s %9.4f\n", name, secs);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-17s %9.1f MB/s per node (copy phase)\n", "Bandwidth",
+                mbps(r.bytes_streamed, r.t.copy));
+  out += line;
+  return out;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x80) {  // keep the output ASCII (paths may not be UTF-8)
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+std::string report_json(const StageReport& r, const std::string& source, const std::string& dest, int ranks) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_written\":%lld,"
+                "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
+                "\"files_broadcast\":%llu,\"chunks\":%llu,"
+                "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
+                "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,",
+                r.ok ? "true" : "false", r.exit_code, ranks, static_cast<long long>(r.writers),
+                static_cast<long long>(r.nodes_needing), static_cast<unsigned long long>(r.files),
+                static_cast<unsigned long long>(r.dirs), static_cast<unsigned long long>(r.symlinks),
+                static_cast<unsigned long long>(r.bytes_total), static_cast<unsigned long long>(r.bytes_streamed),
+                static_cast<unsigned long long>(r.files_streamed), static_cast<unsigned long long>(r.chunks),
+                r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy, r.t.postvalidate, r.t.total,
+                mbps(r.bytes_streamed, r.t.copy));
+  std::string out = buf;
+  out += "\"source\":\"" + json_escape(source) + "\",\"dest\":\"" + json_escape(dest) + "\",\"errors\":[";
+  for (size_t i = 0; i < r.errors.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.errors[i]) + "\"";
+  out += "],\"skipped\":[";
+  for (size_t i = 0; i < r.skipped.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.skipped[i]) + "\"";
+  out += "]}\n";
+  return out;
+}
+
+void ProgressLine::update(uint64_t done, uint64_t total) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (done < total && now - last_ < std::chrono::milliseconds(200)) return;
+  last_ = now;
+  const double secs = std::chrono::duration<double>(now - t0_).count();
+  std::fprintf(stderr, "\r  %s / %s (%.0f%%) %.0f MB/s   ", human_bytes(done).c_str(), human_bytes(total).c_str(),
+               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+               mbps(done, secs));
+  shown_ = true;
+}
+
+void ProgressLine::done() {
+  if (shown_) std::fputs("\n", stderr);
+  shown_ = false;
+}
+
+}  // namespace stage

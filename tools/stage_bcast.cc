@@ -1,0 +1,213 @@
+// stage-bcast: copy one file (or, with --recursive, a tree) from shared storage to every node's
+// local disk with one source read and a pipelined MPI broadcast. A thin shell over
+// bcast/engine.h: parse options, set up MPI and the node topology, run the collective
+// transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "bcast/comm_mpi.h"
+#include "bcast/engine.h"
+#include "tools/report.h"
+
+namespace {
+
+using stage::Validate;
+
+struct Cli {
+  std::string source, dest;
+  std::string pre = "size", post = "none", chunk = "16M";
+  bool overwrite = false, verbose = false, json = false, recursive = false, ranks_as_nodes = false;
+  int source_rank = 0;
+};
+
+// Rank as the launcher tells it, before MPI_Init, so usage errors print once.
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+Validate parse_validate(const std::string& s) {
+  return s == "none" ? Validate::none : s == "checksum" ? Validate::checksum : Validate::size;
+}
+
+// %r rank, %n node index, %h host name, %% a percent sign: lets ranks sharing one machine act
+// as separate nodes in tests (--dest /tmp/t/node%n/img).
+std::string expand_dest(const std::string& pattern, int rank, int node, const std::string& host) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    switch (pattern[++i]) {
+      case 'r': out += std::to_string(rank); break;
+      case 'n': out += std::to_string(node); break;
+      case 'h': out += host; break;
+      case '%': out += '%'; break;
+      default: out += '%'; out += pattern[i];
+    }
+  }
+  return out;
+}
+
+int usage_error(const std::string& msg) {
+  if (launcher_rank() == 0) std::fprintf(stderr, "stage-bcast: %s\nTry 'stage-bcast --help'.\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli c;
+  CLI::App app{
+      "Stage a file from shared storage onto every node's local disk: one rank reads the source,\n"
+      "the chunks travel by MPI broadcast, each node writes them to a temporary file, checks every\n"
+      "chunk's CRC-64, fsyncs and renames it into place. Nodes that already hold a valid copy write\n"
+      "nothing. Run one rank per node:  srun --mpi=pmix stage-bcast --source F --dest D\n"
+      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage.",
+      "stage-bcast"};
+  app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
+  app.add_option("--source", c.source, "file (or directory, with --recursive) on shared storage")->required();
+  app.add_option("--dest", c.dest,
+                 "destination path on each node; %r, %n, %h expand to rank, node index, host name")
+      ->required();
+  app.add_option("--pre-validate", c.pre,
+                 "when a node's existing copy counts as current: size (size and mtime match), "
+                 "checksum (CRC-64 matches), none (always copy)")
+      ->check(CLI::IsMember({"size", "checksum", "none"}))
+      ->capture_default_str();
+  app.add_option("--post-validate", c.post,
+                 "after writing: size, checksum (re-read each copy from disk and compare with the "
+                 "source's CRC), or none")
+      ->check(CLI::IsMember({"size", "checksum", "none"}))
+      ->capture_default_str();
+  app.add_flag("--overwrite", c.overwrite, "copy even where a current copy exists");
+  app.add_option("--source-rank", c.source_rank, "rank that reads the source")->capture_default_str();
+  app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")->capture_default_str();
+  app.add_flag("-r,--recursive", c.recursive, "stage a directory tree (files, directories, symlinks)");
+  app.add_flag("--ranks-as-nodes", c.ranks_as_nodes,
+               "treat every rank as its own node (tests; same as STAGE_RANKS_AS_NODES=1)");
+  app.add_flag("--json", c.json, "print the report as JSON on stdout");
+  app.add_flag("-v,--verbose", c.verbose, "log each node's decisions");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    if (launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::CallForAllHelp& e) {
+    if (launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    if (launcher_rank() == 0) std::puts(e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  if (const char* env = std::getenv("STAGE_RANKS_AS_NODES"); env != nullptr && std::string(env) == "1")
+    c.ranks_as_nodes = true;
+
+  stage::StageOptions opt;
+  const auto chunk = stage::parse_size(c.chunk);
+  if (!chunk) return usage_error("--chunk-size: not a size: '" + c.chunk + "'");
+  if (auto why = stage::check_chunk_size(*chunk)) return usage_error("--chunk-size: " + *why);
+  if (c.source.empty()) return usage_error("--source: empty path");
+  if (c.dest.empty()) return usage_error("--dest: empty path");
+  if (c.dest.back() == '/') return usage_error("--dest: give the destination file's path, not a directory");
+  opt.chunk_size = *chunk;
+  opt.pre = parse_validate(c.pre);
+  opt.post = parse_validate(c.post);
+  opt.overwrite = c.overwrite;
+  opt.recursive = c.recursive;
+  opt.root = c.source_rank;
+
+  auto logger = spdlog::stderr_color_mt("stage-bcast");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%^[%l]%$ %v");
+  spdlog::set_level(c.verbose ? spdlog::level::info : spdlog::level::warn);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  // With a launcher: MPI (FUNNELED: only this thread calls MPI; the engine's reader and writer
+  // threads never do). Without one: a world of one rank, no MPI at all.
+  std::unique_ptr<stage::MpiEnv> env;
+  std::unique_ptr<stage::Comm> world;
+  bool writer = true;
+  int node = 0;
+  if (stage::launched_by_mpi_launcher()) {
+    auto e = stage::MpiEnv::init(&argc, &argv, MPI_THREAD_FUNNELED);
+    if (!e) {
+      std::fprintf(stderr, "stage-bcast: %s\n", e.error().message.c_str());
+      return 1;
+    }
+    env = std::move(e.value());
+    auto w = stage::MpiComm::dup(MPI_COMM_WORLD);
+    if (!w) {
+      std::fprintf(stderr, "stage-bcast: %s\n", w.error().message.c_str());
+      return 1;
+    }
+    if (!c.ranks_as_nodes) {
+      // One writer per node: the lowest rank of each shared-memory domain; the others relay.
+      auto local = (*w)->split_node();
+      if (!local) {
+        std::fprintf(stderr, "stage-bcast: %s\n", local.error().message.c_str());
+        return 1;
+      }
+      writer = (*local)->rank() == 0;
+      // Node index (for %n): writers below my rank, minus one if I am not my node's writer
+      // (my node's writer is the lowest rank on the node, so it was counted).
+      std::vector<int64_t> is_writer(static_cast<size_t>((*w)->size()), 0);
+      is_writer[static_cast<size_t>((*w)->rank())] = writer ? 1 : 0;
+      if (auto st = (*w)->allreduce_max(is_writer); !st) {
+        std::fprintf(stderr, "stage-bcast: %s\n", st.error().message.c_str());
+        return 1;
+      }
+      int64_t below = 0;
+      for (int r = 0; r < (*w)->rank(); ++r) below += is_writer[static_cast<size_t>(r)];
+      node = static_cast<int>(below) - (writer ? 0 : 1);
+    } else {
+      node = (*w)->rank();
+    }
+    world = std::move(w.value());
+  } else {
+    world = std::make_unique<stage::SelfComm>();
+  }
+  if (opt.root < 0 || opt.root >= world->size())
+    return usage_error("--source-rank " + std::to_string(opt.root) + " is out of range (job has " +
+                       std::to_string(world->size()) + " ranks)");
+  const double topology =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  stage::StageEndpoint ep;
+  ep.source = c.source;
+  ep.dest = expand_dest(c.dest, world->rank(), node, stage::host_name());
+  ep.writer = writer;
+  stage::PosixSource source;
+  stage::PosixStore store;
+  const bool is_root = world->rank() == opt.root;
+  stage::ProgressLine progress(is_root && !c.json && isatty(STDERR_FILENO) != 0);
+  auto report = stage::stage_transfer(*world, &source, store, opt, ep,
+                                      [&](uint64_t done, uint64_t total) { progress.update(done, total); });
+  progress.done();
+  report.t.topology = topology;
+  report.t.total += topology;
+
+  if (c.verbose)
+    spdlog::info("{}: rank {} {} {}", stage::host_name(), world->rank(),
+                 !writer ? "relayed (not this node's writer)"
+                 : report.this_node_wrote ? "wrote" : "already had a current copy of",
+                 ep.dest);
+  if (is_root) {
+    if (c.json) std::fputs(stage::report_json(report, c.source, c.dest, world->size()).c_str(), stdout);
+    else std::fputs(stage::report_table(report, c.source, c.dest).c_str(), stdout);
+    for (const auto& e : report.errors) std::fprintf(stderr, "stage-bcast: error: %s\n", e.c_str());
+  }
+  return report.exit_code;
+}
