@@ -28,25 +28,30 @@ uint64_t crc64(std::span<const std::byte> data, uint64_t prev) noexcept {
   return crc64_ecma_refl(prev, reinterpret_cast<const unsigned char*>(data.data()), data.size());
 }
 
+// ops[k] appends 2^k zero bytes to a CRC register. Built once (thread-safe static init), so
+// a combine is one 64-step matrix-vector product per set bit of len_b: about a microsecond.
+const std::array<Mat, 64>& zero_byte_operators() {
+  static const std::array<Mat, 64> ops = [] {
+    std::array<Mat, 64> t{};
+    Mat bit{};  // one zero bit
+    bit[0] = kPolyRefl;
+    uint64_t row = 1;
+    for (size_t i = 1; i < 64; ++i, row <<= 1) bit[i] = row;
+    Mat two{};
+    Mat four{};
+    mat_square(two, bit);
+    mat_square(four, two);
+    mat_square(t[0], four);  // eight bits: one byte
+    for (size_t k = 1; k < 64; ++k) mat_square(t[k], t[k - 1]);
+    return t;
+  }();
+  return ops;
+}
+
 uint64_t crc64_combine(uint64_t crc_a, uint64_t crc_b, uint64_t len_b) noexcept {
-  if (len_b == 0) return crc_a;
-  Mat odd{};
-  Mat even{};
-  odd[0] = kPolyRefl;  // operator for one zero bit
-  uint64_t row = 1;
-  for (size_t i = 1; i < 64; ++i, row <<= 1) odd[i] = row;
-  mat_square(even, odd);  // two zero bits
-  mat_square(odd, even);  // four zero bits
-  // Apply len_b zero bytes to crc_a, squaring the operator as we go (zlib's method).
-  do {
-    mat_square(even, odd);
-    if ((len_b & 1U) != 0) crc_a = mat_times(even, crc_a);
-    len_b >>= 1;
-    if (len_b == 0) break;
-    mat_square(odd, even);
-    if ((len_b & 1U) != 0) crc_a = mat_times(odd, crc_a);
-    len_b >>= 1;
-  } while (len_b != 0);
+  const auto& ops = zero_byte_operators();
+  for (size_t k = 0; len_b != 0; ++k, len_b >>= 1)
+    if ((len_b & 1U) != 0) crc_a = mat_times(ops[k], crc_a);
   return crc_a ^ crc_b;
 }
 

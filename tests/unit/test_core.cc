@@ -1,0 +1,181 @@
+// Pure parts of the core: chunk arithmetic, CRC-64 and its combination, the manifest codec,
+// the stream layout and the pre-validation decision.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <random>
+
+#include "bcast/chunk.h"
+#include "bcast/crc.h"
+#include "bcast/engine.h"
+#include "bcast/manifest.h"
+#include "bcast/stream.h"
+
+namespace stage {
+namespace {
+
+TEST(Chunk, CountAndRanges) {
+  EXPECT_EQ(chunk_count(0, 16), 0U);
+  EXPECT_EQ(chunk_count(1, 16), 1U);
+  EXPECT_EQ(chunk_count(16, 16), 1U);
+  EXPECT_EQ(chunk_count(17, 16), 2U);
+  const uint64_t five_gib = 5ULL << 30;
+  EXPECT_EQ(chunk_count(five_gib, kMaxChunk), 5U);
+  auto last = chunk_range(1000003, 65536, chunk_count(1000003, 65536) - 1);
+  EXPECT_EQ(last.offset + last.length, 1000003U);
+  EXPECT_LT(last.length, 65536U);
+  EXPECT_EQ(chunk_range(100, 16, 7).length, 0U);  // past the end
+}
+
+TEST(Chunk, MpiPiecesStayUnderIntMax) {
+  EXPECT_EQ(mpi_piece(10), 10);
+  EXPECT_EQ(mpi_piece(5ULL << 30), 1 << 30);
+  EXPECT_LE(static_cast<uint64_t>(mpi_piece(UINT64_MAX)), static_cast<uint64_t>(INT_MAX));
+}
+
+TEST(Chunk, Overlap) {
+  EXPECT_EQ(overlap(0, 10, 5, 10).offset, 5U);
+  EXPECT_EQ(overlap(0, 10, 5, 10).length, 5U);
+  EXPECT_EQ(overlap(0, 10, 10, 10).length, 0U);
+  EXPECT_EQ(overlap(3, 2, 0, 100).length, 2U);
+}
+
+TEST(Chunk, ParseSize) {
+  EXPECT_EQ(parse_size("4096"), 4096U);
+  EXPECT_EQ(parse_size("16M"), 16U << 20);
+  EXPECT_EQ(parse_size("1GiB"), 1ULL << 30);
+  EXPECT_EQ(parse_size("512k"), 512U << 10);
+  EXPECT_FALSE(parse_size(""));
+  EXPECT_FALSE(parse_size("abc"));
+  EXPECT_FALSE(parse_size("-1"));
+  EXPECT_FALSE(parse_size("12Q"));
+  EXPECT_FALSE(parse_size("99999999999999999999999"));
+  EXPECT_FALSE(parse_size("17179869184T"));  // overflows
+  EXPECT_TRUE(check_chunk_size(0).has_value());
+  EXPECT_TRUE(check_chunk_size(5ULL << 30).has_value());
+  EXPECT_FALSE(check_chunk_size(kDefaultChunk).has_value());
+}
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  auto b = std::as_bytes(std::span(s.data(), s.size()));
+  return {b.begin(), b.end()};
+}
+
+TEST(Crc, CheckValueOfCrc64Xz) {
+  const auto b = bytes_of("123456789");
+  EXPECT_EQ(crc64(b), 0x995dc9bbdf1939faULL);
+}
+
+TEST(Crc, CombineEqualsDirect) {
+  std::mt19937_64 g(7);
+  std::vector<std::byte> data(100000);
+  for (auto& x : data) x = static_cast<std::byte>(g());
+  const uint64_t whole = crc64(data);
+  for (size_t split : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{99999}, data.size()}) {
+    const std::span<const std::byte> a(data.data(), split);
+    const std::span<const std::byte> b(data.data() + split, data.size() - split);
+    EXPECT_EQ(crc64_combine(crc64(a), crc64(b), b.size()), whole) << "split at " << split;
+    EXPECT_EQ(crc64(b, crc64(a)), whole);  // incremental, for comparison
+  }
+}
+
+TEST(Crc, ZerosEqualsDirect) {
+  for (uint64_t n : {0ULL, 1ULL, 65535ULL, 65536ULL, 65537ULL, 1000003ULL, 3ULL << 20}) {
+    std::vector<std::byte> z(n);
+    EXPECT_EQ(crc64_zeros(n), crc64(z)) << n;
+  }
+}
+
+Manifest sample_tree() {
+  Manifest m;
+  m.tree = true;
+  m.entries.push_back({"", EntryType::dir, {0, 1, 2, 3, 4, 0755}, {}});
+  m.entries.push_back({"a", EntryType::dir, {0, 1, 2, 3, 4, 0750}, {}});
+  m.entries.push_back({"a/f", EntryType::file, {123, 5, 6, 7, 8, 0644}, {}});
+  m.entries.push_back({"link", EntryType::symlink, {0, 1, 2, 3, 4, 0777}, "a/f"});
+  return m;
+}
+
+TEST(Manifest, RoundTrip) {
+  const Manifest m = sample_tree();
+  const std::string wire = encode(m);
+  auto back = decode(std::as_bytes(std::span(wire.data(), wire.size())));
+  ASSERT_TRUE(back) << back.error().message;
+  ASSERT_EQ(back->entries.size(), m.entries.size());
+  EXPECT_EQ(back->entries[2].meta, m.entries[2].meta);
+  EXPECT_EQ(back->entries[3].link_target, "a/f");
+}
+
+Result<Manifest> decode_str(const std::string& s) { return decode(std::as_bytes(std::span(s.data(), s.size()))); }
+
+TEST(Manifest, RejectsUnsafeOrMalformed) {
+  for (const char* bad : {"../x", "/etc/passwd", "a/../../x", "a//b", "./a", "a/."}) {
+    Manifest m = sample_tree();
+    m.entries[2].path = bad;
+    EXPECT_FALSE(decode_str(encode(m))) << bad;
+  }
+  Manifest m = sample_tree();
+  m.entries.push_back({"link/escape", EntryType::file, {1, 0, 0, 0, 0, 0644}, {}});  // under a symlink
+  EXPECT_FALSE(decode_str(encode(m)));
+  const std::string wire = encode(sample_tree());
+  for (size_t cut = 0; cut < wire.size(); ++cut) EXPECT_FALSE(decode_str(wire.substr(0, cut))) << cut;
+  EXPECT_FALSE(decode_str(wire + "x"));
+}
+
+TEST(Manifest, RandomBytesNeverCrash) {
+  std::mt19937 g(1);
+  const std::string wire = encode(sample_tree());
+  for (int i = 0; i < 2000; ++i) {
+    std::string w = wire;
+    for (int k = 0; k < 3; ++k) w[g() % w.size()] = static_cast<char>(g());
+    (void)decode_str(w);  // may or may not decode; must not crash or over-read (ASan)
+  }
+}
+
+TEST(Layout, PiecesPackSmallFilesAndSkipUnneeded) {
+  Manifest m;
+  m.tree = true;
+  m.entries.push_back({"", EntryType::dir, {}, {}});
+  for (uint64_t sz : {10ULL, 0ULL, 30ULL, 100ULL}) m.entries.push_back({"f" + std::to_string(sz), EntryType::file, {sz, 0, 0, 0, 0, 0644}, {}});
+  const Layout all(m, {1, 1, 1, 1, 1});
+  EXPECT_EQ(all.bytes(), 140U);
+  auto p = all.pieces(0, 64);  // 10 bytes of f10, all of f30, 24 bytes of f100
+  ASSERT_EQ(p.size(), 3U);
+  EXPECT_EQ(all.segments()[p[0].segment].entry, 1U);
+  EXPECT_EQ(p[1].chunk_off, 10U);
+  EXPECT_EQ(p[2].length, 24U);
+  EXPECT_EQ(p[2].file_off, 0U);
+  auto q = all.pieces(64, 64);
+  ASSERT_EQ(q.size(), 1U);
+  EXPECT_EQ(q[0].file_off, 24U);
+  const Layout some(m, {0, 0, 0, 1, 1});  // only f30 and f100 needed by anyone
+  EXPECT_EQ(some.bytes(), 130U);
+  EXPECT_EQ(some.segments()[0].entry, 3U);
+}
+
+TEST(Decision, PreValidation) {
+  const FileMeta src{100, 5, 6, 7, 8, 0644};
+  LocalState missing;
+  LocalState same{true, true, false, 100, 5, {}, {}};
+  LocalState stale_mtime{true, true, false, 100, 4, {}, {}};
+  LocalState other_size{true, true, false, 99, 5, {}, {}};
+  EXPECT_TRUE(needs_copy(missing, src, Validate::size, false, 0, 0));
+  EXPECT_FALSE(needs_copy(same, src, Validate::size, false, 0, 0));
+  EXPECT_TRUE(needs_copy(stale_mtime, src, Validate::size, false, 0, 0));  // same size, changed
+  EXPECT_TRUE(needs_copy(other_size, src, Validate::size, false, 0, 0));
+  EXPECT_TRUE(needs_copy(same, src, Validate::none, false, 0, 0));
+  EXPECT_TRUE(needs_copy(same, src, Validate::size, true, 0, 0));
+  EXPECT_FALSE(needs_copy(stale_mtime, src, Validate::checksum, false, 42, 42));
+  EXPECT_TRUE(needs_copy(same, src, Validate::checksum, false, 41, 42));
+}
+
+TEST(Errors, ErrnoTable) {
+  EXPECT_EQ(sys_error(ENOENT, "x").to_errno(), ENOENT);
+  EXPECT_EQ(stage_error(Errc::checksum_mismatch, "x").to_errno(), EIO);
+  EXPECT_EQ(stage_error(Errc::timed_out, "x").to_errno(), ETIMEDOUT);
+  EXPECT_NE(sys_error(ENOSPC, "write", "/nvme/x").message.find("/nvme/x"), std::string::npos);
+  EXPECT_NE(sys_error(ENOSPC, "write", "/nvme/x").message.find(host_name()), std::string::npos);
+}
+
+}  // namespace
+}  // namespace stage

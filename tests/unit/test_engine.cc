@@ -1,0 +1,244 @@
+// The engine on N in-process ranks (ThreadComm) over real files, with injected faults.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "bcast/engine.h"
+#include "fakes.h"
+#include "thread_comm.h"
+#include "tmpdir.h"
+
+namespace stage::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class EngineTest : public TmpDirTest {
+ protected:
+  struct Run {
+    std::vector<StageReport> reports;
+  };
+  // Runs a transfer on n ranks; rank r writes to node<r>/<name>.
+  Run run(int n, const StageOptions& opt, SourceReader& src, const std::function<LocalStore&(int)>& store,
+          const std::string& source, const std::string& name = "copy.bin") {
+    World w(n);
+    Run out;
+    out.reports.resize(static_cast<size_t>(n));
+    run_ranks(w, [&](ThreadComm& c) {
+      StageEndpoint ep{source, path("node" + std::to_string(c.rank()) + "/" + name), true};
+      out.reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store(c.rank()), opt, ep);
+    });
+    return out;
+  }
+  std::string node_file(int r, const std::string& name = "copy.bin") { return path("node" + std::to_string(r) + "/" + name); }
+  static bool no_temps_under(const fs::path& d) {
+    for (const auto& e : fs::recursive_directory_iterator(d))
+      if (e.path().filename().string().find(".stage-tmp.") != std::string::npos) return false;
+    return true;
+  }
+  PosixStore posix_;
+  std::function<LocalStore&(int)> plain_ = [this](int) -> LocalStore& { return posix_; };
+};
+
+TEST_F(EngineTest, CopiesToEveryNodeThenSkipsCurrentCopies) {
+  const std::string data = random_bytes(1000003, 1);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  auto r1 = run(3, opt, src, plain_, path("src.bin"));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(r1.reports[static_cast<size_t>(r)].ok);
+    EXPECT_EQ(read_file(node_file(r)), data);
+  }
+  EXPECT_EQ(r1.reports[0].nodes_needing, 3);
+  EXPECT_EQ(r1.reports[0].chunks, chunk_count(data.size(), opt.chunk_size));
+  struct stat before {};
+  ASSERT_EQ(stat(node_file(1).c_str(), &before), 0);
+  auto r2 = run(3, opt, src, plain_, path("src.bin"));
+  EXPECT_TRUE(r2.reports[0].ok);
+  EXPECT_EQ(r2.reports[0].nodes_needing, 0);
+  EXPECT_EQ(r2.reports[0].bytes_streamed, 0U);
+  struct stat after {};
+  ASSERT_EQ(stat(node_file(1).c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+}
+
+TEST_F(EngineTest, OnlyTheStaleNodeWrites) {
+  const std::string data = random_bytes(300000, 2);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  ASSERT_TRUE(run(3, opt, src, plain_, path("src.bin")).reports[0].ok);
+  write_file(node_file(2), random_bytes(data.size(), 3));  // same size, new mtime
+  struct stat keep {};
+  ASSERT_EQ(stat(node_file(0).c_str(), &keep), 0);
+  auto r = run(3, opt, src, plain_, path("src.bin"));
+  EXPECT_TRUE(r.reports[0].ok);
+  EXPECT_EQ(r.reports[0].nodes_needing, 1);
+  EXPECT_TRUE(r.reports[2].this_node_wrote);
+  EXPECT_EQ(read_file(node_file(2)), data);
+  struct stat now {};
+  ASSERT_EQ(stat(node_file(0).c_str(), &now), 0);
+  EXPECT_EQ(keep.st_ino, now.st_ino);
+}
+
+TEST_F(EngineTest, CorruptedChunkIsCaughtAndNotPublished) {
+  const std::string data = random_bytes(500000, 4);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  World w(3);
+  w.corrupt_rank = 1;
+  w.corrupt_nth = 2;  // the third payload rank 1 receives (after the manifest)
+  std::vector<StageReport> reps(3);
+  run_ranks(w, [&](ThreadComm& c) {
+    StageEndpoint ep{path("src.bin"), node_file(c.rank()), true};
+    reps[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, posix_, opt, ep);
+  });
+  for (const auto& rep : reps) EXPECT_FALSE(rep.ok);  // the same outcome everywhere
+  EXPECT_FALSE(fs::exists(node_file(1)));             // never published
+  EXPECT_EQ(read_file(node_file(0)), data);           // healthy nodes keep a verified copy
+  EXPECT_EQ(read_file(node_file(2)), data);
+  ASSERT_FALSE(reps[0].errors.empty());
+  EXPECT_NE(reps[0].errors[0].find("checksum"), std::string::npos);
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
+TEST_F(EngineTest, ShortReadPublishesNothingAndKeepsOldCopies) {
+  const std::string data = random_bytes(400000, 5);
+  write_file(path("src.bin"), data);
+  for (int r = 0; r < 3; ++r) write_file(node_file(r), "old copy");
+  SourceFaults f;
+  f.short_read_at = 200000;
+  FaultSource src(f);
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  auto r = run(3, opt, src, plain_, path("src.bin"));
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_FALSE(r.reports[static_cast<size_t>(k)].ok);
+    EXPECT_EQ(r.reports[static_cast<size_t>(k)].exit_code, 1);
+    EXPECT_EQ(read_file(node_file(k)), "old copy");
+  }
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
+TEST_F(EngineTest, SourceChangedDuringCopyIsNotPublished) {
+  write_file(path("src.bin"), random_bytes(200000, 6));
+  SourceFaults f;
+  f.changes_during_copy = true;
+  FaultSource src(f);
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  auto r = run(2, opt, src, plain_, path("src.bin"));
+  EXPECT_FALSE(r.reports[1].ok);
+  EXPECT_FALSE(fs::exists(node_file(0)));
+  EXPECT_FALSE(fs::exists(node_file(1)));
+  ASSERT_FALSE(r.reports[0].errors.empty());
+  EXPECT_NE(r.reports[0].errors[0].find("changed"), std::string::npos);
+}
+
+TEST_F(EngineTest, UnwritableNodeStopsEveryoneBeforeAnyDataMoves) {
+  write_file(path("src.bin"), random_bytes(300000, 7));
+  for (int r = 0; r < 3; ++r) write_file(node_file(r), "valid old copy");
+  SourceFaults sf;
+  FaultSource src(sf);
+  StoreFaults bad;
+  bad.fail_begin = true;
+  FaultStore broken(bad);
+  auto store = [&](int r) -> LocalStore& { return r == 1 ? static_cast<LocalStore&>(broken) : posix_; };
+  StageOptions opt;
+  auto r = run(3, opt, src, store, path("src.bin"));
+  for (const auto& rep : r.reports) EXPECT_FALSE(rep.ok);
+  EXPECT_EQ(sf.bytes_read.load(), 0U);  // nothing was read or sent
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(read_file(node_file(k)), "valid old copy");
+  ASSERT_EQ(r.reports[0].errors.size(), 1U);
+  EXPECT_NE(r.reports[0].errors[0].find("node1"), std::string::npos);
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
+TEST_F(EngineTest, DiskFullOnOneNodeFailsThatNodeOnly) {
+  const std::string data = random_bytes(400000, 8);
+  write_file(path("src.bin"), data);
+  write_file(node_file(1), "old");
+  PosixSource src;
+  StoreFaults full;
+  full.enospc_after_bytes = 100000;
+  FaultStore small(full);
+  auto store = [&](int r) -> LocalStore& { return r == 1 ? static_cast<LocalStore&>(small) : posix_; };
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  auto r = run(3, opt, src, store, path("src.bin"));
+  for (const auto& rep : r.reports) EXPECT_FALSE(rep.ok);
+  EXPECT_EQ(read_file(node_file(1)), "old");
+  EXPECT_EQ(read_file(node_file(0)), data);
+  ASSERT_FALSE(r.reports[0].errors.empty());
+  EXPECT_NE(r.reports[0].errors[0].find("No space left"), std::string::npos);
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
+TEST_F(EngineTest, ChecksumPreAndPostValidation) {
+  const std::string data = random_bytes(300000, 9);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  opt.post = Validate::checksum;
+  ASSERT_TRUE(run(2, opt, src, plain_, path("src.bin")).reports[0].ok);
+  // Same size and mtime, different bytes: only checksum pre-validation notices.
+  struct stat st {};
+  ASSERT_EQ(stat(node_file(1).c_str(), &st), 0);
+  write_file(node_file(1), random_bytes(data.size(), 10));
+  const timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, node_file(1).c_str(), times, 0), 0);
+  EXPECT_EQ(run(2, opt, src, plain_, path("src.bin")).reports[0].nodes_needing, 0);
+  opt.pre = Validate::checksum;
+  auto r = run(2, opt, src, plain_, path("src.bin"));
+  EXPECT_TRUE(r.reports[0].ok);
+  EXPECT_EQ(r.reports[0].nodes_needing, 1);
+  EXPECT_EQ(read_file(node_file(1)), data);
+}
+
+TEST_F(EngineTest, TreeWithSmallFilesTravelsPacked) {
+  fs::create_directories(path("tree/a/b"));
+  for (int i = 0; i < 200; ++i) write_file(path("tree/a/b/f" + std::to_string(i)), random_bytes(static_cast<size_t>(i * 37), static_cast<uint32_t>(i)));
+  write_file(path("tree/empty"), "");
+  fs::create_symlink("a/b/f1", path("tree/link"));
+  PosixSource src;
+  StageOptions opt;
+  opt.recursive = true;
+  opt.chunk_size = 65536;
+  World w(2);
+  std::vector<StageReport> reps(2);
+  run_ranks(w, [&](ThreadComm& c) {
+    StageEndpoint ep{path("tree"), path("node" + std::to_string(c.rank()) + "/tree"), true};
+    reps[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, posix_, opt, ep);
+  });
+  ASSERT_TRUE(reps[0].ok) << (reps[0].errors.empty() ? "" : reps[0].errors[0]);
+  EXPECT_LT(reps[0].chunks, 20U);
+  for (int r = 0; r < 2; ++r) {
+    const std::string base = path("node" + std::to_string(r) + "/tree");
+    EXPECT_EQ(read_file(base + "/a/b/f150"), read_file(path("tree/a/b/f150")));
+    EXPECT_TRUE(fs::exists(base + "/empty"));
+    EXPECT_EQ(fs::read_symlink(base + "/link"), "a/b/f1");
+  }
+}
+
+TEST_F(EngineTest, MissingSourceFailsEverywhereWithItsPath) {
+  PosixSource src;
+  auto r = run(2, StageOptions{}, src, plain_, path("nope.bin"));
+  for (const auto& rep : r.reports) {
+    EXPECT_FALSE(rep.ok);
+    ASSERT_FALSE(rep.errors.empty());
+    EXPECT_NE(rep.errors[0].find("nope.bin"), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(node_file(0)));
+}
+
+}  // namespace
+}  // namespace stage::testing

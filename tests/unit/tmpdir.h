@@ -1,0 +1,52 @@
+// A fresh directory per test, removed afterwards; and an open-descriptor count for leak checks.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+namespace stage::testing {
+
+inline int open_fd_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+class TmpDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "stagefs-unit-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    fds_before_ = open_fd_count();
+  }
+  void TearDown() override {
+    EXPECT_EQ(open_fd_count(), fds_before_) << "file descriptors leaked";
+    std::filesystem::remove_all(dir_);
+  }
+  [[nodiscard]] std::string path(const std::string& rel) const { return (dir_ / rel).string(); }
+
+  static std::string random_bytes(size_t n, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::string s(n, '\0');
+    for (auto& c : s) c = static_cast<char>(g());
+    return s;
+  }
+  static void write_file(const std::string& p, const std::string& data) {
+    std::filesystem::create_directories(std::filesystem::path(p).parent_path());
+    std::ofstream(p, std::ios::binary) << data;
+  }
+  static std::string read_file(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), {}};
+  }
+
+  std::filesystem::path dir_;
+  int fds_before_ = 0;
+};
+
+}  // namespace stage::testing
