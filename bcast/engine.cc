@@ -19,6 +19,9 @@ bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, boo
   if (overwrite || mode == Validate::none) return true;
   if (!local.exists || !local.regular || local.size != src.size) return true;
   if (mode == Validate::checksum) return local_crc != source_crc;
+  if (mode == Validate::origin) {
+    return !local.origin || !origin_matches(*local.origin, local.mtime_ns, src);
+  }
   return local.mtime_ns != src.mtime_ns;  // size: same size and same mtime as the source
 }
 
@@ -387,7 +390,7 @@ Status Transfer::copy() {
     buf.hdr = h;
     if (write_here) write_q.push(std::move(*b));
     else free_q.push(std::move(*b));
-    if (progress_ && is_root()) progress_(range.offset + range.length, layout.bytes());
+    if (progress_) progress_(range.offset + range.length, layout.bytes());
   }
   write_q.close();
   if (writer.joinable()) writer.join();

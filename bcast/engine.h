@@ -34,7 +34,10 @@
 
 namespace stage {
 
-enum class Validate { none, size, checksum };
+// size: same size and mtime; checksum: same CRC-64; none: always copy;
+// origin: the copy's recorded origin (xattr) matches the source's size, mtime, ctime and
+// inode (the stagefs cache: a touched or replaced source is copied again).
+enum class Validate { none, size, checksum, origin };
 
 struct StageOptions {
   uint64_t chunk_size = kDefaultChunk;
@@ -72,7 +75,8 @@ struct StageReport {
   std::vector<std::string> skipped; // root: entries not staged (FIFOs, sockets, devices)
 };
 
-// Called on the root rank from the MPI thread after each chunk (bytes done, bytes to stream).
+// Called on every rank, from the thread that called stage_transfer, after each chunk
+// (bytes done, bytes to stream).
 using ProgressFn = std::function<void(uint64_t, uint64_t)>;
 
 StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store,

@@ -71,7 +71,8 @@ bool is_safe_relative(std::string_view path) {
 
 std::string join_path(const std::string& root, const std::string& rel) {
   if (rel.empty()) return root;
-  if (!root.empty() && root.back() == '/') return root + rel;
+  if (root.empty()) return rel;
+  if (root.back()  == '/') return root + rel;
   return root + "/" + rel;
 }
 

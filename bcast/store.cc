@@ -172,6 +172,18 @@ class PosixTxn final : public Txn {
 
 }  // namespace
 
+std::optional<Origin> origin_of_fd(int fd) {
+  char buf[256];
+  const ssize_t n = ::fgetxattr(fd, kOriginXattr, buf, sizeof buf - 1);
+  if (n <= 0) return std::nullopt;
+  return decode_origin(std::string(buf, static_cast<size_t>(n)));
+}
+
+bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src) {
+  return o.source.size == src.size && o.source.mtime_ns == src.mtime_ns && o.source.ctime_ns == src.ctime_ns &&
+         o.source.ino == src.ino && copy_mtime_ns == src.mtime_ns;
+}
+
 Result<LocalState> PosixStore::inspect(const std::string& path) {
   LocalState ls;
   struct stat st {};

@@ -1,0 +1,80 @@
+#include "fusefs/beneath.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace stagefs {
+
+stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags) {
+  if (!rel.empty() && !stage::is_safe_relative(rel)) return stage::sys_error(EINVAL, "unsafe path", rel);
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC | O_NOFOLLOW);
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const long fd = ::syscall(SYS_openat2, root_fd, rel.empty() ? "." : rel.c_str(), &how, sizeof how);
+  if (fd < 0) return stage::sys_error(errno, "open source", rel);
+  return stage::Fd(static_cast<int>(fd));
+}
+
+namespace {
+
+class File final : public stage::SourceFile {
+ public:
+  File(stage::Fd fd, std::string rel) : fd_(std::move(fd)), rel_(std::move(rel)) {}
+  stage::Status read_at(uint64_t off, std::span<std::byte> buf) override {
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t n = ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return stage::sys_error(errno, "read source", rel_);
+      }
+      if (n == 0) return stage::stage_error(stage::Errc::short_read, "read source", rel_);
+      done += static_cast<size_t>(n);
+    }
+    return {};
+  }
+  bool has_data(uint64_t off, uint64_t len) override {
+    const off_t d = ::lseek(fd_.get(), static_cast<off_t>(off), SEEK_DATA);
+    if (d < 0) return errno != ENXIO;
+    return static_cast<uint64_t>(d) < off + len;
+  }
+  stage::Result<stage::FileMeta> stat_now() override {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) return stage::sys_error(errno, "stat source", rel_);
+    return stage::meta_from_stat(st);
+  }
+
+ private:
+  stage::Fd fd_;
+  std::string rel_;
+};
+
+}  // namespace
+
+stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool /*recursive*/,
+                                                   const SkipFn& /*skipped*/) {
+  auto fd = open_beneath(root_fd_, rel, O_RDONLY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
+  if (!S_ISREG(st.st_mode)) return stage::stage_error(stage::Errc::unsupported, "source", rel);
+  stage::Manifest m;
+  m.entries.push_back(stage::Entry{"", stage::EntryType::file, stage::meta_from_stat(st), {}});
+  return m;
+}
+
+stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std::string& rel, const stage::Entry& e) {
+  auto fd = open_beneath(root_fd_, stage::join_path(rel, e.path), O_RDONLY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
+  if (!S_ISREG(st.st_mode) || stage::meta_from_stat(st) != e.meta)
+    return stage::stage_error(stage::Errc::source_changed, "open source", rel);
+  ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  return std::unique_ptr<stage::SourceFile>(new File(std::move(fd.value()), rel));
+}
+
+}  // namespace stagefs

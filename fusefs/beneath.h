@@ -1,0 +1,30 @@
+// Path resolution that cannot leave a root directory: openat2(RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS) relative to an fd of SOURCE_DIR. Whatever a
+// name from the kernel or a message between ranks says, and whatever the source tree does
+// meanwhile (a directory swapped for a symlink), the daemon only opens what lies inside it.
+// BeneathSource is the engine's SourceReader for the mount: paths are relative to the root.
+// Stateless apart from the root fd; thread-safe.
+#pragma once
+
+#include <string>
+
+#include "bcast/fd.h"
+#include "bcast/source.h"
+
+namespace stagefs {
+
+// rel == "" opens the root itself. flags as for openat (O_PATH, O_RDONLY, O_DIRECTORY...).
+stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags);
+
+class BeneathSource final : public stage::SourceReader {
+ public:
+  explicit BeneathSource(int root_fd) : root_fd_(root_fd) {}
+  // Single regular files only (the mount materializes one file per transfer).
+  stage::Result<stage::Manifest> scan(const std::string& rel, bool recursive, const SkipFn& skipped) override;
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel, const stage::Entry& e) override;
+
+ private:
+  int root_fd_;
+};
+
+}  // namespace stagefs

@@ -1,0 +1,79 @@
+// The control plane of a mount group: how a node asks for a file and how the coordinator
+// (rank 0, the node that reads the source) tells every node what to transfer next.
+//
+//   node -> coordinator   Request       point to point: "materialize PATH" or "shut down"
+//   coordinator -> all    Announcement  one broadcast per decision, in the same order on every
+//                                       rank: "transfer PATH (id N)" or "shut down"
+//
+// Messages are small fixed-layout byte strings; decode_*() validate type, lengths and the
+// path (relative, no "..") before anything uses them (a fuzz target covers them).
+// ControlPlane is owned by the group's service thread: not thread-safe; every call is
+// non-blocking, so the service thread can poll it and sleep when idle.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "bcast/error.h"
+
+namespace stagefs {
+
+inline constexpr size_t kMaxPath = 4096;
+inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one fixed buffer
+
+enum class MsgType : uint8_t { materialize = 1, shutdown = 2 };
+
+struct Message {
+  MsgType type = MsgType::materialize;
+  uint64_t id = 0;    // announcements: transfer id; requests: the last id the node had seen
+  std::string path;   // relative to SOURCE_DIR; empty for shutdown
+  bool operator==(const Message&) const = default;
+};
+
+std::string encode_message(const Message& m);
+stage::Result<Message> decode_message(std::span<const std::byte> bytes);
+
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+  [[nodiscard]] virtual bool is_coordinator() const = 0;
+  // A node's request to the coordinator (the coordinator itself never calls it).
+  virtual stage::Status send_request(const Message& m) = 0;
+  // Coordinator: the next request from any rank, if one has arrived.
+  virtual stage::Result<std::optional<Message>> poll_request() = 0;
+  // Coordinator: start broadcasting an announcement (at most one outstanding).
+  virtual stage::Status announce(const Message& m) = 0;
+  // Everyone: the next announcement, once it has arrived (on the coordinator: once sent).
+  virtual stage::Result<std::optional<Message>> poll_announcement() = 0;
+};
+
+// A group of one rank: requests and announcements are in-process queues.
+class LocalControlPlane final : public ControlPlane {
+ public:
+  [[nodiscard]] bool is_coordinator() const override { return true; }
+  stage::Status send_request(const Message& m) override {
+    requests_.push_back(m);
+    return {};
+  }
+  stage::Result<std::optional<Message>> poll_request() override { return pop(requests_); }
+  stage::Status announce(const Message& m) override {
+    announcements_.push_back(m);
+    return {};
+  }
+  stage::Result<std::optional<Message>> poll_announcement() override { return pop(announcements_); }
+
+ private:
+  static std::optional<Message> pop(std::deque<Message>& q) {
+    if (q.empty()) return std::nullopt;
+    Message m = std::move(q.front());
+    q.pop_front();
+    return m;
+  }
+  std::deque<Message> requests_;
+  std::deque<Message> announcements_;
+};
+
+}  // namespace stagefs

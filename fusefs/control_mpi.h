@@ -1,0 +1,71 @@
+// MPI side of the control plane. Two communicators duplicated from the world (requests:
+// point-to-point to the coordinator; announcements: MPI_Ibcast from the coordinator), both
+// with MPI_ERRORS_RETURN. Every rank keeps at most one announcement broadcast outstanding,
+// so announcements start in the same order everywhere, as non-blocking collectives require.
+// Only non-blocking calls (Isend, Irecv, Ibcast, Test): the service thread polls and sleeps,
+// so an idle daemon costs almost no CPU (a blocking MPI wait spins in Open MPI).
+// Owned and called by one thread (the one that initialized MPI).
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <list>
+#include <memory>
+
+#include "bcast/comm_mpi.h"
+#include "fusefs/control.h"
+
+namespace stagefs {
+
+// One outstanding MPI request and its buffer. Cancels/frees what it still holds on destruction
+// (never waits on a collective: a stalled group must not block the exit path).
+class MpiRequest {
+ public:
+  MpiRequest() = default;
+  MpiRequest(const MpiRequest&) = delete;
+  MpiRequest& operator=(const MpiRequest&) = delete;
+  ~MpiRequest();
+  MPI_Request* handle() { return &req_; }
+  [[nodiscard]] bool active() const { return req_ != MPI_REQUEST_NULL; }
+  // True once complete (the request is then inactive); status filled if given.
+  stage::Result<bool> test(MPI_Status* status = MPI_STATUS_IGNORE);
+  void set_p2p(bool p2p) { p2p_ = p2p; }
+
+ private:
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool p2p_ = true;
+};
+
+class MpiControlPlane final : public ControlPlane {
+ public:
+  static stage::Result<std::unique_ptr<MpiControlPlane>> create(MPI_Comm world, int coordinator);
+  [[nodiscard]] bool is_coordinator() const override { return rank_ == coordinator_; }
+  stage::Status send_request(const Message& m) override;
+  stage::Result<std::optional<Message>> poll_request() override;
+  stage::Status announce(const Message& m) override;
+  stage::Result<std::optional<Message>> poll_announcement() override;
+
+ private:
+  MpiControlPlane() = default;
+  stage::Status post_request_recv();
+  stage::Status post_announcement_recv();
+
+  std::unique_ptr<stage::MpiComm> req_comm_;
+  std::unique_ptr<stage::MpiComm> ann_comm_;
+  int rank_ = 0;
+  int coordinator_ = 0;
+  bool stopped_ = false;  // a shutdown announcement was seen: post nothing more
+
+  struct Outgoing {
+    std::string bytes;
+    MpiRequest req;
+  };
+  std::list<Outgoing> sends_;
+  std::array<std::byte, kMaxMessage> recv_buf_{};
+  MpiRequest recv_;
+  std::array<std::byte, kMaxMessage + 4> ann_buf_{};  // u32 length + message
+  MpiRequest ann_;
+};
+
+}  // namespace stagefs

@@ -1,0 +1,44 @@
+// The stagefs daemon: one per node, all of a job step forming one mount group.
+//
+// Threads:
+//   main        initializes MPI (FUNNELED: it is the only thread that ever calls MPI), mounts,
+//               agrees with every rank that all mounted, then runs GroupService::run()
+//   fuse        the FUSE session loop (and its workers): never calls MPI; waits for
+//               materializations on the group
+//   supervisor  takes SIGTERM/SIGINT/SIGHUP (blocked everywhere else) and the end of the
+//               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
+//               and if the main thread does not finish in time (stuck in a stalled MPI
+//               collective) ends the process itself: no orphan, no stale mount.
+// Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
+// local cache-on-open filesystem.
+#pragma once
+
+#include <string>
+
+#include "bcast/chunk.h"
+#include "fusefs/core.h"
+#include "fusefs/mount.h"
+
+namespace stagefs {
+
+struct DaemonConfig {
+  std::string source_dir;
+  std::string mountpoint;
+  std::string cache_dir;
+  uint64_t chunk_size = stage::kDefaultChunk;
+  double stall_timeout = 60;     // seconds without progress before an open gives up
+  double shutdown_timeout = 10;  // seconds the group gets to shut down together
+  StallPolicy on_stall = StallPolicy::eio;
+  MountOptions mount;
+};
+
+// Returns the process exit status.
+int run_daemon(DaemonConfig cfg, int* argc, char*** argv);
+
+// `stagefs --wait MOUNTPOINT`: returns 0 once every node of the group has mounted.
+int wait_ready(const std::string& mountpoint, double timeout_s);
+
+// Checks the configuration before anything is mounted; an explanation, or empty.
+std::string validate_config(DaemonConfig& cfg);
+
+}  // namespace stagefs

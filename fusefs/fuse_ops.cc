@@ -1,0 +1,396 @@
+// The FUSE edge (see mount.h): the only file that includes fuse_lowlevel.h. Every callback is
+// a few lines: unpack, one StageFsCore call, reply. Errors map to errno through
+// stage::Error::to_errno(); expected ones (ENOENT, ENODATA, EROFS) are not logged as failures.
+#define FUSE_USE_VERSION FUSE_MAKE_VERSION(3, 12)
+#include <dirent.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+#include "fusefs/mount.h"
+
+namespace stagefs {
+
+const char* read_path_name(ReadPath p) {
+  switch (p) {
+    case ReadPath::passthrough: return "kernel passthrough";
+    case ReadPath::splice: return "splice from the local copy (keep_cache)";
+    default: return "not yet known";
+  }
+}
+
+namespace {
+
+struct FileHandle {
+  stage::Fd fd;
+  int backing_id = -1;
+};
+
+struct DirHandle {
+  std::vector<DirEntry> entries;
+};
+
+FuseMount& fm(fuse_req_t req) { return *static_cast<FuseMount*>(fuse_req_userdata(req)); }
+
+void reply_err(fuse_req_t req, const stage::Error& e) {
+  const int err = e.to_errno();
+  if (err == ENOENT || err == ENODATA || err == EROFS || err == ENAMETOOLONG)
+    spdlog::debug("{}", e.message);
+  else
+    spdlog::warn("{}", e.message);
+  fuse_reply_err(req, err != 0 ? err : EIO);
+}
+
+// No exception may cross into libfuse (C): a callback that throws replies ENOMEM or EIO.
+template <class F>
+void guarded(fuse_req_t req, F&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    fuse_reply_err(req, ENOMEM);
+  } catch (...) {
+    fuse_reply_err(req, EIO);
+  }
+}
+
+void reply_erofs(fuse_req_t req) { fuse_reply_err(req, EROFS); }
+
+void op_init(void* userdata, struct fuse_conn_info* conn) {
+  auto* m = static_cast<FuseMount*>(userdata);
+  if ((conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if ((conn->capable & FUSE_CAP_CACHE_SYMLINKS) != 0) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+  // READs of up to 252 pages: a spliced reply then fits the default 1 MiB pipe limit
+  // (a 256-page reply would silently fall back to copying).
+  conn->max_write = 252 * 4096;
+  spdlog::debug("FUSE init: proto {}.{}, passthrough {}", conn->proto_major, conn->proto_minor,
+                m->passthrough().offered() ? "offered" : "not offered");
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  guarded(req, [&] {
+    auto& m = fm(req);
+    fuse_entry_param e{};
+    e.entry_timeout = m.options().entry_timeout;
+    auto r = m.core().lookup(parent, name);
+    if (!r) {
+      if (r.error().to_errno() == ENOENT) {  // cache the negative answer too
+        fuse_reply_entry(req, &e);
+        return;
+      }
+      return reply_err(req, r.error());
+    }
+    e.ino = r->first;
+    e.attr = r->second;
+    e.attr_timeout = m.options().attr_timeout;
+    fuse_reply_entry(req, &e);
+  });
+}
+
+void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  fm(req).core().forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) fm(req).core().forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
+  guarded(req, [&] {
+    auto r = fm(req).core().getattr(ino);
+    if (!r) return reply_err(req, r.error());
+    fuse_reply_attr(req, &r.value(), fm(req).options().attr_timeout);
+  });
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  guarded(req, [&] {
+    auto r = fm(req).core().readlink(ino);
+    if (!r) return reply_err(req, r.error());
+    fuse_reply_readlink(req, r->c_str());
+  });
+}
+
+void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  guarded(req, [&] {
+    auto r = fm(req).core().readdir(ino);
+    if (!r) return reply_err(req, r.error());
+    auto h = std::make_unique<DirHandle>();
+    h->entries = std::move(r.value());
+    fi->fh = reinterpret_cast<uint64_t>(h.get());
+    fi->cache_readdir = 1;
+    fi->keep_cache = 1;
+    if (fuse_reply_open(req, fi) == 0) (void)h.release();
+  });
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct fuse_file_info* fi) {
+  guarded(req, [&] {
+    const auto* h = reinterpret_cast<DirHandle*>(fi->fh);
+    std::vector<char> buf(size);
+    size_t used = 0;
+    for (auto i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
+      const DirEntry& d = h->entries[i];
+      struct stat st {};
+      st.st_ino = d.ino;
+      st.st_mode = d.mode;
+      const size_t n = fuse_add_direntry(req, buf.data() + used, size - used, d.name.c_str(), &st,
+                                         static_cast<off_t>(i + 1));
+      if (n > size - used) break;
+      used += n;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  });
+}
+
+void op_releasedir(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
+  delete reinterpret_cast<DirHandle*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  guarded(req, [&] {
+    auto& m = fm(req);
+    auto r = m.core().open(ino, fi->flags);
+    if (!r) return reply_err(req, r.error());
+    auto h = std::make_unique<FileHandle>();
+    h->fd = std::move(r->fd);
+    const int id = m.passthrough().open_backing(m.fuse_fd(), h->fd.get());
+    if (id >= 0) {
+      h->backing_id = id;
+      Passthrough::arm_open_reply(id);
+      m.note_read_path(ReadPath::passthrough);
+    } else {
+      fi->keep_cache = r->from_source ? 0 : 1;  // a verified local copy does not change under us
+      m.note_read_path(ReadPath::splice);
+    }
+    fi->fh = reinterpret_cast<uint64_t>(h.get());
+    const int rc = fuse_reply_open(req, fi);
+    Passthrough::disarm();
+    if (rc == 0) {
+      (void)h.release();
+    } else if (h->backing_id >= 0) {  // interrupted: the kernel will not send RELEASE
+      m.passthrough().close_backing(m.fuse_fd(), h->backing_id);
+    }
+  });
+}
+
+void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct fuse_file_info* fi) {
+  const auto* h = reinterpret_cast<FileHandle*>(fi->fh);
+  fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+  buf.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  buf.buf[0].fd = h->fd.get();
+  buf.buf[0].pos = off;
+  fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+void op_release(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
+  auto* h = reinterpret_cast<FileHandle*>(fi->fh);
+  if (h->backing_id >= 0) fm(req).passthrough().close_backing(fm(req).fuse_fd(), h->backing_id);
+  delete h;
+  fuse_reply_err(req, 0);
+}
+
+void op_statfs(fuse_req_t req, fuse_ino_t /*ino*/) {
+  guarded(req, [&] {
+    auto r = fm(req).core().statfs();
+    if (!r) return reply_err(req, r.error());
+    fuse_reply_statfs(req, &r.value());
+  });
+}
+
+void reply_xattr_value(fuse_req_t req, const std::string& v, size_t size) {
+  if (size == 0) fuse_reply_xattr(req, v.size());
+  else if (size < v.size()) fuse_reply_err(req, ERANGE);
+  else fuse_reply_buf(req, v.data(), v.size());
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  guarded(req, [&] {
+    auto r = fm(req).core().getxattr(ino, name);
+    if (!r) return reply_err(req, r.error());
+    reply_xattr_value(req, *r, size);
+  });
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  guarded(req, [&] {
+    auto r = fm(req).core().listxattr(ino);
+    if (!r) return reply_err(req, r.error());
+    reply_xattr_value(req, *r, size);
+  });
+}
+
+// Every change to the tree: EROFS (the mount is also made with -o ro).
+void op_setattr(fuse_req_t req, fuse_ino_t, struct stat*, int, struct fuse_file_info*) { reply_erofs(req); }
+void op_mknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { reply_erofs(req); }
+void op_mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { reply_erofs(req); }
+void op_unlink(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
+void op_rmdir(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
+void op_symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { reply_erofs(req); }
+void op_rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned int) { reply_erofs(req); }
+void op_link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { reply_erofs(req); }
+void op_write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, struct fuse_file_info*) { reply_erofs(req); }
+void op_create(fuse_req_t req, fuse_ino_t, const char*, mode_t, struct fuse_file_info*) { reply_erofs(req); }
+void op_setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { reply_erofs(req); }
+void op_removexattr(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
+void op_fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, struct fuse_file_info*) { reply_erofs(req); }
+void op_flush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_fsync(fuse_req_t req, fuse_ino_t, int, struct fuse_file_info*) { fuse_reply_err(req, 0); }
+
+const fuse_lowlevel_ops kOps = [] {
+  fuse_lowlevel_ops o{};
+  o.init = op_init;
+  o.lookup = op_lookup;
+  o.forget = op_forget;
+  o.forget_multi = op_forget_multi;
+  o.getattr = op_getattr;
+  o.readlink = op_readlink;
+  o.opendir = op_opendir;
+  o.readdir = op_readdir;
+  o.releasedir = op_releasedir;
+  o.open = op_open;
+  o.read = op_read;
+  o.release = op_release;
+  o.statfs = op_statfs;
+  o.getxattr = op_getxattr;
+  o.listxattr = op_listxattr;
+  o.setattr = op_setattr;
+  o.mknod = op_mknod;
+  o.mkdir = op_mkdir;
+  o.unlink = op_unlink;
+  o.rmdir = op_rmdir;
+  o.symlink = op_symlink;
+  o.rename = op_rename;
+  o.link = op_link;
+  o.write = op_write;
+  o.create = op_create;
+  o.setxattr = op_setxattr;
+  o.removexattr = op_removexattr;
+  o.fallocate = op_fallocate;
+  o.flush = op_flush;
+  o.fsync = op_fsync;
+  return o;
+}();
+
+// custom io: libfuse hands us the session's userdata (the FuseMount).
+ssize_t io_read(int fd, void* buf, size_t len, void* ud) {
+  return Passthrough::read_hook(fd, buf, len, &static_cast<FuseMount*>(ud)->passthrough());
+}
+ssize_t io_writev(int fd, struct iovec* iov, int count, void* ud) {
+  return Passthrough::writev_hook(fd, iov, count, &static_cast<FuseMount*>(ud)->passthrough());
+}
+ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned int flags, void* ud) {
+  return Passthrough::splice_send_hook(fdin, offin, fdout, offout, len, flags, ud);
+}
+
+// "maj:min" of the filesystem mounted at path (last match in mountinfo), or "".
+std::string mount_device(const std::string& path) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line, found;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string id, parent, dev, root, mnt;
+    ls >> id >> parent >> dev >> root >> mnt;
+    if (mnt == path) found = dev;
+  }
+  return found;
+}
+
+void write_sysfs(const std::string& path, const std::string& value) {
+  std::ofstream out(path);
+  if (out) out << value;
+}
+
+}  // namespace
+
+std::string check_mountpoint(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOTCONN)
+      return "mount point " + path + " is a stale mount of a stagefs that is no longer running; clear it with: "
+             "fusermount3 -u " + path + "   (or, as root: umount -l " + path + ")";
+    return "mount point " + path + ": " + std::strerror(errno);
+  }
+  if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
+  if (!mount_device(path).empty()) return "mount point " + path + " is already a mount point (unmount it first)";
+  stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (DIR* d = dfd.valid() ? ::fdopendir(dfd.release()) : nullptr) {
+    int n = 0;
+    while (const dirent* de = ::readdir(d))
+      if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) ++n;
+    ::closedir(d);
+    if (n > 0) return "mount point " + path + " is not empty";
+  }
+  return {};
+}
+
+stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, const MountOptions& opt) {
+  if (auto why = check_mountpoint(opt.mountpoint); !why.empty()) return stage::sys_error(EBUSY, why);
+  auto m = std::unique_ptr<FuseMount>(new FuseMount(core, opt));
+  std::string o = "default_permissions,ro,fsname=stagefs,subtype=stagefs";
+  if (opt.allow_other) o += ",allow_other";
+  std::vector<const char*> argv{"stagefs", "-o", o.c_str()};
+  if (opt.debug) argv.push_back("-d");
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
+  m->se_ = fuse_session_new(&args, &kOps, sizeof kOps, m.get());
+  if (m->se_ == nullptr) return stage::sys_error(EINVAL, "fuse_session_new failed", opt.mountpoint);
+  if (fuse_session_mount(m->se_, opt.mountpoint.c_str()) != 0) {
+    fuse_session_destroy(m->se_);
+    m->se_ = nullptr;
+    return stage::sys_error(EPERM, "mount failed (is /dev/fuse there, and fusermount3 installed?)", opt.mountpoint);
+  }
+  m->fuse_fd_ = fuse_session_fd(m->se_);
+  const fuse_custom_io io{io_writev, io_read, nullptr, io_splice_send};
+  if (fuse_session_custom_io(m->se_, &io, m->fuse_fd_) != 0)
+    spdlog::warn("custom io refused: kernel passthrough disabled");
+  // Larger READ requests: raise this mount's read-ahead (best effort, needs root).
+  if (const std::string dev = mount_device(opt.mountpoint); !dev.empty())
+    write_sysfs("/sys/class/bdi/" + dev + "/read_ahead_kb", "1024");
+  return m;
+}
+
+stage::Status FuseMount::loop() {
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(opt_.max_threads));
+  fuse_loop_cfg_set_idle_threads(cfg, 4);
+  const int rc = fuse_session_loop_mt(se_, cfg);
+  fuse_loop_cfg_destroy(cfg);
+  if (rc < 0) return stage::sys_error(-rc, "FUSE session loop", opt_.mountpoint);
+  return {};
+}
+
+void FuseMount::unmount() {
+  if (unmounted_.exchange(true) || se_ == nullptr) return;
+  const std::string dev = mount_device(opt_.mountpoint);
+  fuse_session_exit(se_);
+  fuse_session_unmount(se_);  // lazy (MNT_DETACH) as root
+  // Open files would keep the detached connection (and the loop) alive: abort it so the
+  // workers return now; later reads of those files fail with ENOTCONN.
+  if (const size_t colon = dev.find(':'); colon != std::string::npos)
+    write_sysfs("/sys/fs/fuse/connections/" + dev.substr(colon + 1) + "/abort", "1");
+}
+
+FuseMount::~FuseMount() {
+  if (se_ == nullptr) return;
+  unmount();
+  fuse_session_destroy(se_);
+}
+
+void FuseMount::note_read_path(ReadPath p) {
+  const ReadPath old = read_path_.exchange(p);
+  if (old != p) spdlog::info("reads are served by {}", read_path_name(p));
+  if (p == ReadPath::splice && opt_.passthrough && pt_.active() && !logged_fallback_.exchange(true))
+    spdlog::warn("kernel passthrough refused for a file (needs CAP_SYS_ADMIN; cache not on a stacked fs): "
+                 "falling back to splice");
+}
+
+}  // namespace stagefs

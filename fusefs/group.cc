@@ -1,0 +1,210 @@
+#include "fusefs/group.h"
+
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+namespace stagefs {
+
+GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src,
+                           stage::LocalStore& store, GroupConfig cfg)
+    : data_(data), ctl_(ctl), src_(src), store_(store), cfg_(std::move(cfg)), last_progress_(Clock::now()) {}
+
+stage::Status GroupService::materialize(const std::string& rel) {
+  std::unique_lock lk(m_);
+  if (state_ == GroupState::broken)
+    return stage::stage_error(stage::Errc::group_broken, "materialize", rel);
+  if (state_ == GroupState::shut_down || shutdown_requested_)
+    return stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel);
+  auto& slot = waits_[rel];
+  if (!slot) {  // first open of this file on this node: one request, shared by later opens
+    slot = std::make_shared<Waiter>();
+    slot->requested = Clock::now();
+    outbox_.push_back(rel);
+    ++stats_.requests_sent;
+    service_cv_.notify_one();
+  }
+  const std::shared_ptr<Waiter> w = slot;
+  while (!w->done) {
+    const auto deadline = std::max(w->requested, last_progress_) + cfg_.stall_timeout;
+    if (waiters_cv_.wait_until(lk, deadline) == std::cv_status::timeout && !w->done &&
+        Clock::now() >= std::max(w->requested, last_progress_) + cfg_.stall_timeout) {
+      spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
+                    std::chrono::duration<double>(cfg_.stall_timeout).count());
+      state_ = GroupState::broken;
+      fail_all_locked(stage::stage_error(stage::Errc::timed_out, "materialize", rel));
+    }
+  }
+  return w->result;
+}
+
+void GroupService::fail_all_locked(const stage::Error& e) {
+  for (auto& [rel, w] : waits_) {
+    w->done = true;
+    w->result = e;
+  }
+  waits_.clear();
+  outbox_.clear();
+  waiters_cv_.notify_all();
+}
+
+void GroupService::request_shutdown() {
+  std::lock_guard lk(m_);
+  shutdown_requested_ = true;
+  service_cv_.notify_one();
+}
+
+GroupState GroupService::state() const {
+  std::lock_guard lk(m_);
+  return state_;
+}
+
+GroupStats GroupService::stats() const {
+  std::lock_guard lk(m_);
+  return stats_;
+}
+
+void GroupService::mark_progress() {
+  std::lock_guard lk(m_);
+  last_progress_ = Clock::now();
+}
+
+void GroupService::complete(const std::string& rel, const stage::Status& st) {
+  std::lock_guard lk(m_);
+  auto it = waits_.find(rel);
+  if (it == waits_.end()) return;
+  it->second->done = true;
+  it->second->result = st;
+  waits_.erase(it);
+  waiters_cv_.notify_all();
+}
+
+void GroupService::enqueue(const Message& m) {
+  if (m.type == MsgType::shutdown) {
+    if (!shutdown_sent_) queue_.push_front(m);  // before any further transfer
+    shutdown_sent_ = true;
+    return;
+  }
+  if (auto it = announced_id_.find(m.path); it != announced_id_.end() && m.id < it->second)
+    return;  // sent before its node saw the transfer that answers it
+  if (!queued_.insert(m.path).second) return;  // already queued: merge
+  queue_.push_back(m);
+}
+
+void GroupService::run_transfer(const Message& a) {
+  const auto t0 = Clock::now();
+  stage::StageOptions opt = cfg_.bcast;
+  opt.pre = stage::Validate::origin;
+  opt.recursive = false;
+  opt.root = 0;
+  // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
+  // same relative path in the cache.
+  const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
+  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t, uint64_t) { mark_progress(); });
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  {
+    std::lock_guard lk(m_);
+    ++stats_.transfers;
+    stats_.bytes_broadcast += report.bytes_streamed;
+    if (report.this_node_wrote) ++stats_.local_writes;
+    if (!report.ok) ++stats_.failures;
+    last_progress_ = Clock::now();
+  }
+  if (report.ok) {
+    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote", a.path,
+                 report.bytes_total, secs, secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
+                 report.nodes_needing, report.writers);
+    complete(a.path, {});
+  } else {
+    const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
+    spdlog::error("materialize {} failed: {}", a.path, why);
+    complete(a.path, stage::Error{stage::make_error_code(stage::Errc::peer_failed), why});
+  }
+}
+
+stage::Status GroupService::run() {
+  auto idle = std::chrono::milliseconds(1);
+  for (;;) {
+    bool busy = false;
+    std::deque<std::string> out;
+    bool want_shutdown = false;
+    {
+      std::lock_guard lk(m_);
+      for (auto& rel : outbox_)  // skip opens a transfer already answered
+        if (waits_.contains(rel)) out.push_back(std::move(rel));
+      outbox_.clear();
+      want_shutdown = shutdown_requested_ && !shutdown_sent_;
+    }
+    auto broken = [&](const stage::Error& e) {
+      spdlog::error("{}: control plane failed: {}", stage::host_name(), e.message);
+      std::lock_guard lk(m_);
+      state_ = GroupState::broken;
+      fail_all_locked(e);
+      return stage::Status(e);
+    };
+    for (auto& rel : out) {
+      busy = true;
+      const Message m{MsgType::materialize, last_seen_id_, rel};
+      if (ctl_.is_coordinator()) enqueue(m);
+      else if (auto st = ctl_.send_request(m); !st) return broken(st.error());
+    }
+    if (want_shutdown) {
+      busy = true;
+      const Message m{MsgType::shutdown, 0, {}};
+      if (ctl_.is_coordinator()) enqueue(m);
+      else if (auto st = ctl_.send_request(m); !st) return broken(st.error());
+      shutdown_sent_ = true;
+    }
+    if (ctl_.is_coordinator()) {
+      for (;;) {
+        auto r = ctl_.poll_request();
+        if (!r) {
+          spdlog::warn("{}", r.error().message);  // malformed request: dropped
+          continue;
+        }
+        if (!r->has_value()) break;
+        busy = true;
+        enqueue(**r);
+      }
+      if (!announcing_ && !queue_.empty()) {
+        Message m = queue_.front();
+        queue_.pop_front();
+        if (m.type == MsgType::materialize) {
+          queued_.erase(m.path);
+          m.id = next_id_++;
+          announced_id_[m.path] = m.id;
+        }
+        if (auto st = ctl_.announce(m); !st) return broken(st.error());
+        announcing_ = true;
+        busy = true;
+      }
+    }
+    auto a = ctl_.poll_announcement();
+    if (!a) return broken(a.error());
+    if (a->has_value()) {
+      busy = true;
+      announcing_ = false;
+      mark_progress();
+      const Message& m = **a;
+      last_seen_id_ = std::max(last_seen_id_, m.id);
+      if (m.type == MsgType::shutdown) {
+        std::lock_guard lk(m_);
+        state_ = GroupState::shut_down;
+        fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount group shut down)"));
+        return {};
+      }
+      run_transfer(m);
+    }
+    if (busy) {
+      idle = std::chrono::milliseconds(1);
+      continue;
+    }
+    // Idle: sleep until a local request arrives or the poll interval passes (backing off to
+    // idle_poll), so remote requests and announcements are still noticed.
+    std::unique_lock lk(m_);
+    service_cv_.wait_for(lk, idle, [&] { return !outbox_.empty() || (shutdown_requested_ && !shutdown_sent_); });
+    idle = std::min(idle * 2, cfg_.idle_poll);
+  }
+}
+
+}  // namespace stagefs

@@ -1,0 +1,115 @@
+// GroupService: one node's member of a mount group. FUSE threads call materialize(); the
+// service thread (the one that owns MPI) runs run(), which
+//   - forwards this node's first-open requests to the coordinator (rank 0),
+//   - on the coordinator: merges requests from every node (one transfer per file, however
+//     many threads and nodes open it at once) and announces them one at a time, in order,
+//   - on every rank: runs each announced transfer through the bcast engine into the cache
+//     (nodes whose cache already holds a valid copy take part without writing),
+//   - wakes the waiting opens with the outcome.
+// Stalls: a waiting open gives up when neither its own request nor any collective progress
+// (an announcement, a chunk) has happened for stall_timeout. The node then marks the group
+// broken: the service thread may be stuck inside MPI for good (Open MPI 4.1 has no
+// fault-tolerant collectives), so later cache misses fail at once (or fall back to the
+// source, per the mount's policy) while valid cached files keep being served.
+//
+// Thread safety: materialize(), request_shutdown(), state(), stats() from any thread;
+// run() from the service thread only. Lock order: m_ is the only lock; callbacks into the
+// engine run without it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "bcast/engine.h"
+#include "fusefs/control.h"
+#include "fusefs/core.h"
+
+namespace stagefs {
+
+using Clock = std::chrono::steady_clock;
+
+struct GroupConfig {
+  std::string source_dir;  // SOURCE_DIR (absolute)
+  std::string cache_dir;   // CACHE_DIR/data (absolute)
+  stage::StageOptions bcast;
+  std::chrono::milliseconds stall_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds idle_poll{20};  // longest sleep of an idle service thread
+};
+
+struct GroupStats {
+  uint64_t transfers = 0;       // announcements run on this node (every node counts each one)
+  uint64_t local_writes = 0;    // transfers in which this node wrote its copy
+  uint64_t bytes_broadcast = 0;
+  uint64_t failures = 0;
+  uint64_t requests_sent = 0;   // first-open requests this node sent (or queued, coordinator)
+};
+
+enum class GroupState { running, broken, shut_down };
+
+class GroupService final : public Materializer {
+ public:
+  GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src, stage::LocalStore& store,
+               GroupConfig cfg);
+
+  // Blocks until a transfer of `rel` finished on this node (the caller then opens and checks
+  // the cache) or failed, timed out, or the group shut down.
+  stage::Status materialize(const std::string& rel) override;
+  // Ask the whole group to shut down (this node unmounted or got a signal).
+  void request_shutdown();
+  // Service thread: loops until a shutdown announcement or a broken control plane.
+  stage::Status run();
+
+  [[nodiscard]] GroupState state() const;
+  [[nodiscard]] GroupStats stats() const;
+  [[nodiscard]] bool is_coordinator() const { return ctl_.is_coordinator(); }
+
+ private:
+  struct Waiter {
+    bool done = false;
+    stage::Status result;
+    Clock::time_point requested;
+  };
+
+  void run_transfer(const Message& a);
+  void complete(const std::string& rel, const stage::Status& st);
+  void fail_all_locked(const stage::Error& e);
+  void mark_progress();
+  void enqueue(const Message& m);  // coordinator, service thread
+
+  stage::Comm& data_;
+  ControlPlane& ctl_;
+  stage::SourceReader& src_;
+  stage::LocalStore& store_;
+  const GroupConfig cfg_;
+
+  mutable std::mutex m_;
+  std::condition_variable waiters_cv_;
+  std::condition_variable service_cv_;
+  std::map<std::string, std::shared_ptr<Waiter>> waits_;
+  std::deque<std::string> outbox_;  // requests not yet handed to the control plane
+  bool shutdown_requested_ = false;
+  GroupState state_ = GroupState::running;
+  Clock::time_point last_progress_;
+  GroupStats stats_;
+
+  // service thread only
+  std::deque<Message> queue_;  // coordinator: decided but not yet announced
+  std::set<std::string> queued_;
+  // coordinator: the id of the latest announcement of each path. A request that was sent
+  // before its node saw that announcement is already answered by it and is dropped, so a
+  // burst of opens across the nodes costs one transfer.
+  std::map<std::string, uint64_t> announced_id_;
+  uint64_t last_seen_id_ = 0;  // the latest announcement this node processed
+  bool announcing_ = false;
+  bool shutdown_sent_ = false;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace stagefs

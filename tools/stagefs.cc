@@ -1,0 +1,79 @@
+// stagefs: mount a read-only view of SOURCE_DIR whose files are copied onto every node's
+// local disk at their first open (one MPI broadcast per file for the whole job step).
+// A thin shell over fusefs/daemon.h: parse options, run the daemon or wait for readiness.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "bcast/chunk.h"
+#include "fusefs/daemon.h"
+
+int main(int argc, char** argv) {
+  stagefs::DaemonConfig cfg;
+  std::string chunk = "16M", on_stall = "eio", wait_for;
+  double wait_timeout = 300;
+  bool verbose = false, no_passthrough = false, debug_fuse = false;
+  CLI::App app{
+      "stagefs: a read-only FUSE view of SOURCE_DIR at MOUNTPOINT. The first open of a file, on any\n"
+      "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
+      "source); the open returns once the local copy is complete and verified, and reads are then\n"
+      "served from it (kernel passthrough where the kernel and privileges allow it).\n\n"
+      "  srun --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
+      "  stagefs --wait /stage        # returns once every node has mounted\n"
+      "  srun --container-image=/stage/pytorch.sqsh ...\n\n"
+      "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
+      "any node, SIGTERM, or the end of the job step: every node unmounts.",
+      "stagefs"};
+  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+  app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
+  app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
+  app.add_option("--cache", cfg.cache_dir, "node-local directory for the copies (created 0700)");
+  app.add_option("--wait", wait_for, "do not mount: wait until the mount at this path is ready on every node")
+      ->excludes("SOURCE_DIR");
+  app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
+  app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--entry-timeout", cfg.mount.entry_timeout, "seconds the kernel caches names")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--stall-timeout", cfg.stall_timeout,
+                 "seconds without progress (a node or link gone) before a waiting open gives up")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--on-stall", on_stall,
+                 "what a stalled open does: eio (fail) or source (read the shared source directly)")
+      ->capture_default_str()->check(CLI::IsMember({"eio", "source"}));
+  app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_flag("--no-passthrough", no_passthrough, "serve reads from the daemon even where passthrough works");
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+  app.add_flag("-d,--debug-fuse", debug_fuse, "log every FUSE request (libfuse -d)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::puts(e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", e.what());
+    return 2;
+  }
+  if (!wait_for.empty()) return stagefs::wait_ready(wait_for, wait_timeout);
+  auto usage = [](const std::string& m) {
+    std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
+    return 2;
+  };
+  if (cfg.source_dir.empty() || cfg.mountpoint.empty()) return usage("SOURCE_DIR and MOUNTPOINT are required");
+  if (cfg.cache_dir.empty()) return usage("--cache CACHE_DIR is required");
+  const auto c = stage::parse_size(chunk);
+  if (!c) return usage("--chunk-size: not a size: '" + chunk + "'");
+  if (auto why = stage::check_chunk_size(*c)) return usage("--chunk-size: " + *why);
+  cfg.chunk_size = *c;
+  cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
+  cfg.mount.passthrough = !no_passthrough;
+  cfg.mount.debug = debug_fuse;
+  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  return stagefs::run_daemon(cfg, &argc, &argv);
+}
