@@ -14,11 +14,13 @@
 # that every node must see belong OUTSIDE /tmp, /nvme and /stage, e.g. /work/main/build or
 # $SIMSLURM_ROOT/shared (created by `up`, world-writable, visible on all nodes).
 #
-# Usage (root; Debian 12 packages slurm-wlm munge openmpi-bin libpmix2):
+# Usage (root; Debian 12 packages slurm-wlm munge libpmix-dev, see `deps`):
 #   simslurm.sh up [N]            start (or keep, if already healthy with N nodes); default N=4
 #   simslurm.sh down              stop everything this harness started; always safe to call
 #   simslurm.sh status            print state; exit 0 = up and healthy, 1 = degraded, 3 = down
 #   simslurm.sh env               print `export ...` lines for srun/sinfo + MPI (use with eval)
+#   simslurm.sh deps              apt-get install what is missing of: slurm-wlm munge
+#                                 libpmix-dev iproute2 util-linux squashfs-tools
 #   simslurm.sh run N -- CMD...   up N, run CMD with that env, always down; exits with CMD's code
 #
 # Environment:
@@ -30,6 +32,9 @@
 #   SIMSLURM_READY_TIMEOUT  seconds to wait for all nodes idle (default 60)
 #   SIMSLURM_STOP_TIMEOUT   seconds to wait for daemons to exit after SIGTERM (default 20)
 #   SIMSLURM_KEEP_MUNGE=1   do not stop munged on down even if this harness started it
+#
+# Note: libpmix-dev is required, not just libpmix2: Slurm's mpi/pmix plugin dlopen()s the
+# unversioned libpmix.so that only the -dev package provides.
 #
 # MPI (verified on Debian 12: Slurm 22.05.8, Open MPI 4.1.4, libpmix2 4.2.2):
 #   srun -N4 --ntasks-per-node=1 --mpi=pmix ./prog   (pmix is a symlink to Slurm's pmix_v4
@@ -121,13 +126,16 @@ all_dead() {
   done
 }
 
-# processes whose mount namespace is NS (e.g. "mnt:[4026532176]")
+# pids_in_ns NS NVMEDIR: live processes whose mount namespace is NS (e.g.
+# "mnt:[4026532176]") and whose mount table shows NVMEDIR bound on /nvme
 pids_in_ns() {
-  local ns=$1 d p
+  local ns=$1 src=$2 d p
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [[ $p == "$$" || $p == "$BASHPID" ]] && continue
-    [[ $(readlink "$d/ns/mnt" 2>/dev/null) == "$ns" ]] && echo "$p"
+    [[ $(readlink "$d/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
+    all_dead "$p" && continue
+    grep -qF " $src /nvme " "$d/mountinfo" 2>/dev/null && echo "$p"
   done
   return 0
 }
@@ -144,6 +152,7 @@ take_lock() {
   exec 9>"$ROOT/lock"
   flock -w 120 9 || die "another $PROG operation holds $ROOT/lock for >120s"
 }
+release_lock() { exec 9>&-; }
 
 # ---------------------------------------------------------------------------------------
 # prerequisites
@@ -155,7 +164,34 @@ check_prereqs() {
     command -v "$b" >/dev/null 2>&1 || missing+=("$b")
   done
   ((${#missing[@]} == 0)) ||
-    die "missing commands: ${missing[*]} (apt-get install slurm-wlm munge util-linux iproute2)"
+    die "missing commands: ${missing[*]} (run: $0 deps)"
+  pmix_ok || log "warning: libpmix.so not found: srun --mpi=pmix will fail (run: $0 deps, or apt-get install libpmix-dev)"
+}
+
+# Slurm's pmix plugin dlopen()s the unversioned "libpmix.so", which only libpmix-dev ships:
+# without it `srun --mpi=pmix` fails although slurm-wlm is installed.
+pmix_ok() { [[ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]] || ldconfig -p 2>/dev/null | grep -q 'libpmix\.so '; }
+
+DEPS=(slurm-wlm munge libpmix-dev iproute2 util-linux squashfs-tools)
+
+# install missing Debian packages (idempotent; no-op when all are present)
+do_deps() {
+  [[ $(id -u) == 0 ]] || die "must run as root"
+  local missing=() p
+  for p in "${DEPS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then log "deps: all present (${DEPS[*]})"; return 0; fi
+  log "deps: installing ${missing[*]}"
+  # keep the packages' maintainer scripts from starting system slurmd/slurmctld/munge
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+  fi
+  local rc=0
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } || rc=$?
+  ((made_policy)) && rm -f "$policy"
+  ((rc == 0)) || die "apt-get install ${missing[*]} failed"
 }
 
 munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -179,7 +215,7 @@ ensure_munge() {
   local old
   old=$(read_pid /run/munge/munged.pid)
   if [[ -n $old ]] && ! pid_is "$old" munged; then rm -f /run/munge/munged.pid /run/munge/munge.socket.2*; fi
-  runuser -u munge -- /usr/sbin/munged ||
+  runuser -u munge -- /usr/sbin/munged 9>&- ||
     die "munged failed to start (see /var/log/munge/munged.log)"
   wait_until 10 "munged to answer" munge_ok || die "munged started but does not answer"
   read_pid /run/munge/munged.pid >"$ROOT/munged.pid"
@@ -269,12 +305,23 @@ ready_or_dead() {
   nodes_ready "$n"
 }
 
+# report which daemons are not running, with the tail of their logs
 dump_logs() {
-  local f
-  for f in "$ROOT"/ctld/slurmctld.log "$ROOT"/ctld/stdout.log "$ROOT"/nodes/*/slurmd.log "$ROOT"/nodes/*/stdout.log; do
-    [[ -s $f ]] || continue
-    echo "----- tail $f" >&2
-    tail -n 15 "$f" >&2
+  local n i f pid
+  n=$(cluster_n)
+  pid=$(ctld_pid)
+  if ! pid_is "$pid" slurmctld; then log "slurmctld (pid ${pid:-?}) is not running"; fi
+  for ((i = 1; i <= ${n:-0}; i++)); do
+    pid=$(node_pid "n$i")
+    if ! pid_is "$pid" slurmd; then log "slurmd n$i (pid ${pid:-?}) is not running"; fi
+  done
+  for f in "$ROOT/ctld/slurmctld.log" "$ROOT/ctld/stdout.log"; do
+    [[ -s $f ]] && { echo "----- tail $f" >&2; tail -n 8 "$f" >&2; break; }
+  done
+  for ((i = 1; i <= ${n:-0}; i++)); do
+    for f in "$ROOT/nodes/n$i/slurmd.log" "$ROOT/nodes/n$i/stdout.log"; do
+      [[ -s $f ]] && { echo "----- tail $f" >&2; tail -n 8 "$f" >&2; break; }
+    done
   done
 }
 
@@ -299,11 +346,17 @@ start_node() {
     mount -t tmpfs -o mode=1777,size=1g tmpfs /dev/shm
     mount --bind "$hosts" /etc/hosts
     exec slurmd -D -N "$node" -f "$conf"
-  ' sh "$node" "$dir" "$CONF" "$ROOT/etc/hosts" </dev/null >>"$dir/stdout.log" 2>&1 &
+  ' sh "$node" "$dir" "$CONF" "$ROOT/etc/hosts" 9>&- </dev/null >>"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
 }
 
+# (not called in a `||` context, so `set -e` stays in force inside)
 do_up() {
+  up_locked "$@"
+  release_lock
+}
+
+up_locked() {
   local n=$1 i
   if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > MAX_NODES)); then
     die "node count must be 1..$MAX_NODES, got '$n'"
@@ -319,7 +372,7 @@ do_up() {
   fi
   if [[ -n $cur ]] || [[ -e $ROOT/ctld/pid ]] || compgen -G "$ROOT/nodes/*/pid" >/dev/null; then
     log "tearing down previous/partial cluster (had ${cur:-?} nodes)"
-    teardown
+    teardown || die "could not stop the previous cluster (see above); try: $0 down"
   fi
 
   for ((i = 0; i <= n; i++)); do
@@ -335,15 +388,15 @@ do_up() {
   write_conf "$n"
   echo "$n" >"$ROOT/cluster.n"
 
-  rm -rf "$ROOT/ctld"
+  rm -rf "$ROOT/ctld" "$ROOT/nodes"
   mkdir -p "$ROOT/ctld/state"
-  setsid slurmctld -D -i -f "$CONF" </dev/null >>"$ROOT/ctld/stdout.log" 2>&1 &
+  setsid slurmctld -D -i -f "$CONF" 9>&- </dev/null >>"$ROOT/ctld/stdout.log" 2>&1 &
   echo $! >"$ROOT/ctld/pid"
   local ctld_ok=0
   ctld_ping() { pid_is "$(ctld_pid)" slurmctld || return 0; slurm scontrol ping 2>/dev/null | grep -q UP && ctld_ok=1; }
   wait_until 30 "slurmctld to answer ping" ctld_ping || true
   if ((ctld_ok == 0)); then
-    dump_logs; teardown; die "slurmctld did not come up (logs above, $ROOT/ctld/)"
+    dump_logs; teardown || true; die "slurmctld did not come up within 30s (logs above, $ROOT/ctld/)"
   fi
 
   for ((i = 1; i <= n; i++)); do start_node "n$i"; done
@@ -351,10 +404,10 @@ do_up() {
   DAEMON_DIED=0
   if ! wait_until "$READY_TIMEOUT" "$n nodes idle in sinfo" ready_or_dead "$n" || ((DAEMON_DIED)); then
     slurm sinfo -N >&2 || true
-    ((DAEMON_DIED)) && log "a slurm daemon exited during startup"
     dump_logs
-    teardown
-    die "cluster did not become ready within ${READY_TIMEOUT}s"
+    teardown || true
+    if ((DAEMON_DIED)); then die "a slurm daemon exited during startup (logs above, $ROOT)"; fi
+    die "cluster did not become ready within ${READY_TIMEOUT}s (logs above, $ROOT)"
   fi
 
   # remember each node's mount namespace so down can find job processes left in it
@@ -385,24 +438,18 @@ teardown() {
   done
   stop_pids "$STOP_TIMEOUT" "${pids[@]}" || rc=1
 
-  # 3. anything still living in a node namespace (slurmstepd, job tasks, FUSE daemons).
-  #    Only if the namespace still holds a slurm process, so a recycled ns id is never hit.
+  # 3. anything still living in a node namespace (slurmstepd, escaped job tasks, FUSE
+  #    daemons). A process counts as ours only if its mount table has this node's /nvme
+  #    bind, so a namespace id recycled by the kernel can never hit a stranger.
   for d in "$ROOT"/nodes/*/; do
     [[ -f $d/mntns ]] || continue
+    node=$(basename "$d")
     ns=$(cat "$d/mntns")
     [[ $ns == mnt:* ]] || continue
-    mapfile -t nspids < <(pids_in_ns "$ns")
+    mapfile -t nspids < <(pids_in_ns "$ns" "$ROOT/nodes/$node/nvme")
     ((${#nspids[@]})) || continue
-    local has_slurm=0
-    for pid in "${nspids[@]}"; do
-      pid_is "$pid" slurmstepd && has_slurm=1
-      pid_is "$pid" slurmd && has_slurm=1
-    done
-    if ((has_slurm)); then
-      node=$(basename "$d")
-      log "stopping ${#nspids[@]} leftover process(es) in $node's namespace"
-      stop_pids "$STOP_TIMEOUT" "${nspids[@]}" || rc=1
-    fi
+    log "stopping ${#nspids[@]} leftover process(es) in $node's namespace: ${nspids[*]}"
+    stop_pids "$STOP_TIMEOUT" "${nspids[@]}" || rc=1
   done
 
   # 4. slurmctld
@@ -435,7 +482,10 @@ do_down() {
   [[ $(id -u) == 0 ]] || die "must run as root"
   [[ -d $ROOT ]] || { log "down: nothing to do ($ROOT does not exist)"; return 0; }
   take_lock
-  if teardown; then log "down: stopped"; else die "down: some processes did not exit (see above)"; fi
+  local rc=0
+  teardown || rc=$?
+  release_lock
+  if ((rc == 0)); then log "down: stopped"; else die "down: some processes did not exit (see above)"; fi
 }
 
 do_status() {
@@ -496,6 +546,7 @@ main() {
     down) do_down ;;
     status) do_status ;;
     env) print_env ;;
+    deps) do_deps ;;
     run) (($# >= 1)) || die "usage: run N -- CMD..."; do_run "$@" ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;
