@@ -151,6 +151,11 @@ std::string Daemon::setup_local() {
   g.cache_dir = data_dir_;
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
+  g.read_path = [this] {
+    if (!mount_) return std::string("-");
+    if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));
+    return std::string(mount_->passthrough().active() ? "kernel passthrough" : read_path_name(ReadPath::splice));
+  };
   group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, store_, g);
   auto core = StageFsCore::create(CoreConfig{cfg_.source_dir, data_dir_, cfg_.on_stall}, *group_);
   if (!core) return core.error().message;

@@ -111,9 +111,10 @@ void GroupService::run_transfer(const Message& a) {
     last_progress_ = Clock::now();
   }
   if (report.ok) {
-    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote", a.path,
-                 report.bytes_total, secs, secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
-                 report.nodes_needing, report.writers);
+    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote, reads via {}",
+                 a.path, report.bytes_total, secs,
+                 secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
+                 report.writers, cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(a.path, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();

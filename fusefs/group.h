@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,8 @@ struct GroupConfig {
   stage::StageOptions bcast;
   std::chrono::milliseconds stall_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds idle_poll{20};  // longest sleep of an idle service thread
+  // Named in the one log line per materialization (how reads of the copy are served).
+  std::function<std::string()> read_path;
 };
 
 struct GroupStats {
