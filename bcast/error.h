@@ -58,6 +58,7 @@ class [[nodiscard]] Result {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
   [[nodiscard]] const Error& error() const { return std::get<1>(v_); }
 
  private:

@@ -1,0 +1,195 @@
+// The mount's core without FUSE or MPI: StageFsCore over a GroupService of one rank
+// (SelfComm + LocalControlPlane), and the group's stall handling with a comm that hangs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <thread>
+
+#include "bcast/comm.h"
+#include "bcast/store.h"
+#include "fusefs/beneath.h"
+#include "fusefs/core.h"
+#include "fusefs/group.h"
+#include "tmpdir.h"
+
+namespace stagefs {
+namespace {
+
+using stage::testing::TmpDirTest;
+namespace fs = std::filesystem;
+
+// A one-rank comm whose broadcasts of data block until released: a stalled collective.
+class HangingComm final : public stage::Comm {
+ public:
+  [[nodiscard]] int rank() const override { return 0; }
+  [[nodiscard]] int size() const override { return 1; }
+  stage::Status bcast(std::span<std::byte> buf, int /*root*/) override {
+    if (buf.size() > 64) {  // chunk payloads, not headers or manifests
+      std::unique_lock lk(m_);
+      cv_.wait(lk, [&] { return released_; });
+    }
+    return {};
+  }
+  stage::Status allreduce_max(std::span<int64_t>) override { return {}; }
+  stage::Status allreduce_sum(std::span<int64_t>) override { return {}; }
+  stage::Result<std::vector<std::string>> gather(const std::string& s, int) override { return std::vector{s}; }
+  stage::Status barrier() override { return {}; }
+  void release() {
+    std::lock_guard lk(m_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+class GroupTest : public TmpDirTest {
+ protected:
+  void SetUp() override {
+    TmpDirTest::SetUp();
+    fs::create_directories(path("src/dir"));
+    fs::create_directories(path("cache"));
+    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    source_ = std::make_unique<BeneathSource>(root_.get());
+  }
+  void TearDown() override {
+    source_.reset();
+    root_.reset();
+    TmpDirTest::TearDown();
+  }
+  GroupConfig config(std::chrono::milliseconds stall = std::chrono::seconds(30)) {
+    GroupConfig g;
+    g.source_dir = path("src");
+    g.cache_dir = path("cache");
+    g.bcast.chunk_size = 65536;
+    g.stall_timeout = stall;
+    g.idle_poll = std::chrono::milliseconds(5);
+    return g;
+  }
+  stage::Fd root_;
+  std::unique_ptr<BeneathSource> source_;
+  stage::PosixStore store_;
+};
+
+TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
+  const std::string data = random_bytes(300000, 1);
+  write_file(path("src/dir/img.sqsh"), data);
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  {
+    auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
+    ASSERT_TRUE(core);
+    auto dir = (*core)->lookup(StageFsCore::kRootId, "dir");
+    ASSERT_TRUE(dir);
+    auto img = (*core)->lookup(dir->first, "img.sqsh");
+    ASSERT_TRUE(img);
+    EXPECT_EQ(img->second.st_size, static_cast<off_t>(data.size()));
+    // Many threads open the same new file at once: one transfer.
+    std::vector<std::thread> openers;
+    std::atomic<int> ok{0};
+    for (int i = 0; i < 8; ++i)
+      openers.emplace_back([&] {
+        if (auto f = (*core)->open(img->first, O_RDONLY); f) ++ok;
+      });
+    for (auto& t : openers) t.join();
+    EXPECT_EQ(ok.load(), 8);
+    EXPECT_EQ(group.stats().transfers, 1U);
+    EXPECT_EQ(read_file(path("cache/dir/img.sqsh")), data);
+    auto again = (*core)->open(img->first, O_RDONLY);
+    ASSERT_TRUE(again);
+    EXPECT_TRUE(again->cache_hit);
+    EXPECT_EQ(group.stats().transfers, 1U);
+    // The source changes: the next open materializes again.
+    write_file(path("src/dir/img.sqsh"), random_bytes(1000, 2));
+    auto fresh = (*core)->open(img->first, O_RDONLY);
+    ASSERT_TRUE(fresh);
+    EXPECT_FALSE(fresh->cache_hit);
+    EXPECT_EQ(read_file(path("cache/dir/img.sqsh")).size(), 1000U);
+    EXPECT_EQ(group.stats().transfers, 2U);
+  }
+  group.request_shutdown();
+  service.join();
+  EXPECT_EQ(group.state(), GroupState::shut_down);
+}
+
+TEST_F(GroupTest, ReadOnlyAndNothingOutsideTheSource) {
+  write_file(path("src/f"), "x");
+  write_file(path("outside"), "secret");
+  fs::create_symlink("../outside", path("src/escape"));
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
+  ASSERT_TRUE(core);
+  auto f = (*core)->lookup(StageFsCore::kRootId, "f");
+  ASSERT_TRUE(f);
+  EXPECT_EQ((*core)->open(f->first, O_RDWR).error().to_errno(), EROFS);
+  EXPECT_EQ((*core)->open(f->first, O_RDONLY | O_TRUNC).error().to_errno(), EROFS);
+  EXPECT_EQ((*core)->lookup(StageFsCore::kRootId, "..").error().to_errno(), ENOENT);
+  EXPECT_EQ((*core)->lookup(StageFsCore::kRootId, "a/b").error().to_errno(), ENOENT);
+  auto esc = (*core)->lookup(StageFsCore::kRootId, "escape");
+  ASSERT_TRUE(esc);  // shown as a symlink...
+  EXPECT_TRUE(S_ISLNK(esc->second.st_mode));
+  EXPECT_EQ((*core)->readlink(esc->first).value(), "../outside");
+  EXPECT_FALSE((*core)->open(esc->first, O_RDONLY));  // ...never followed when materializing
+  EXPECT_FALSE(open_beneath(root_.get(), "escape", O_RDONLY));
+  EXPECT_FALSE(open_beneath(root_.get(), "../outside", O_RDONLY));
+}
+
+TEST_F(GroupTest, StalledTransferReleasesOpensAndBreaksTheGroup) {
+  write_file(path("src/big"), random_bytes(200000, 3));
+  write_file(path("src/other"), random_bytes(200000, 4));
+  HangingComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config(std::chrono::milliseconds(300)));
+  std::thread service([&] { (void)group.run(); });
+  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
+  ASSERT_TRUE(core);
+  auto big = (*core)->lookup(StageFsCore::kRootId, "big");
+  ASSERT_TRUE(big);
+  auto r = (*core)->open(big->first, O_RDONLY);  // returns after the stall timeout, not never
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().to_errno(), ETIMEDOUT);
+  EXPECT_EQ(group.state(), GroupState::broken);
+  auto other = (*core)->lookup(StageFsCore::kRootId, "other");
+  ASSERT_TRUE(other);
+  EXPECT_FALSE((*core)->open(other->first, O_RDONLY));  // at once: the group is broken
+  EXPECT_FALSE(fs::exists(path("cache/big")));          // nothing partial was published
+  comm.release();  // the engine finishes; the node keeps taking part until told to stop
+  group.request_shutdown();
+  service.join();
+  EXPECT_EQ(group.state(), GroupState::shut_down);
+}
+
+TEST_F(GroupTest, StallFallsBackToTheSourceWhenAsked) {
+  const std::string data = random_bytes(200000, 5);
+  write_file(path("src/big"), data);
+  HangingComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config(std::chrono::milliseconds(300)));
+  std::thread service([&] { (void)group.run(); });
+  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::source}, group);
+  ASSERT_TRUE(core);
+  auto big = (*core)->lookup(StageFsCore::kRootId, "big");
+  ASSERT_TRUE(big);
+  auto r = (*core)->open(big->first, O_RDONLY);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->from_source);
+  std::string back(data.size(), '\0');
+  ASSERT_EQ(::pread(r->fd.get(), back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(back, data);
+  comm.release();
+  group.request_shutdown();
+  service.join();
+}
+
+}  // namespace
+}  // namespace stagefs
