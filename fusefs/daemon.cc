@@ -252,7 +252,7 @@ int Daemon::run(int* argc, char*** argv) {
     data_ = std::make_unique<stage::SelfComm>();
     ctl_ = std::make_unique<LocalControlPlane>();
   }
-  spdlog::set_pattern("[stagefs " + stage::host_name() + " r" + std::to_string(data_->rank()) + "] %^%l%$: %v");
+  spdlog::set_pattern("[stagefs " + stage::host_name() + " r" + std::to_string(data_->rank()) + "] %l: %v");
 
   // Set up locally, then agree: either every node is mounted, or none stays mounted.
   const std::string err = setup_local();

@@ -3,7 +3,7 @@
 // bcast/engine.h: parse options, set up MPI and the node topology, run the collective
 // transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -129,9 +129,8 @@ int main(int argc, char** argv) {
   opt.recursive = c.recursive;
   opt.root = c.source_rank;
 
-  auto logger = spdlog::stderr_color_mt("stage-bcast");
-  spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%^[%l]%$ %v");
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("stage-bcast"));
+  spdlog::set_pattern("[%l] %v");
   spdlog::set_level(c.verbose ? spdlog::level::info : spdlog::level::warn);
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -2,6 +2,7 @@
 // local disk at their first open (one MPI broadcast per file for the whole job step).
 // A thin shell over fusefs/daemon.h: parse options, run the daemon or wait for readiness.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -74,6 +75,8 @@ int main(int argc, char** argv) {
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;
+  // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("stagefs"));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
   return stagefs::run_daemon(cfg, &argc, &argv);
 }
