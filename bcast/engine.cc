@@ -11,6 +11,7 @@
 #include "bcast/crc.h"
 #include "bcast/queue.h"
 #include "bcast/stream.h"
+#include "bcast/test_hold.h"
 
 namespace stage {
 
@@ -77,6 +78,7 @@ class Transfer {
   std::vector<uint64_t> file_crc_;       // per entry, accumulated by the writer thread
   std::vector<char> finished_;           // per entry, set by the writer thread
   std::vector<uint64_t> source_file_crc_;  // per layout segment, from the root's trailer
+  bool published_ = false;           // this node renamed a new copy into place
   std::optional<Error> local_err_;   // this node's destination failed
   std::optional<Error> writer_err_;  // written by the writer thread only, read after join
   std::optional<Error> source_err_;  // root: reading the source failed (reader thread, then main)
@@ -367,7 +369,11 @@ Status Transfer::copy() {
   if (write_here) writer = std::thread([&] { writer_loop(layout, write_q, free_q); });
 
   Status comm_status;
+  test_hold("before-first-chunk", comm_.rank());
   for (uint64_t i = 0; i < nchunks; ++i) {
+    if (i == 2) {  // let the writer catch up so "mid-file" means data is on disk
+      test_hold("mid-file", comm_.rank());
+    }
     auto b = is_root() ? full_q.pop() : free_q.pop();
     if (!b) break;
     Buffer& buf = **b;
@@ -451,12 +457,14 @@ void Transfer::finish() {
   }
   r_.t.postvalidate = since(t_post);
   // A node publishes iff the source held still and its own copy verified.
+  if (!source_err_ && !local_err_ && !mine.empty()) test_hold("before-rename", comm_.rank());
   if (!source_err_ && !local_err_) {
     for (size_t i : mine)
       if (auto st = txn_[i]->commit(); !st) {
         fail_local(st.error());
         break;
       }
+    published_ = !mine.empty() && !local_err_;
   }
   for (auto& t : txn_)
     if (t) t->abort();  // no-op after commit
@@ -531,6 +539,9 @@ StageReport Transfer::run() {
 
   std::array<int64_t, 2> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0};
   if (auto st = comm_.allreduce_max(outcome); !st) return comm_broke(st);
+  auto written = allreduce_sum(comm_, published_ ? 1 : 0);
+  if (!written) return comm_broke(Status(written.error()));
+  r_.nodes_written = *written;
   collect_errors();
   return finish_report(outcome[0] == 0 && outcome[1] == 0);
 }

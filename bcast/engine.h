@@ -69,7 +69,8 @@ struct StageReport {
   uint64_t files_streamed = 0;
   uint64_t chunks = 0;
   int64_t writers = 0;          // nodes (one writer each)
-  int64_t nodes_needing = 0;    // nodes that wrote something
+  int64_t nodes_needing = 0;    // nodes whose copy was missing or stale
+  int64_t nodes_written = 0;    // nodes that published a new copy
   bool this_node_wrote = false;
   std::vector<std::string> errors;  // root: every failing rank's message; elsewhere: its own
   std::vector<std::string> skipped; // root: entries not staged (FIFOs, sockets, devices)

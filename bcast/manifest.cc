@@ -1,5 +1,7 @@
 #include "bcast/manifest.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <unordered_set>
 
@@ -55,6 +57,22 @@ class Reader {
 Error bad(const char* why) { return stage_error(Errc::bad_message, std::string("manifest: ") + why); }
 
 }  // namespace
+
+int64_t to_ns(const struct timespec& ts) noexcept {
+  constexpr int64_t kMaxSec = INT64_MAX / 1000000000LL - 1;
+  const int64_t sec = std::clamp<int64_t>(ts.tv_sec, -kMaxSec, kMaxSec);
+  return sec * 1000000000LL + ts.tv_nsec;
+}
+
+struct timespec from_ns(int64_t ns) noexcept {
+  int64_t sec = ns / 1000000000LL;
+  int64_t rem = ns % 1000000000LL;
+  if (rem < 0) {  // floor: tv_nsec must be in [0, 1e9) for times before 1970
+    rem += 1000000000LL;
+    --sec;
+  }
+  return timespec{static_cast<time_t>(sec), static_cast<long>(rem)};
+}
 
 bool is_safe_relative(std::string_view path) {
   if (path.empty()) return true;  // the root itself

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <time.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -29,6 +31,10 @@ struct FileMeta {
   uint32_t mode = 0;  // permission bits only
   bool operator==(const FileMeta&) const = default;
 };
+
+// Nanoseconds since the epoch, saturated (no overflow past the year 2262), and back.
+int64_t to_ns(const struct timespec& ts) noexcept;
+struct timespec from_ns(int64_t ns) noexcept;
 
 struct Entry {
   std::string path;  // relative to the source root; "" for the root itself

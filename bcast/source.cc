@@ -13,8 +13,8 @@ namespace stage {
 FileMeta meta_from_stat(const struct stat& st) {
   FileMeta m;
   m.size = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
-  m.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
-  m.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
+  m.mtime_ns = to_ns(st.st_mtim);
+  m.ctime_ns = to_ns(st.st_ctim);
   m.ino = st.st_ino;
   m.dev = st.st_dev;
   m.mode = st.st_mode & 07777U;

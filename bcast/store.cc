@@ -95,7 +95,7 @@ class PosixTxn final : public Txn {
                                  static_cast<off_t>(off + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return sys_error(errno, "write local copy", temp_);
+        return sys_error(errno, "write local copy of", dest_);
       }
       done += static_cast<size_t>(n);
     }
@@ -110,9 +110,7 @@ class PosixTxn final : public Txn {
     const std::string origin = encode_origin(src, crc);
     if (::fsetxattr(fd_.get(), kOriginXattr, origin.data(), origin.size(), 0) != 0 && errno != ENOTSUP)
       return sys_error(errno, "record origin of local copy", temp_);
-    const timespec times[2] = {
-        {0, UTIME_OMIT},
-        {static_cast<time_t>(src.mtime_ns / 1000000000LL), src.mtime_ns % 1000000000LL}};
+    const timespec times[2] = {{0, UTIME_OMIT}, from_ns(src.mtime_ns)};
     if (::futimens(fd_.get(), times) != 0) return sys_error(errno, "set mtime of local copy", temp_);
     fd_.reset();
     return {};
@@ -195,7 +193,7 @@ Result<LocalState> PosixStore::inspect(const std::string& path) {
   ls.regular = S_ISREG(st.st_mode);
   ls.is_dir = S_ISDIR(st.st_mode);
   ls.size = static_cast<uint64_t>(st.st_size);
-  ls.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  ls.mtime_ns = to_ns(st.st_mtim);
   if (S_ISLNK(st.st_mode)) {
     std::string t(static_cast<size_t>(st.st_size) + 1, '\0');
     const ssize_t n = ::readlink(path.c_str(), t.data(), t.size());

@@ -28,7 +28,7 @@ std::string report_table(const StageReport& r, const std::string& source, const 
   std::snprintf(line, sizeof line,
                 "  %llu file(s), %s; %lld node(s), %lld wrote, %llu file(s) / %s broadcast in %llu chunk(s)\n",
                 static_cast<unsigned long long>(r.files), human_bytes(r.bytes_total).c_str(),
-                static_cast<long long>(r.writers), static_cast<long long>(r.nodes_needing),
+                static_cast<long long>(r.writers), static_cast<long long>(r.nodes_written),
                 static_cast<unsigned long long>(r.files_streamed), human_bytes(r.bytes_streamed).c_str(),
                 static_cast<unsigned long long>(r.chunks));
   out += line;
@@ -47,16 +47,38 @@ std::string report_table(const StageReport& r, const std::string& source, const 
   return out;
 }
 
+// Length of the valid UTF-8 sequence at s[i], or 0.
+static size_t utf8_len(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+// JSON string body: UTF-8 passes through; control characters are escaped; bytes that are not
+// UTF-8 (paths may hold any byte) become U+FFFD, since JSON text must be UTF-8.
 std::string json_escape(const std::string& s) {
   std::string out;
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      if (const size_t n = utf8_len(s, i); n > 0) {
+        out.append(s, i, n);
+        i += n - 1;
+      } else {
+        out += "\\ufffd";
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (c < 0x20 || c >= 0x80) {  // keep the output ASCII (paths may not be UTF-8)
+        if (c < 0x20) {
           char buf[8];
           std::snprintf(buf, sizeof buf, "\\u%04x", c);
           out += buf;
@@ -71,13 +93,13 @@ std::string json_escape(const std::string& s) {
 std::string report_json(const StageReport& r, const std::string& source, const std::string& dest, int ranks) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
-                "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_written\":%lld,"
+                "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_needing\":%lld,\"nodes_written\":%lld,"
                 "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
                 "\"files_broadcast\":%llu,\"chunks\":%llu,"
                 "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
                 "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,",
                 r.ok ? "true" : "false", r.exit_code, ranks, static_cast<long long>(r.writers),
-                static_cast<long long>(r.nodes_needing), static_cast<unsigned long long>(r.files),
+                static_cast<long long>(r.nodes_needing), static_cast<long long>(r.nodes_written), static_cast<unsigned long long>(r.files),
                 static_cast<unsigned long long>(r.dirs), static_cast<unsigned long long>(r.symlinks),
                 static_cast<unsigned long long>(r.bytes_total), static_cast<unsigned long long>(r.bytes_streamed),
                 static_cast<unsigned long long>(r.files_streamed), static_cast<unsigned long long>(r.chunks),
