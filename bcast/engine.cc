@@ -487,6 +487,7 @@ StageReport Transfer::run() {
   const auto t0 = Clock::now();
   auto finish_report = [&](bool ok) {
     r_.ok = ok;
+    if (local_err_) r_.local_error = local_err_->code;
     r_.exit_code = ok ? 0 : 1;
     r_.t.total = since(t0);
     return r_;

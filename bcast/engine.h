@@ -73,6 +73,7 @@ struct StageReport {
   int64_t nodes_written = 0;    // nodes that published a new copy
   bool this_node_wrote = false;
   std::vector<std::string> errors;  // root: every failing rank's message; elsewhere: its own
+  std::error_code local_error;      // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped; // root: entries not staged (FIFOs, sockets, devices)
 };
 

@@ -174,7 +174,7 @@ Result<stage::Fd> StageFsCore::open_cached(const std::string& rel, const struct 
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", path);
   const auto origin = stage::origin_of_fd(fd.get());
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  const int64_t mtime = stage::to_ns(st.st_mtim);
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
       !stage::origin_matches(*origin, mtime, stage::meta_from_stat(src)))
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", path);

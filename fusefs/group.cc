@@ -119,7 +119,10 @@ void GroupService::run_transfer(const Message& a) {
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("materialize {} failed: {}", a.path, why);
-    complete(a.path, stage::Error{stage::make_error_code(stage::Errc::peer_failed), why});
+    // This node's own cause (ENOSPC in its cache...) is what its opens report.
+    complete(a.path, stage::Error{report.local_error ? report.local_error
+                                                     : stage::make_error_code(stage::Errc::peer_failed),
+                                  why});
   }
 }
 
