@@ -10,6 +10,7 @@ pkgs=(
   squashfs-tools squashfuse                          # tests: a real image consumer
   slurm-wlm munge                                    # tests: a real Slurm on simulated nodes
   iproute2 util-linux procps                         # tests: namespaces, nsenter, pgrep
+  clang libclang-rt-14-dev                           # tests: libFuzzer and sanitizers
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,28 @@
+// libFuzzer target: every message a rank decodes from another (the manifest broadcast by
+// the source rank, control-plane requests and announcements) must be rejected or accepted
+// without crashing, over-reading or yielding an unsafe path. Built by tests/run-all.sh with
+// clang (-fsanitize=fuzzer,address,undefined) and run for a bounded time.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <span>
+
+#include "bcast/manifest.h"
+#include "fusefs/control.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto bytes = std::as_bytes(std::span(data, size));
+  if (auto m = stage::decode(bytes); m) {
+    for (const auto& e : m->entries)
+      if (!stage::is_safe_relative(e.path)) std::abort();  // decode must never accept these
+    const std::string again = stage::encode(*m);  // round trip must be stable
+    if (!stage::decode(std::as_bytes(std::span(again.data(), again.size())))) std::abort();
+  }
+  if (auto c = stagefs::decode_message(bytes); c) {
+    if (c->type == stagefs::MsgType::materialize && !stage::is_safe_relative(c->path)) std::abort();
+    const std::string again = stagefs::encode_message(*c);
+    auto back = stagefs::decode_message(std::as_bytes(std::span(again.data(), again.size())));
+    if (!back || !(*back == *c)) std::abort();
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""Writes seed inputs for fuzz_decode: valid control messages and manifests (the fuzzer
+mutates from there). Usage: make_corpus.py DIR"""
+import os, struct, sys
+
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+
+def msg(t, ident, path):
+    p = path.encode()
+    return struct.pack("<IBQI", 0x53544643, t, ident, len(p)) + p
+
+def entry(path, typ, size, target=b""):
+    p = path.encode()
+    return (struct.pack("<I", len(p)) + p + struct.pack("<B", typ) +
+            struct.pack("<QQQQQI", size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target)
+
+def manifest(tree, entries):
+    return struct.pack("<IBQ", 0x53544731, 1 if tree else 0, len(entries)) + b"".join(entries)
+
+seeds = {
+    "req": msg(1, 0, "images/pytorch.sqsh"),
+    "shutdown": msg(2, 7, ""),
+    "single": manifest(False, [entry("", 1, 123)]),
+    "tree": manifest(True, [entry("", 2, 0), entry("a", 2, 0), entry("a/f", 1, 10), entry("l", 3, 0, b"a/f")]),
+}
+for name, data in seeds.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
