@@ -48,6 +48,9 @@ class ControlPlane {
   virtual stage::Status announce(const Message& m) = 0;
   // Everyone: the next announcement, once it has arrived (on the coordinator: once sent).
   virtual stage::Result<std::optional<Message>> poll_announcement() = 0;
+  // COLLECTIVE, for a group that stops before any shutdown announcement (a node failed to
+  // mount): completes the outstanding announcement on every rank. Blocking.
+  virtual stage::Status close() { return {}; }
 };
 
 // A group of one rank: requests and announcements are in-process queues.

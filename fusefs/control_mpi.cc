@@ -18,10 +18,8 @@ MpiRequest::~MpiRequest() {
     MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
     if (flag == 0) {
       MPI_Cancel(&req_);
-      MPI_Request_free(&req_);
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);  // completes at once once cancelled
     }
-  } else {
-    MPI_Request_free(&req_);  // a collective cannot be cancelled; let MPI reclaim it
   }
 }
 
@@ -61,6 +59,15 @@ stage::Status MpiControlPlane::post_announcement_recv() {
   return check_mpi(MPI_Ibcast(ann_buf_.data(), static_cast<int>(ann_buf_.size()), MPI_BYTE, coordinator_,
                               ann_comm_->handle(), ann_.handle()),
                    "MPI_Ibcast");
+}
+
+stage::Status MpiControlPlane::close() {
+  if (stopped_) return {};
+  if (is_coordinator() && !ann_.active()) {
+    if (auto st = announce(Message{MsgType::shutdown, 0, {}}); !st) return st;
+  }
+  stopped_ = true;
+  return check_mpi(MPI_Wait(ann_.handle(), MPI_STATUS_IGNORE), "MPI_Wait");
 }
 
 stage::Status MpiControlPlane::send_request(const Message& m) {

@@ -18,8 +18,10 @@
 
 namespace stagefs {
 
-// One outstanding MPI request and its buffer. Cancels/frees what it still holds on destruction
-// (never waits on a collective: a stalled group must not block the exit path).
+// One outstanding MPI request. On destruction a point-to-point request is cancelled and
+// completed; a collective one cannot be cancelled or freed (MPI forbids it) and is left to
+// the process exit: the daemon completes it with close() or a shutdown announcement, and a
+// stalled group exits without finalizing.
 class MpiRequest {
  public:
   MpiRequest() = default;
@@ -45,6 +47,7 @@ class MpiControlPlane final : public ControlPlane {
   stage::Result<std::optional<Message>> poll_request() override;
   stage::Status announce(const Message& m) override;
   stage::Result<std::optional<Message>> poll_announcement() override;
+  stage::Status close() override;
 
  private:
   MpiControlPlane() = default;

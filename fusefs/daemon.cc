@@ -229,6 +229,13 @@ void Daemon::supervise() {
 }
 
 int Daemon::run(int* argc, char*** argv) {
+  // The supervisor takes SIGTERM/SIGINT/SIGHUP with sigtimedwait: block them before any thread
+  // exists (MPI's and libfuse's threads inherit the mask), or the default action would kill
+  // the process and leave a stale mount.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   if (stage::launched_by_mpi_launcher()) {
     auto e = stage::MpiEnv::init(argc, argv, MPI_THREAD_FUNNELED);
     if (!e) {
@@ -261,6 +268,7 @@ int Daemon::run(int* argc, char*** argv) {
   if (!failed || *failed != 0) {
     if (err.empty()) spdlog::error("another node failed to mount; unmounting");
     mount_.reset();
+    (void)ctl_->close();  // complete the posted announcement so MPI can finalize
     return 1;
   }
   state_ = "ready";

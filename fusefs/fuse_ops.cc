@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <sstream>
 
 #include "fusefs/mount.h"
@@ -292,17 +293,33 @@ ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t 
   return Passthrough::splice_send_hook(fdin, offin, fdout, offout, len, flags, ud);
 }
 
-// "maj:min" of the filesystem mounted at path (last match in mountinfo), or "".
-std::string mount_device(const std::string& path) {
+struct MountEntry {
+  std::string dev;     // "maj:min"
+  std::string fstype;  // e.g. "fuse.stagefs"
+};
+
+// The filesystem mounted at path (last match in mountinfo), if any.
+std::optional<MountEntry> mount_at(const std::string& path) {
   std::ifstream in("/proc/self/mountinfo");
-  std::string line, found;
+  std::string line;
+  std::optional<MountEntry> found;
   while (std::getline(in, line)) {
     std::istringstream ls(line);
-    std::string id, parent, dev, root, mnt;
+    std::string id, parent, dev, root, mnt, word;
     ls >> id >> parent >> dev >> root >> mnt;
-    if (mnt == path) found = dev;
+    if (mnt != path) continue;
+    while (ls >> word && word != "-") {
+    }
+    std::string fstype;
+    ls >> fstype;
+    found = MountEntry{dev, fstype};
   }
   return found;
+}
+
+std::string mount_device(const std::string& path) {
+  auto m = mount_at(path);
+  return m ? m->dev : std::string();
 }
 
 void write_sysfs(const std::string& path, const std::string& value) {
@@ -321,7 +338,11 @@ std::string check_mountpoint(const std::string& path) {
     return "mount point " + path + ": " + std::strerror(errno);
   }
   if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
-  if (!mount_device(path).empty()) return "mount point " + path + " is already a mount point (unmount it first)";
+  // Mounting over a plain mount (a tmpfs or bind mount prepared for it) is fine; over a FUSE
+  // filesystem (another stagefs, alive) it is not.
+  if (auto m = mount_at(path); m && m->fstype.rfind("fuse", 0) == 0)
+    return "mount point " + path + " already has a " + m->fstype + " mounted on it (fusermount3 -u " + path +
+           " first)";
   stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (DIR* d = dfd.valid() ? ::fdopendir(dfd.release()) : nullptr) {
     int n = 0;
@@ -336,7 +357,9 @@ std::string check_mountpoint(const std::string& path) {
 stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, const MountOptions& opt) {
   if (auto why = check_mountpoint(opt.mountpoint); !why.empty()) return stage::sys_error(EBUSY, why);
   auto m = std::unique_ptr<FuseMount>(new FuseMount(core, opt));
-  std::string o = "default_permissions,ro,fsname=stagefs,subtype=stagefs";
+  // auto_unmount: fusermount3 watches the session and unmounts if the daemon dies (kill -9),
+  // so a crash never leaves a stale mount behind.
+  std::string o = "default_permissions,ro,fsname=stagefs,subtype=stagefs,auto_unmount";
   if (opt.allow_other) o += ",allow_other";
   std::vector<const char*> argv{"stagefs", "-o", o.c_str()};
   if (opt.debug) argv.push_back("-d");
