@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
       "  stagefs --wait /stage        # returns once every node has mounted\n"
       "  srun --container-image=/stage/pytorch.sqsh ...\n\n"
       "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
-      "any node, SIGTERM, or the end of the job step: every node unmounts.",
+      "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
+      "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.",
       "stagefs"};
   app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
