@@ -142,7 +142,8 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name) 
   if (!fd) return fd.error();
   const std::string p = proc_path(fd->get());
   std::string buf(65536, '\0');
-  const ssize_t n = ::lgetxattr(p.c_str(), name.c_str(), buf.data(), buf.size());
+  // getxattr (not lgetxattr): /proc/self/fd/N is a link to the file itself, to be followed.
+  const ssize_t n = ::getxattr(p.c_str(), name.c_str(), buf.data(), buf.size());
   if (n < 0) {
     if (errno == ENODATA || errno == ENOTSUP) return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
     return stage::sys_error(errno, "getxattr", *rel);
@@ -158,7 +159,7 @@ Result<std::string> StageFsCore::listxattr(uint64_t id) {
   if (!fd) return fd.error();
   const std::string p = proc_path(fd->get());
   std::string buf(65536, '\0');
-  const ssize_t n = ::llistxattr(p.c_str(), buf.data(), buf.size());
+  const ssize_t n = ::listxattr(p.c_str(), buf.data(), buf.size());
   if (n < 0) {
     if (errno == ENOTSUP) return std::string();
     return stage::sys_error(errno, "listxattr", *rel);

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -31,7 +33,8 @@ namespace {
 
 struct FileHandle {
   stage::Fd fd;
-  int backing_id = -1;
+  uint64_t node = 0;
+  bool passthrough = false;
 };
 
 struct DirHandle {
@@ -164,13 +167,16 @@ void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
     if (!r) return reply_err(req, r.error());
     auto h = std::make_unique<FileHandle>();
     h->fd = std::move(r->fd);
-    const int id = m.passthrough().open_backing(m.fuse_fd(), h->fd.get());
+    h->node = ino;
+    const int id = r->from_source ? -1 : m.acquire_backing(ino, h->fd.get());
     if (id >= 0) {
-      h->backing_id = id;
+      h->passthrough = true;
       Passthrough::arm_open_reply(id);
       m.note_read_path(ReadPath::passthrough);
     } else {
-      fi->keep_cache = r->from_source ? 0 : 1;  // a verified local copy does not change under us
+      // Keep the page cache only when this open found the copy already there: a copy made
+      // just now may replace one whose pages the kernel still holds (same size and mtime).
+      fi->keep_cache = r->cache_hit ? 1 : 0;
       m.note_read_path(ReadPath::splice);
     }
     fi->fh = reinterpret_cast<uint64_t>(h.get());
@@ -178,8 +184,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
     Passthrough::disarm();
     if (rc == 0) {
       (void)h.release();
-    } else if (h->backing_id >= 0) {  // interrupted: the kernel will not send RELEASE
-      m.passthrough().close_backing(m.fuse_fd(), h->backing_id);
+    } else if (h->passthrough) {  // interrupted: the kernel will not send RELEASE
+      m.release_backing(ino);
     }
   });
 }
@@ -195,7 +201,7 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
 
 void op_release(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
   auto* h = reinterpret_cast<FileHandle*>(fi->fh);
-  if (h->backing_id >= 0) fm(req).passthrough().close_backing(fm(req).fuse_fd(), h->backing_id);
+  if (h->passthrough) fm(req).release_backing(h->node);
   delete h;
   fuse_reply_err(req, 0);
 }
@@ -340,9 +346,15 @@ std::string check_mountpoint(const std::string& path) {
   if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
   // Mounting over a plain mount (a tmpfs or bind mount prepared for it) is fine; over a FUSE
   // filesystem (another stagefs, alive) it is not.
-  if (auto m = mount_at(path); m && m->fstype.rfind("fuse", 0) == 0)
+  if (auto m = mount_at(path); m && m->fstype.rfind("fuse", 0) == 0) {
+    // stat() may be answered from the kernel's attribute cache; statfs always asks the daemon.
+    struct statvfs sv {};
+    if (::statvfs(path.c_str(), &sv) != 0 && errno == ENOTCONN)
+      return "mount point " + path + " is a stale " + m->fstype + " mount (its daemon is gone); clear it with: " +
+             "fusermount3 -u " + path + "   (or, as root: umount -l " + path + ")";
     return "mount point " + path + " already has a " + m->fstype + " mounted on it (fusermount3 -u " + path +
            " first)";
+  }
   stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (DIR* d = dfd.valid() ? ::fdopendir(dfd.release()) : nullptr) {
     int n = 0;
@@ -398,14 +410,38 @@ void FuseMount::unmount() {
   fuse_session_unmount(se_);  // lazy (MNT_DETACH) as root
   // Open files would keep the detached connection (and the loop) alive: abort it so the
   // workers return now; later reads of those files fail with ENOTCONN.
-  if (const size_t colon = dev.find(':'); colon != std::string::npos)
-    write_sysfs("/sys/fs/fuse/connections/" + dev.substr(colon + 1) + "/abort", "1");
+  if (const size_t colon = dev.find(':'); colon != std::string::npos) {
+    const std::string conn = "/sys/fs/fuse/connections/" + dev.substr(colon + 1);
+    struct stat st {};
+    if (::stat(conn.c_str(), &st) != 0)  // fusectl not mounted (systemd usually does it)
+      ::mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, nullptr);
+    write_sysfs(conn + "/abort", "1");
+  }
 }
 
 FuseMount::~FuseMount() {
   if (se_ == nullptr) return;
   unmount();
   fuse_session_destroy(se_);
+}
+
+int FuseMount::acquire_backing(uint64_t node, int fd) {
+  std::lock_guard lk(backing_m_);
+  if (auto it = backing_.find(node); it != backing_.end()) {
+    ++it->second.second;
+    return it->second.first;
+  }
+  const int id = pt_.open_backing(fuse_fd_, fd);
+  if (id >= 0) backing_[node] = {id, 1};
+  return id;
+}
+
+void FuseMount::release_backing(uint64_t node) {
+  std::lock_guard lk(backing_m_);
+  auto it = backing_.find(node);
+  if (it == backing_.end() || --it->second.second > 0) return;
+  pt_.close_backing(fuse_fd_, it->second.first);
+  backing_.erase(it);
 }
 
 void FuseMount::note_read_path(ReadPath p) {

@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <string>
 
 #include "fusefs/core.h"
@@ -51,6 +53,10 @@ class FuseMount {
   Passthrough& passthrough() { return pt_; }
   int fuse_fd() const { return fuse_fd_; }
   void note_read_path(ReadPath p);
+  // The kernel allows one backing file per inode while it is open in passthrough mode: every
+  // open of a node shares one refcounted backing id. Returns the id, or -errno.
+  int acquire_backing(uint64_t node, int fd);
+  void release_backing(uint64_t node);
 
  private:
   FuseMount(StageFsCore& core, const MountOptions& opt) : core_(core), opt_(opt), pt_(opt.passthrough) {}
@@ -62,6 +68,8 @@ class FuseMount {
   std::atomic<bool> unmounted_{false};
   std::atomic<ReadPath> read_path_{ReadPath::unknown};
   std::atomic<bool> logged_fallback_{false};
+  std::mutex backing_m_;  // guards backing_
+  std::unordered_map<uint64_t, std::pair<int, int>> backing_;  // node -> (backing id, opens)
 };
 
 // Why a mount point cannot be used (missing, not a directory, not empty, already mounted, a
