@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/xattr.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include "bcast/source.h"
@@ -203,6 +204,7 @@ Result<OpenFile> StageFsCore::open(uint64_t id, int flags) {
     auto fd = open_beneath(root_.get(), *rel, O_RDONLY);
     if (fd) {
       ++counters_.source_fallbacks;
+      spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), *rel);
       return OpenFile{std::move(fd.value()), false, true};
     }
   }

@@ -106,6 +106,7 @@ class Daemon {
  private:
   std::string setup_local();
   std::optional<std::string> control_xattr(const std::string& name) const;
+  const char* state_name() const;
   void supervise();
   void trigger_shutdown(const char* why);
 
@@ -118,7 +119,7 @@ class Daemon {
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
   stage::PosixStore store_;
-  std::unique_ptr<GroupService> group_;
+  std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
   std::unique_ptr<StageFsCore> core_;
   std::unique_ptr<FuseMount> mount_;
 
@@ -167,8 +168,14 @@ std::string Daemon::setup_local() {
   return {};
 }
 
+// The state a job script sees: the daemon's life cycle, overridden by a broken group.
+const char* Daemon::state_name() const {
+  if (group_ && group_->state() == GroupState::broken) return "broken";
+  return state_.load();
+}
+
 std::optional<std::string> Daemon::control_xattr(const std::string& name) const {
-  if (name == kStateXattr) return std::string(state_.load());
+  if (name == kStateXattr) return std::string(state_name());
   if (name != "user.stagefs.stats") return std::nullopt;
   const GroupStats g = group_->stats();
   const CoreCounters& c = core_->counters();
@@ -178,7 +185,7 @@ std::optional<std::string> Daemon::control_xattr(const std::string& name) const 
                 "\"opens\":%llu,\"cache_hits\":%llu,\"materializations\":%llu,\"source_fallbacks\":%llu,"
                 "\"open_errors\":%llu,\"transfers\":%llu,\"local_writes\":%llu,\"bytes_broadcast\":%llu,"
                 "\"transfer_failures\":%llu,\"requests\":%llu}",
-                stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_.load(),
+                stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_name(),
                 read_path_name(mount_->read_path()), static_cast<unsigned long long>(c.opens.load()),
                 static_cast<unsigned long long>(c.cache_hits.load()),
                 static_cast<unsigned long long>(c.materializations.load()),
@@ -285,6 +292,13 @@ int Daemon::run(int* argc, char*** argv) {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
+  if (group_->state() != GroupState::broken) {
+    // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
+    // the other ranks, which a launcher may be killing.
+    ctl_.reset();
+    data_.reset();
+    env_.reset();
+  }
   {
     std::lock_guard lk(m_);
     main_done_ = true;

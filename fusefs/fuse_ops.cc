@@ -7,6 +7,7 @@
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -177,7 +178,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
       // Keep the page cache only when this open found the copy already there: a copy made
       // just now may replace one whose pages the kernel still holds (same size and mtime).
       fi->keep_cache = r->cache_hit ? 1 : 0;
-      m.note_read_path(ReadPath::splice);
+      if (!r->from_source) m.note_read_path(ReadPath::splice);  // a stall fallback says so itself
     }
     fi->fh = reinterpret_cast<uint64_t>(h.get());
     const int rc = fuse_reply_open(req, fi);
@@ -399,19 +400,34 @@ stage::Status FuseMount::loop() {
   fuse_loop_cfg_set_idle_threads(cfg, 4);
   const int rc = fuse_session_loop_mt(se_, cfg);
   fuse_loop_cfg_destroy(cfg);
+  // Only now, with no worker reading /dev/fuse, may the session's fd be closed.
+  fuse_session_unmount(se_);
+  loop_done_ = true;
   if (rc < 0) return stage::sys_error(-rc, "FUSE session loop", opt_.mountpoint);
   return {};
 }
 
+// Thread-safe. Never closes the session's fd (workers may be blocked reading it: libfuse's
+// fuse_session_unmount would close it under them); detaches the mount and aborts the
+// connection instead, which wakes every worker, and loop() finishes the job.
 void FuseMount::unmount() {
   if (unmounted_.exchange(true) || se_ == nullptr) return;
-  const std::string dev = mount_device(opt_.mountpoint);
+  const auto m = mount_at(opt_.mountpoint);
   fuse_session_exit(se_);
-  fuse_session_unmount(se_);  // lazy (MNT_DETACH) as root
-  // Open files would keep the detached connection (and the loop) alive: abort it so the
-  // workers return now; later reads of those files fail with ENOTCONN.
-  if (const size_t colon = dev.find(':'); colon != std::string::npos) {
-    const std::string conn = "/sys/fs/fuse/connections/" + dev.substr(colon + 1);
+  if (!m || m->fstype.rfind("fuse", 0) != 0) return;  // already unmounted (fusermount3 -u)
+  if (::umount2(opt_.mountpoint.c_str(), MNT_DETACH) != 0) {
+    // Not root: ask fusermount3 (setuid) for a lazy unmount.
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execlp("fusermount3", "fusermount3", "-u", "-z", "-q", "--", opt_.mountpoint.c_str(), nullptr);
+      ::_exit(127);
+    }
+    if (pid > 0) ::waitpid(pid, nullptr, 0);
+  }
+  // Open files keep a detached connection (and the workers) alive: abort it so the workers
+  // return now; later reads of those files fail with ENOTCONN.
+  if (const size_t colon = m->dev.find(':'); colon != std::string::npos) {
+    const std::string conn = "/sys/fs/fuse/connections/" + m->dev.substr(colon + 1);
     struct stat st {};
     if (::stat(conn.c_str(), &st) != 0)  // fusectl not mounted (systemd usually does it)
       ::mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, nullptr);
@@ -422,6 +438,7 @@ void FuseMount::unmount() {
 FuseMount::~FuseMount() {
   if (se_ == nullptr) return;
   unmount();
+  if (!loop_done_) fuse_session_unmount(se_);
   fuse_session_destroy(se_);
 }
 

@@ -66,6 +66,7 @@ class FuseMount {
   struct fuse_session* se_ = nullptr;
   int fuse_fd_ = -1;
   std::atomic<bool> unmounted_{false};
+  std::atomic<bool> loop_done_{false};
   std::atomic<ReadPath> read_path_{ReadPath::unknown};
   std::atomic<bool> logged_fallback_{false};
   std::mutex backing_m_;  // guards backing_

@@ -495,7 +495,10 @@ class Group:
     def leftovers(self):
         """stagefs processes of this group, and any process still in a rank's namespace."""
         mine = set(stagefs_pids(self.work.path)) - STANDALONE_PIDS
-        return sorted(mine | set(pids_in_namespaces(self.namespaces)))
+        # Namespace inode numbers are recycled once a namespace dies: only count processes of
+        # this test (their command line names its work dir), not strangers in a reused one.
+        ours = set(work_pids(self.work.path))
+        return sorted(mine | (set(pids_in_namespaces(self.namespaces)) & ours))
 
     def close(self):
         """Always ends everything: unmount every live node, bounded wait for mpirun, SIGTERM,
