@@ -222,11 +222,7 @@ wait_mounted() {
 }
 # wait_gone PID SECONDS: true once PID has exited
 wait_gone() {
-  local i
-  for ((i = 0; i < $2 * 5; i++)); do
-    kill -0 "$1" 2>/dev/null || return 0
-    sleep 0.2
-  done
+  timeout "$2" tail --pid="$1" -f /dev/null 2>/dev/null  # returns when PID exits, no polling
   ! kill -0 "$1" 2>/dev/null
 }
 stagefs_step() { timeout 15 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' | awk '$2 == "stagefs" { print $1; exit }'; }
@@ -367,7 +363,7 @@ if ((rc == 0)) && [[ $JOBID =~ ^[0-9]+$ ]]; then
       rc=124
       break
     fi
-    sleep 0.5
+    sleep 0.5  # poll the job state (sbatch --wait polls far more coarsely)
   done
 else
   echo "    sbatch failed (exit $rc):"
