@@ -16,11 +16,20 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   uint64_t mult = 1;
   if (i < text.size()) {
     switch (std::toupper(static_cast<unsigned char>(text[i]))) {
-      case 'K': mult = 1ULL << 10; break;
-      case 'M': mult = 1ULL << 20; break;
-      case 'G': mult = 1ULL << 30; break;
-      case 'T': mult = 1ULL << 40; break;
-      default: return std::nullopt;
+      case 'K':
+        mult = 1ULL << 10;
+        break;
+      case 'M':
+        mult = 1ULL << 20;
+        break;
+      case 'G':
+        mult = 1ULL << 30;
+        break;
+      case 'T':
+        mult = 1ULL << 40;
+        break;
+      default:
+        return std::nullopt;
     }
     ++i;
     if (i < text.size() && (text[i] == 'i' || text[i] == 'I')) ++i;

@@ -53,8 +53,7 @@ MpiComm::MpiComm(MPI_Comm c) : comm_(c) {
 Result<std::unique_ptr<MpiComm>> MpiComm::dup(MPI_Comm base) {
   MPI_Comm c = MPI_COMM_NULL;
   if (auto st = check_mpi(MPI_Comm_dup(base, &c), "MPI_Comm_dup"); !st) return st.error();
-  if (auto st = check_mpi(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-      !st) {
+  if (auto st = check_mpi(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler"); !st) {
     MPI_Comm_free(&c);
     return st.error();
   }
@@ -67,8 +66,7 @@ Result<std::unique_ptr<MpiComm>> MpiComm::split_node() const {
                           "MPI_Comm_split_type");
       !st)
     return st.error();
-  if (auto st = check_mpi(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-      !st) {
+  if (auto st = check_mpi(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler"); !st) {
     MPI_Comm_free(&c);
     return st.error();
   }
@@ -106,8 +104,12 @@ static Status allreduce(MPI_Comm comm, std::span<int64_t> inout, MPI_Op op) {
   return {};
 }
 
-Status MpiComm::allreduce_max(std::span<int64_t> inout) { return allreduce(comm_, inout, MPI_MAX); }
-Status MpiComm::allreduce_sum(std::span<int64_t> inout) { return allreduce(comm_, inout, MPI_SUM); }
+Status MpiComm::allreduce_max(std::span<int64_t> inout) {
+  return allreduce(comm_, inout, MPI_MAX);
+}
+Status MpiComm::allreduce_sum(std::span<int64_t> inout) {
+  return allreduce(comm_, inout, MPI_SUM);
+}
 
 Result<std::vector<std::string>> MpiComm::gather(const std::string& mine, int root) {
   const int len = static_cast<int>(std::min<size_t>(mine.size(), 1U << 20));  // a message, not data
@@ -132,6 +134,8 @@ Result<std::vector<std::string>> MpiComm::gather(const std::string& mine, int ro
   return out;
 }
 
-Status MpiComm::barrier() { return check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+Status MpiComm::barrier() {
+  return check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
 
 }  // namespace stage

@@ -29,7 +29,9 @@ bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, boo
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 struct Buffer {
   ChunkHeader hdr;
@@ -39,8 +41,8 @@ using BufPtr = std::unique_ptr<Buffer>;
 
 class Transfer {
  public:
-  Transfer(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt,
-           const StageEndpoint& ep, const ProgressFn& progress)
+  Transfer(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt, const StageEndpoint& ep,
+           const ProgressFn& progress)
       : comm_(comm), src_(src), store_(store), opt_(opt), ep_(ep), progress_(progress) {}
 
   StageReport run();
@@ -75,13 +77,13 @@ class Transfer {
   std::vector<int64_t> need_local_;  // per entry: this node writes it
   std::vector<int64_t> need_any_;    // per entry: some node writes it (it is in the stream)
   std::vector<std::unique_ptr<Txn>> txn_;
-  std::vector<uint64_t> file_crc_;       // per entry, accumulated by the writer thread
-  std::vector<char> finished_;           // per entry, set by the writer thread
+  std::vector<uint64_t> file_crc_;         // per entry, accumulated by the writer thread
+  std::vector<char> finished_;             // per entry, set by the writer thread
   std::vector<uint64_t> source_file_crc_;  // per layout segment, from the root's trailer
-  bool published_ = false;           // this node renamed a new copy into place
-  std::optional<Error> local_err_;   // this node's destination failed
-  std::optional<Error> writer_err_;  // written by the writer thread only, read after join
-  std::optional<Error> source_err_;  // root: reading the source failed (reader thread, then main)
+  bool published_ = false;                 // this node renamed a new copy into place
+  std::optional<Error> local_err_;         // this node's destination failed
+  std::optional<Error> writer_err_;        // written by the writer thread only, read after join
+  std::optional<Error> source_err_;        // root: reading the source failed (reader thread, then main)
   std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
 };
 
@@ -106,8 +108,10 @@ Status Transfer::share_manifest() {
     };
     auto scanned = src_ != nullptr ? src_->scan(ep_.source, opt_.recursive, skip)
                                    : Result<Manifest>(stage_error(Errc::unsupported, "no source reader"));
-    if (scanned) bytes = encode(*scanned);
-    else err = scanned.error();
+    if (scanned)
+      bytes = encode(*scanned);
+    else
+      err = scanned.error();
   }
   if (auto st = share_root_status(err); !st) return st;
   if (err) return *err;
@@ -201,7 +205,8 @@ Status Transfer::decide() {
         local_crc = *c;
       }
       need_local_[i] =
-          needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1 : 0;
+          needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1
+                                                                                                         : 0;
     }
   }
   need_any_ = need_local_;
@@ -241,8 +246,10 @@ Status Transfer::prepare() {
       if (const int k = store_.remove_stale_temps(path); k > 0)
         spdlog::info("{}: removed {} stale temporary file(s) beside {}", host_name(), k, path);
       auto t = store_.begin(path);
-      if (!t) fail_local(t.error());
-      else txn_[i] = std::move(t.value());
+      if (!t)
+        fail_local(t.error());
+      else
+        txn_[i] = std::move(t.value());
     }
   }
   auto any = allreduce_max(comm_, local_err_ ? 1 : 0);
@@ -251,7 +258,8 @@ Status Transfer::prepare() {
   return {};
 }
 
-void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q) {
+void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
+                           BlockingQueue<BufPtr>& full_q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
   std::unique_ptr<SourceFile> file;
   size_t open_seg = SIZE_MAX;
@@ -293,7 +301,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, 
       reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
       if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
         auto now = file->stat_now();
-        if (!now) source_err_ = now.error();
+        if (!now)
+          source_err_ = now.error();
         else if (*now != e.meta)
           source_err_ = stage_error(Errc::source_changed, "source", join_path(ep_.source, e.path));
         if (source_err_) break;
@@ -310,7 +319,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, 
   }
 }
 
-void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q) {
+void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
+                           BlockingQueue<BufPtr>& free_q) {
   std::vector<uint64_t> piece_crc;
   while (auto b = write_q.pop()) {
     Buffer& buf = **b;
@@ -322,11 +332,13 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
       uint64_t crc = 0;
       for (size_t k = 0; k < pieces.size(); ++k) {
         const Piece& p = pieces[k];
-        piece_crc[k] = zero ? crc64_zeros(p.length) : crc64(std::span(buf.data.data() + p.chunk_off, p.length));
+        piece_crc[k] =
+            zero ? crc64_zeros(p.length) : crc64(std::span(buf.data.data() + p.chunk_off, p.length));
         crc = crc64_combine(crc, piece_crc[k], p.length);
       }
       if (!zero && crc != buf.hdr.crc) {
-        writer_err_ = stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
+        writer_err_ =
+            stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
       }
       for (size_t k = 0; k < pieces.size() && !writer_err_; ++k) {
         const Piece& p = pieces[k];
@@ -341,7 +353,8 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
         }
         file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], piece_crc[k], p.length);
         if (p.file_off + p.length == seg.size) {
-          if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st) writer_err_ = st.error();
+          if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st)
+            writer_err_ = st.error();
           finished_[seg.entry] = 1;
         }
       }
@@ -394,8 +407,10 @@ Status Transfer::copy() {
     }
     ++r_.chunks;
     buf.hdr = h;
-    if (write_here) write_q.push(std::move(*b));
-    else free_q.push(std::move(*b));
+    if (write_here)
+      write_q.push(std::move(*b));
+    else
+      free_q.push(std::move(*b));
     if (progress_) progress_(range.offset + range.length, layout.bytes());
   }
   write_q.close();
@@ -445,12 +460,16 @@ void Transfer::finish() {
       const Entry& e = m_.entries[i];
       if (opt_.post == Validate::size) {
         auto sz = txn_[i]->size_on_disk();
-        if (!sz) fail_local(sz.error());
-        else if (*sz != e.meta.size) fail_local(stage_error(Errc::checksum_mismatch, "size check of", dest_of(i)));
+        if (!sz)
+          fail_local(sz.error());
+        else if (*sz != e.meta.size)
+          fail_local(stage_error(Errc::checksum_mismatch, "size check of", dest_of(i)));
       } else {
         auto c = txn_[i]->crc_on_disk();
-        if (!c) fail_local(c.error());
-        else if (*c != file_crc_[i]) fail_local(stage_error(Errc::checksum_mismatch, "post-validation of", dest_of(i)));
+        if (!c)
+          fail_local(c.error());
+        else if (*c != file_crc_[i])
+          fail_local(stage_error(Errc::checksum_mismatch, "post-validation of", dest_of(i)));
       }
       if (local_err_) break;
     }
@@ -472,8 +491,10 @@ void Transfer::finish() {
 
 void Transfer::collect_errors() {
   std::string mine;
-  if (local_err_) mine = local_err_->message;
-  else if (is_root() && source_err_) mine = source_err_->message;
+  if (local_err_)
+    mine = local_err_->message;
+  else if (is_root() && source_err_)
+    mine = source_err_->message;
   auto all = comm_.gather(mine, opt_.root);
   if (is_root() && all) {
     for (auto& s : *all)

@@ -68,22 +68,21 @@ struct StageReport {
   uint64_t bytes_streamed = 0;  // bytes that went through the broadcast (holes excluded)
   uint64_t files_streamed = 0;
   uint64_t chunks = 0;
-  int64_t writers = 0;          // nodes (one writer each)
-  int64_t nodes_needing = 0;    // nodes whose copy was missing or stale
-  int64_t nodes_written = 0;    // nodes that published a new copy
+  int64_t writers = 0;        // nodes (one writer each)
+  int64_t nodes_needing = 0;  // nodes whose copy was missing or stale
+  int64_t nodes_written = 0;  // nodes that published a new copy
   bool this_node_wrote = false;
-  std::vector<std::string> errors;  // root: every failing rank's message; elsewhere: its own
-  std::error_code local_error;      // why this node failed (ENOSPC, ...), if it did
-  std::vector<std::string> skipped; // root: entries not staged (FIFOs, sockets, devices)
+  std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
+  std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
+  std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
 };
 
 // Called on every rank, from the thread that called stage_transfer, after each chunk
 // (bytes done, bytes to stream).
 using ProgressFn = std::function<void(uint64_t, uint64_t)>;
 
-StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store,
-                           const StageOptions& opt, const StageEndpoint& ep,
-                           const ProgressFn& progress = {});
+StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store, const StageOptions& opt,
+                           const StageEndpoint& ep, const ProgressFn& progress = {});
 
 // The pre-validation decision for one regular file (pure; unit-tested).
 bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, bool overwrite,

@@ -13,16 +13,26 @@ class StageCategory final : public std::error_category {
   [[nodiscard]] const char* name() const noexcept override { return "stage"; }
   [[nodiscard]] std::string message(int v) const override {
     switch (static_cast<Errc>(v)) {
-      case Errc::ok: return "success";
-      case Errc::checksum_mismatch: return "checksum mismatch";
-      case Errc::source_changed: return "source changed during transfer";
-      case Errc::short_read: return "source ended before its recorded size";
-      case Errc::peer_failed: return "another rank failed";
-      case Errc::bad_message: return "malformed message between ranks";
-      case Errc::comm_failed: return "MPI communication failed";
-      case Errc::timed_out: return "transfer timed out";
-      case Errc::unsupported: return "file type is not materialized";
-      case Errc::group_broken: return "mount group stopped after a stalled transfer";
+      case Errc::ok:
+        return "success";
+      case Errc::checksum_mismatch:
+        return "checksum mismatch";
+      case Errc::source_changed:
+        return "source changed during transfer";
+      case Errc::short_read:
+        return "source ended before its recorded size";
+      case Errc::peer_failed:
+        return "another rank failed";
+      case Errc::bad_message:
+        return "malformed message between ranks";
+      case Errc::comm_failed:
+        return "MPI communication failed";
+      case Errc::timed_out:
+        return "transfer timed out";
+      case Errc::unsupported:
+        return "file type is not materialized";
+      case Errc::group_broken:
+        return "mount group stopped after a stalled transfer";
     }
     return "unknown stage error";
   }
@@ -41,10 +51,14 @@ int Error::to_errno() const noexcept {
   if (code.category() == std::generic_category() || code.category() == std::system_category())
     return code.value();
   switch (static_cast<Errc>(code.value())) {
-    case Errc::unsupported: return EOPNOTSUPP;
-    case Errc::timed_out: return ETIMEDOUT;
-    case Errc::source_changed: return ESTALE;
-    default: return EIO;
+    case Errc::unsupported:
+      return EOPNOTSUPP;
+    case Errc::timed_out:
+      return ETIMEDOUT;
+    case Errc::source_changed:
+      return ESTALE;
+    default:
+      return EIO;
   }
 }
 

@@ -28,7 +28,9 @@ enum class Errc {
 };
 
 const std::error_category& stage_category() noexcept;
-inline std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), stage_category()}; }
+inline std::error_code make_error_code(Errc e) noexcept {
+  return {static_cast<int>(e), stage_category()};
+}
 
 struct Error {
   std::error_code code;
@@ -48,8 +50,8 @@ const std::string& host_name();
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T v) : v_(std::move(v)) {}             // NOLINT(google-explicit-constructor)
-  Result(Error e) : v_(std::move(e)) {}         // NOLINT(google-explicit-constructor)
+  Result(T v) : v_(std::move(v)) {}      // NOLINT(google-explicit-constructor)
+  Result(Error e) : v_(std::move(e)) {}  // NOLINT(google-explicit-constructor)
   [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
   T& value() & { return std::get<0>(v_); }

@@ -54,7 +54,9 @@ class Reader {
   size_t pos_ = 0;
 };
 
-Error bad(const char* why) { return stage_error(Errc::bad_message, std::string("manifest: ") + why); }
+Error bad(const char* why) {
+  return stage_error(Errc::bad_message, std::string("manifest: ") + why);
+}
 
 }  // namespace
 
@@ -90,7 +92,7 @@ bool is_safe_relative(std::string_view path) {
 std::string join_path(const std::string& root, const std::string& rel) {
   if (rel.empty()) return root;
   if (root.empty()) return rel;
-  if (root.back()  == '/') return root + rel;
+  if (root.back() == '/') return root + rel;
   return root + "/" + rel;
 }
 

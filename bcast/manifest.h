@@ -6,9 +6,9 @@
 // hostile message cannot make a rank touch a path outside its destination. Pure functions.
 #pragma once
 
-#include <cstddef>
 #include <time.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>

@@ -31,8 +31,8 @@ class PosixSourceFile final : public SourceFile {
   Status read_at(uint64_t off, std::span<std::byte> buf) override {
     size_t done = 0;
     while (done < buf.size()) {
-      const ssize_t n = ::pread(fd_.get(), buf.data() + done, buf.size() - done,
-                                static_cast<off_t>(off + done));
+      const ssize_t n =
+          ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return sys_error(errno, "read source", path_);

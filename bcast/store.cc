@@ -91,8 +91,8 @@ class PosixTxn final : public Txn {
     if (auto st = open_rw(); !st) return st;
     size_t done = 0;
     while (done < data.size()) {
-      const ssize_t n = ::pwrite(fd_.get(), data.data() + done, data.size() - done,
-                                 static_cast<off_t>(off + done));
+      const ssize_t n =
+          ::pwrite(fd_.get(), data.data() + done, data.size() - done, static_cast<off_t>(off + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return sys_error(errno, "write local copy of", dest_);
@@ -178,8 +178,8 @@ std::optional<Origin> origin_of_fd(int fd) {
 }
 
 bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src) {
-  return o.source.size == src.size && o.source.mtime_ns == src.mtime_ns && o.source.ctime_ns == src.ctime_ns &&
-         o.source.ino == src.ino && copy_mtime_ns == src.mtime_ns;
+  return o.source.size == src.size && o.source.mtime_ns == src.mtime_ns &&
+         o.source.ctime_ns == src.ctime_ns && o.source.ino == src.ino && copy_mtime_ns == src.mtime_ns;
 }
 
 Result<LocalState> PosixStore::inspect(const std::string& path) {

@@ -22,8 +22,8 @@ std::vector<Piece> Layout::pieces(uint64_t off, uint64_t len) const {
   for (; it != segs_.end() && it->stream_off < off + len; ++it) {
     const ChunkRange r = overlap(off, len, it->stream_off, it->size);
     if (r.length == 0) continue;
-    out.push_back(Piece{static_cast<size_t>(it - segs_.begin()), r.offset - it->stream_off,
-                        r.offset - off, r.length});
+    out.push_back(
+        Piece{static_cast<size_t>(it - segs_.begin()), r.offset - it->stream_off, r.offset - off, r.length});
   }
   return out;
 }

@@ -14,15 +14,15 @@
 namespace stage {
 
 struct Segment {
-  size_t entry = 0;        // index in the manifest
-  uint64_t stream_off = 0; // where the file starts in the stream
+  size_t entry = 0;         // index in the manifest
+  uint64_t stream_off = 0;  // where the file starts in the stream
   uint64_t size = 0;
 };
 
 struct Piece {
-  size_t segment = 0;    // index in the layout
-  uint64_t file_off = 0; // offset in the file
-  uint64_t chunk_off = 0;// offset in the chunk
+  size_t segment = 0;      // index in the layout
+  uint64_t file_off = 0;   // offset in the file
+  uint64_t chunk_off = 0;  // offset in the chunk
   uint64_t length = 0;
 };
 
@@ -44,7 +44,7 @@ class Layout {
 struct ChunkHeader {
   uint64_t index = 0;
   uint64_t length = 0;
-  uint64_t crc = 0;     // CRC-64 of the chunk's bytes (holes count as zeros)
+  uint64_t crc = 0;  // CRC-64 of the chunk's bytes (holes count as zeros)
   uint32_t flags = 0;
   int32_t reserved = 0;
 };

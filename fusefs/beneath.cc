@@ -26,7 +26,8 @@ class File final : public stage::SourceFile {
   stage::Status read_at(uint64_t off, std::span<std::byte> buf) override {
     size_t done = 0;
     while (done < buf.size()) {
-      const ssize_t n = ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
+      const ssize_t n =
+          ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return stage::sys_error(errno, "read source", rel_);
@@ -66,7 +67,8 @@ stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool 
   return m;
 }
 
-stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std::string& rel, const stage::Entry& e) {
+stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std::string& rel,
+                                                                      const stage::Entry& e) {
   auto fd = open_beneath(root_fd_, stage::join_path(rel, e.path), O_RDONLY);
   if (!fd) return fd.error();
   struct stat st {};

@@ -21,7 +21,8 @@ class BeneathSource final : public stage::SourceReader {
   explicit BeneathSource(int root_fd) : root_fd_(root_fd) {}
   // Single regular files only (the mount materializes one file per transfer).
   stage::Result<stage::Manifest> scan(const std::string& rel, bool recursive, const SkipFn& skipped) override;
-  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel, const stage::Entry& e) override;
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel,
+                                                         const stage::Entry& e) override;
 
  private:
   int root_fd_;

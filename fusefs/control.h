@@ -28,8 +28,8 @@ enum class MsgType : uint8_t { materialize = 1, shutdown = 2 };
 
 struct Message {
   MsgType type = MsgType::materialize;
-  uint64_t id = 0;    // announcements: transfer id; requests: the last id the node had seen
-  std::string path;   // relative to SOURCE_DIR; empty for shutdown
+  uint64_t id = 0;   // announcements: transfer id; requests: the last id the node had seen
+  std::string path;  // relative to SOURCE_DIR; empty for shutdown
   bool operator==(const Message&) const = default;
 };
 

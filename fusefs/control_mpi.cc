@@ -103,7 +103,8 @@ stage::Result<std::optional<Message>> MpiControlPlane::poll_request() {
 }
 
 stage::Status MpiControlPlane::announce(const Message& m) {
-  if (!is_coordinator() || ann_.active()) return stage::stage_error(stage::Errc::bad_message, "announce while busy");
+  if (!is_coordinator() || ann_.active())
+    return stage::stage_error(stage::Errc::bad_message, "announce while busy");
   const std::string bytes = encode_message(m);
   const auto len = static_cast<uint32_t>(bytes.size());
   std::memcpy(ann_buf_.data(), &len, 4);

@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/xattr.h>
 #include <spdlog/spdlog.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "bcast/source.h"
@@ -18,10 +18,14 @@ using stage::Result;
 namespace {
 constexpr const char* kControlPrefix = "user.stagefs.";
 
-std::string proc_path(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+std::string proc_path(int fd) {
+  return "/proc/self/fd/" + std::to_string(fd);
+}
 }  // namespace
 
-Error StageFsCore::read_only(const char* op) { return stage::sys_error(EROFS, op, "(read-only mount)"); }
+Error StageFsCore::read_only(const char* op) {
+  return stage::sys_error(EROFS, op, "(read-only mount)");
+}
 
 Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, Materializer& mat) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -110,14 +114,29 @@ Result<std::vector<DirEntry>> StageFsCore::readdir(uint64_t id) {
   while (const dirent* de = ::readdir(d)) {
     uint32_t mode = 0;
     switch (de->d_type) {
-      case DT_DIR: mode = S_IFDIR; break;
-      case DT_LNK: mode = S_IFLNK; break;
-      case DT_REG: mode = S_IFREG; break;
-      case DT_FIFO: mode = S_IFIFO; break;
-      case DT_SOCK: mode = S_IFSOCK; break;
-      case DT_CHR: mode = S_IFCHR; break;
-      case DT_BLK: mode = S_IFBLK; break;
-      default: mode = 0;
+      case DT_DIR:
+        mode = S_IFDIR;
+        break;
+      case DT_LNK:
+        mode = S_IFLNK;
+        break;
+      case DT_REG:
+        mode = S_IFREG;
+        break;
+      case DT_FIFO:
+        mode = S_IFIFO;
+        break;
+      case DT_SOCK:
+        mode = S_IFSOCK;
+        break;
+      case DT_CHR:
+        mode = S_IFCHR;
+        break;
+      case DT_BLK:
+        mode = S_IFBLK;
+        break;
+      default:
+        mode = 0;
     }
     out.push_back(DirEntry{de->d_name, de->d_ino != 0 ? de->d_ino : 1, mode});
   }
@@ -146,7 +165,8 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name) 
   // getxattr (not lgetxattr): /proc/self/fd/N is a link to the file itself, to be followed.
   const ssize_t n = ::getxattr(p.c_str(), name.c_str(), buf.data(), buf.size());
   if (n < 0) {
-    if (errno == ENODATA || errno == ENOTSUP) return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
+    if (errno == ENODATA || errno == ENOTSUP)
+      return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
     return stage::sys_error(errno, "getxattr", *rel);
   }
   buf.resize(static_cast<size_t>(n));
@@ -177,15 +197,16 @@ Result<stage::Fd> StageFsCore::open_cached(const std::string& rel, const struct 
   if (::fstat(fd.get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", path);
   const auto origin = stage::origin_of_fd(fd.get());
   const int64_t mtime = stage::to_ns(st.st_mtim);
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
-      !stage::origin_matches(*origin, mtime, stage::meta_from_stat(src)))
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) ||
+      !origin || !stage::origin_matches(*origin, mtime, stage::meta_from_stat(src)))
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", path);
   return fd;
 }
 
 Result<OpenFile> StageFsCore::open(uint64_t id, int flags) {
   ++counters_.opens;
-  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0) return read_only("open for writing");
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
+    return read_only("open for writing");
   auto rel = path_of(id);
   if (!rel) return rel.error();
   auto st = stat_rel(*rel);

@@ -87,7 +87,8 @@ class StageFsCore {
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, Materializer& mat, stage::Fd root) : cfg_(std::move(cfg)), mat_(mat), root_(std::move(root)) {}
+  StageFsCore(CoreConfig cfg, Materializer& mat, stage::Fd root)
+      : cfg_(std::move(cfg)), mat_(mat), root_(std::move(root)) {}
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<stage::Fd> open_cached(const std::string& rel, const struct stat& src) const;
 

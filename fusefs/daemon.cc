@@ -46,7 +46,8 @@ int sweep_temps(const std::string& dir) {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
-    if (it->is_regular_file(ec) && stage::is_temp_name(it->path().filename().string()) && fs::remove(it->path(), ec))
+    if (it->is_regular_file(ec) && stage::is_temp_name(it->path().filename().string()) &&
+        fs::remove(it->path(), ec))
       ++n;
   }
   return n;
@@ -65,7 +66,8 @@ std::string validate_config(DaemonConfig& cfg) {
     return "SOURCE_DIR " + cfg.source_dir + ": " + std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return "SOURCE_DIR " + cfg.source_dir + " is not a directory";
   if (cfg.source_dir == cfg.mountpoint) return "SOURCE_DIR and MOUNTPOINT are the same directory";
-  if (inside(cfg.mountpoint, cfg.source_dir)) return "MOUNTPOINT " + cfg.mountpoint + " lies inside SOURCE_DIR";
+  if (inside(cfg.mountpoint, cfg.source_dir))
+    return "MOUNTPOINT " + cfg.mountpoint + " lies inside SOURCE_DIR";
   if (inside(cfg.cache_dir, cfg.mountpoint)) return "--cache " + cfg.cache_dir + " lies inside MOUNTPOINT";
   if (inside(cfg.cache_dir, cfg.source_dir)) return "--cache " + cfg.cache_dir + " lies inside SOURCE_DIR";
   if (inside(cfg.source_dir, cfg.cache_dir)) return "SOURCE_DIR lies inside --cache " + cfg.cache_dir;
@@ -126,8 +128,8 @@ class Daemon {
   std::atomic<const char*> state_{"mounting"};
   std::mutex m_;
   std::condition_variable cv_;
-  bool main_done_ = false;     // guarded by m_
-  bool shutting_down_ = false; // guarded by m_
+  bool main_done_ = false;      // guarded by m_
+  bool shutting_down_ = false;  // guarded by m_
 };
 
 std::string Daemon::setup_local() {
@@ -155,7 +157,8 @@ std::string Daemon::setup_local() {
   g.read_path = [this] {
     if (!mount_) return std::string("-");
     if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));
-    return std::string(mount_->passthrough().active() ? "kernel passthrough" : read_path_name(ReadPath::splice));
+    return std::string(mount_->passthrough().active() ? "kernel passthrough"
+                                                      : read_path_name(ReadPath::splice));
   };
   group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, store_, g);
   auto core = StageFsCore::create(CoreConfig{cfg_.source_dir, data_dir_, cfg_.on_stall}, *group_);
@@ -180,19 +183,20 @@ std::optional<std::string> Daemon::control_xattr(const std::string& name) const 
   const GroupStats g = group_->stats();
   const CoreCounters& c = core_->counters();
   char buf[768];
-  std::snprintf(buf, sizeof buf,
-                "{\"host\":\"%s\",\"rank\":%d,\"ranks\":%d,\"pid\":%d,\"state\":\"%s\",\"read_path\":\"%s\","
-                "\"opens\":%llu,\"cache_hits\":%llu,\"materializations\":%llu,\"source_fallbacks\":%llu,"
-                "\"open_errors\":%llu,\"transfers\":%llu,\"local_writes\":%llu,\"bytes_broadcast\":%llu,"
-                "\"transfer_failures\":%llu,\"requests\":%llu}",
-                stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_name(),
-                read_path_name(mount_->read_path()), static_cast<unsigned long long>(c.opens.load()),
-                static_cast<unsigned long long>(c.cache_hits.load()),
-                static_cast<unsigned long long>(c.materializations.load()),
-                static_cast<unsigned long long>(c.source_fallbacks.load()),
-                static_cast<unsigned long long>(c.open_errors.load()), static_cast<unsigned long long>(g.transfers),
-                static_cast<unsigned long long>(g.local_writes), static_cast<unsigned long long>(g.bytes_broadcast),
-                static_cast<unsigned long long>(g.failures), static_cast<unsigned long long>(g.requests_sent));
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"host\":\"%s\",\"rank\":%d,\"ranks\":%d,\"pid\":%d,\"state\":\"%s\",\"read_path\":\"%s\","
+      "\"opens\":%llu,\"cache_hits\":%llu,\"materializations\":%llu,\"source_fallbacks\":%llu,"
+      "\"open_errors\":%llu,\"transfers\":%llu,\"local_writes\":%llu,\"bytes_broadcast\":%llu,"
+      "\"transfer_failures\":%llu,\"requests\":%llu}",
+      stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_name(),
+      read_path_name(mount_->read_path()), static_cast<unsigned long long>(c.opens.load()),
+      static_cast<unsigned long long>(c.cache_hits.load()),
+      static_cast<unsigned long long>(c.materializations.load()),
+      static_cast<unsigned long long>(c.source_fallbacks.load()),
+      static_cast<unsigned long long>(c.open_errors.load()), static_cast<unsigned long long>(g.transfers),
+      static_cast<unsigned long long>(g.local_writes), static_cast<unsigned long long>(g.bytes_broadcast),
+      static_cast<unsigned long long>(g.failures), static_cast<unsigned long long>(g.requests_sent));
   return std::string(buf);
 }
 

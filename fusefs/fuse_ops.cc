@@ -7,9 +7,9 @@
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -24,9 +24,12 @@ namespace stagefs {
 
 const char* read_path_name(ReadPath p) {
   switch (p) {
-    case ReadPath::passthrough: return "kernel passthrough";
-    case ReadPath::splice: return "splice from the local copy (keep_cache)";
-    default: return "not yet known";
+    case ReadPath::passthrough:
+      return "kernel passthrough";
+    case ReadPath::splice:
+      return "splice from the local copy (keep_cache)";
+    default:
+      return "not yet known";
   }
 }
 
@@ -42,7 +45,9 @@ struct DirHandle {
   std::vector<DirEntry> entries;
 };
 
-FuseMount& fm(fuse_req_t req) { return *static_cast<FuseMount*>(fuse_req_userdata(req)); }
+FuseMount& fm(fuse_req_t req) {
+  return *static_cast<FuseMount*>(fuse_req_userdata(req));
+}
 
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
@@ -65,7 +70,9 @@ void guarded(fuse_req_t req, F&& body) {
   }
 }
 
-void reply_erofs(fuse_req_t req) { fuse_reply_err(req, EROFS); }
+void reply_erofs(fuse_req_t req) {
+  fuse_reply_err(req, EROFS);
+}
 
 void op_init(void* userdata, struct fuse_conn_info* conn) {
   auto* m = static_cast<FuseMount*>(userdata);
@@ -216,9 +223,12 @@ void op_statfs(fuse_req_t req, fuse_ino_t /*ino*/) {
 }
 
 void reply_xattr_value(fuse_req_t req, const std::string& v, size_t size) {
-  if (size == 0) fuse_reply_xattr(req, v.size());
-  else if (size < v.size()) fuse_reply_err(req, ERANGE);
-  else fuse_reply_buf(req, v.data(), v.size());
+  if (size == 0)
+    fuse_reply_xattr(req, v.size());
+  else if (size < v.size())
+    fuse_reply_err(req, ERANGE);
+  else
+    fuse_reply_buf(req, v.data(), v.size());
 }
 
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
@@ -238,21 +248,51 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 // Every change to the tree: EROFS (the mount is also made with -o ro).
-void op_setattr(fuse_req_t req, fuse_ino_t, struct stat*, int, struct fuse_file_info*) { reply_erofs(req); }
-void op_mknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { reply_erofs(req); }
-void op_mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { reply_erofs(req); }
-void op_unlink(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
-void op_rmdir(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
-void op_symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { reply_erofs(req); }
-void op_rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned int) { reply_erofs(req); }
-void op_link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { reply_erofs(req); }
-void op_write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, struct fuse_file_info*) { reply_erofs(req); }
-void op_create(fuse_req_t req, fuse_ino_t, const char*, mode_t, struct fuse_file_info*) { reply_erofs(req); }
-void op_setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { reply_erofs(req); }
-void op_removexattr(fuse_req_t req, fuse_ino_t, const char*) { reply_erofs(req); }
-void op_fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, struct fuse_file_info*) { reply_erofs(req); }
-void op_flush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) { fuse_reply_err(req, 0); }
-void op_fsync(fuse_req_t req, fuse_ino_t, int, struct fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_setattr(fuse_req_t req, fuse_ino_t, struct stat*, int, struct fuse_file_info*) {
+  reply_erofs(req);
+}
+void op_mknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) {
+  reply_erofs(req);
+}
+void op_mkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) {
+  reply_erofs(req);
+}
+void op_unlink(fuse_req_t req, fuse_ino_t, const char*) {
+  reply_erofs(req);
+}
+void op_rmdir(fuse_req_t req, fuse_ino_t, const char*) {
+  reply_erofs(req);
+}
+void op_symlink(fuse_req_t req, const char*, fuse_ino_t, const char*) {
+  reply_erofs(req);
+}
+void op_rename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned int) {
+  reply_erofs(req);
+}
+void op_link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
+  reply_erofs(req);
+}
+void op_write(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, struct fuse_file_info*) {
+  reply_erofs(req);
+}
+void op_create(fuse_req_t req, fuse_ino_t, const char*, mode_t, struct fuse_file_info*) {
+  reply_erofs(req);
+}
+void op_setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+  reply_erofs(req);
+}
+void op_removexattr(fuse_req_t req, fuse_ino_t, const char*) {
+  reply_erofs(req);
+}
+void op_fallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, struct fuse_file_info*) {
+  reply_erofs(req);
+}
+void op_flush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) {
+  fuse_reply_err(req, 0);
+}
+void op_fsync(fuse_req_t req, fuse_ino_t, int, struct fuse_file_info*) {
+  fuse_reply_err(req, 0);
+}
 
 const fuse_lowlevel_ops kOps = [] {
   fuse_lowlevel_ops o{};
@@ -296,7 +336,8 @@ ssize_t io_read(int fd, void* buf, size_t len, void* ud) {
 ssize_t io_writev(int fd, struct iovec* iov, int count, void* ud) {
   return Passthrough::writev_hook(fd, iov, count, &static_cast<FuseMount*>(ud)->passthrough());
 }
-ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned int flags, void* ud) {
+ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned int flags,
+                       void* ud) {
   return Passthrough::splice_send_hook(fdin, offin, fdout, offout, len, flags, ud);
 }
 
@@ -340,8 +381,10 @@ std::string check_mountpoint(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOTCONN)
-      return "mount point " + path + " is a stale mount of a stagefs that is no longer running; clear it with: "
-             "fusermount3 -u " + path + "   (or, as root: umount -l " + path + ")";
+      return "mount point " + path +
+             " is a stale mount of a stagefs that is no longer running; clear it with: "
+             "fusermount3 -u " +
+             path + "   (or, as root: umount -l " + path + ")";
     return "mount point " + path + ": " + std::strerror(errno);
   }
   if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
@@ -351,8 +394,9 @@ std::string check_mountpoint(const std::string& path) {
     // stat() may be answered from the kernel's attribute cache; statfs always asks the daemon.
     struct statvfs sv {};
     if (::statvfs(path.c_str(), &sv) != 0 && errno == ENOTCONN)
-      return "mount point " + path + " is a stale " + m->fstype + " mount (its daemon is gone); clear it with: " +
-             "fusermount3 -u " + path + "   (or, as root: umount -l " + path + ")";
+      return "mount point " + path + " is a stale " + m->fstype +
+             " mount (its daemon is gone); clear it with: " + "fusermount3 -u " + path +
+             "   (or, as root: umount -l " + path + ")";
     return "mount point " + path + " already has a " + m->fstype + " mounted on it (fusermount3 -u " + path +
            " first)";
   }
@@ -382,7 +426,8 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
   if (fuse_session_mount(m->se_, opt.mountpoint.c_str()) != 0) {
     fuse_session_destroy(m->se_);
     m->se_ = nullptr;
-    return stage::sys_error(EPERM, "mount failed (is /dev/fuse there, and fusermount3 installed?)", opt.mountpoint);
+    return stage::sys_error(EPERM, "mount failed (is /dev/fuse there, and fusermount3 installed?)",
+                            opt.mountpoint);
   }
   m->fuse_fd_ = fuse_session_fd(m->se_);
   const fuse_custom_io io{io_writev, io_read, nullptr, io_splice_send};
@@ -465,8 +510,9 @@ void FuseMount::note_read_path(ReadPath p) {
   const ReadPath old = read_path_.exchange(p);
   if (old != p) spdlog::info("reads are served by {}", read_path_name(p));
   if (p == ReadPath::splice && opt_.passthrough && pt_.active() && !logged_fallback_.exchange(true))
-    spdlog::warn("kernel passthrough refused for a file (needs CAP_SYS_ADMIN; cache not on a stacked fs): "
-                 "falling back to splice");
+    spdlog::warn(
+        "kernel passthrough refused for a file (needs CAP_SYS_ADMIN; cache not on a stacked fs): "
+        "falling back to splice");
 }
 
 }  // namespace stagefs

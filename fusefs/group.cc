@@ -12,8 +12,7 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
 
 stage::Status GroupService::materialize(const std::string& rel) {
   std::unique_lock lk(m_);
-  if (state_ == GroupState::broken)
-    return stage::stage_error(stage::Errc::group_broken, "materialize", rel);
+  if (state_ == GroupState::broken) return stage::stage_error(stage::Errc::group_broken, "materialize", rel);
   if (state_ == GroupState::shut_down || shutdown_requested_)
     return stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel);
   auto& slot = waits_[rel];
@@ -86,7 +85,7 @@ void GroupService::enqueue(const Message& m) {
     return;
   }
   if (auto it = announced_id_.find(m.path); it != announced_id_.end() && m.id < it->second)
-    return;  // sent before its node saw the transfer that answers it
+    return;                                    // sent before its node saw the transfer that answers it
   if (!queued_.insert(m.path).second) return;  // already queued: merge
   queue_.push_back(m);
 }
@@ -100,7 +99,8 @@ void GroupService::run_transfer(const Message& a) {
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
-  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t, uint64_t) { mark_progress(); });
+  auto report =
+      stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t, uint64_t) { mark_progress(); });
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   {
     std::lock_guard lk(m_);
@@ -113,8 +113,8 @@ void GroupService::run_transfer(const Message& a) {
   if (report.ok) {
     spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote, reads via {}",
                  a.path, report.bytes_total, secs,
-                 secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
-                 report.writers, cfg_.read_path ? cfg_.read_path() : std::string("-"));
+                 secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
+                 report.nodes_needing, report.writers, cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(a.path, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
@@ -149,14 +149,18 @@ stage::Status GroupService::run() {
     for (auto& rel : out) {
       busy = true;
       const Message m{MsgType::materialize, last_seen_id_, rel};
-      if (ctl_.is_coordinator()) enqueue(m);
-      else if (auto st = ctl_.send_request(m); !st) return broken(st.error());
+      if (ctl_.is_coordinator())
+        enqueue(m);
+      else if (auto st = ctl_.send_request(m); !st)
+        return broken(st.error());
     }
     if (want_shutdown) {
       busy = true;
       const Message m{MsgType::shutdown, 0, {}};
-      if (ctl_.is_coordinator()) enqueue(m);
-      else if (auto st = ctl_.send_request(m); !st) return broken(st.error());
+      if (ctl_.is_coordinator())
+        enqueue(m);
+      else if (auto st = ctl_.send_request(m); !st)
+        return broken(st.error());
       shutdown_sent_ = true;
     }
     if (ctl_.is_coordinator()) {
@@ -206,7 +210,8 @@ stage::Status GroupService::run() {
     // Idle: sleep until a local request arrives or the poll interval passes (backing off to
     // idle_poll), so remote requests and announcements are still noticed.
     std::unique_lock lk(m_);
-    service_cv_.wait_for(lk, idle, [&] { return !outbox_.empty() || (shutdown_requested_ && !shutdown_sent_); });
+    service_cv_.wait_for(lk, idle,
+                         [&] { return !outbox_.empty() || (shutdown_requested_ && !shutdown_sent_); });
     idle = std::min(idle * 2, cfg_.idle_poll);
   }
 }

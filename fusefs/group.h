@@ -47,11 +47,11 @@ struct GroupConfig {
 };
 
 struct GroupStats {
-  uint64_t transfers = 0;       // announcements run on this node (every node counts each one)
-  uint64_t local_writes = 0;    // transfers in which this node wrote its copy
+  uint64_t transfers = 0;     // announcements run on this node (every node counts each one)
+  uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
   uint64_t failures = 0;
-  uint64_t requests_sent = 0;   // first-open requests this node sent (or queued, coordinator)
+  uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
 };
 
 enum class GroupState { running, broken, shut_down };

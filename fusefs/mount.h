@@ -14,8 +14,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 
 #include "fusefs/core.h"
 #include "fusefs/passthrough.h"
@@ -69,7 +69,7 @@ class FuseMount {
   std::atomic<bool> loop_done_{false};
   std::atomic<ReadPath> read_path_{ReadPath::unknown};
   std::atomic<bool> logged_fallback_{false};
-  std::mutex backing_m_;  // guards backing_
+  std::mutex backing_m_;                                       // guards backing_
   std::unordered_map<uint64_t, std::pair<int, int>> backing_;  // node -> (backing id, opens)
 };
 

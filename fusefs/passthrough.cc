@@ -83,7 +83,8 @@ ssize_t Passthrough::writev_hook(int fd, struct iovec* iov, int count, void* sel
   if (count >= 2 && iov[0].iov_len == sizeof(OutHeader)) {
     OutHeader h{};
     std::memcpy(&h, iov[0].iov_base, sizeof h);
-    if (h.error == 0 && h.unique != 0 && h.unique == pt->init_unique_.load() && iov[1].iov_len >= sizeof(InitOut)) {
+    if (h.error == 0 && h.unique != 0 && h.unique == pt->init_unique_.load() &&
+        iov[1].iov_len >= sizeof(InitOut)) {
       auto* out = static_cast<InitOut*>(iov[1].iov_base);
       if (pt->wanted_ && pt->offered_) {
         out->flags |= static_cast<uint32_t>(kInitExt);
@@ -119,7 +120,11 @@ void Passthrough::close_backing(int fuse_fd, int backing_id) const {
   ::ioctl(fuse_fd, FUSE_DEV_IOC_BACKING_CLOSE, &id);
 }
 
-void Passthrough::arm_open_reply(int backing_id) { armed_backing_id = backing_id; }
-void Passthrough::disarm() { armed_backing_id = -1; }
+void Passthrough::arm_open_reply(int backing_id) {
+  armed_backing_id = backing_id;
+}
+void Passthrough::disarm() {
+  armed_backing_id = -1;
+}
 
 }  // namespace stagefs

@@ -28,8 +28,8 @@ class Passthrough {
 
   static ssize_t read_hook(int fd, void* buf, size_t len, void* self);
   static ssize_t writev_hook(int fd, struct iovec* iov, int count, void* self);
-  static ssize_t splice_send_hook(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned int flags,
-                                  void* self);
+  static ssize_t splice_send_hook(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
+                                  unsigned int flags, void* self);
 
   // After INIT: the kernel offered passthrough and our INIT reply accepted it.
   [[nodiscard]] bool active() const { return active_.load(); }

@@ -17,7 +17,9 @@ std::string human_bytes(uint64_t bytes) {
   return buf;
 }
 
-static double mbps(uint64_t bytes, double secs) { return secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0; }
+static double mbps(uint64_t bytes, double secs) {
+  return secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0;
+}
 
 std::string report_table(const StageReport& r, const std::string& source, const std::string& dest) {
   std::string out;
@@ -25,16 +27,17 @@ std::string report_table(const StageReport& r, const std::string& source, const 
   std::snprintf(line, sizeof line, "stage-bcast %s: %s -> %s\n", r.ok ? "done" : "FAILED", source.c_str(),
                 dest.c_str());
   out += line;
-  std::snprintf(line, sizeof line,
-                "  %llu file(s), %s; %lld node(s), %lld wrote, %llu file(s) / %s broadcast in %llu chunk(s)\n",
-                static_cast<unsigned long long>(r.files), human_bytes(r.bytes_total).c_str(),
-                static_cast<long long>(r.writers), static_cast<long long>(r.nodes_written),
-                static_cast<unsigned long long>(r.files_streamed), human_bytes(r.bytes_streamed).c_str(),
-                static_cast<unsigned long long>(r.chunks));
+  std::snprintf(
+      line, sizeof line,
+      "  %llu file(s), %s; %lld node(s), %lld wrote, %llu file(s) / %s broadcast in %llu chunk(s)\n",
+      static_cast<unsigned long long>(r.files), human_bytes(r.bytes_total).c_str(),
+      static_cast<long long>(r.writers), static_cast<long long>(r.nodes_written),
+      static_cast<unsigned long long>(r.files_streamed), human_bytes(r.bytes_streamed).c_str(),
+      static_cast<unsigned long long>(r.chunks));
   out += line;
   const std::pair<const char*, double> rows[] = {
-      {"Topology check", r.t.topology}, {"Source metadata", r.t.metadata},
-      {"Pre-validation", r.t.prevalidate}, {"Copy phase", r.t.copy},
+      {"Topology check", r.t.topology},      {"Source metadata", r.t.metadata},
+      {"Pre-validation", r.t.prevalidate},   {"Copy phase", r.t.copy},
       {"Post-validation", r.t.postvalidate}, {"Total time", r.t.total}};
   out += "  Phase              Time (s)\n";
   for (const auto& [name, secs] : rows) {
@@ -73,10 +76,18 @@ std::string json_escape(const std::string& s) {
       continue;
     }
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -92,19 +103,20 @@ std::string json_escape(const std::string& s) {
 
 std::string report_json(const StageReport& r, const std::string& source, const std::string& dest, int ranks) {
   char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_needing\":%lld,\"nodes_written\":%lld,"
-                "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
-                "\"files_broadcast\":%llu,\"chunks\":%llu,"
-                "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
-                "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,",
-                r.ok ? "true" : "false", r.exit_code, ranks, static_cast<long long>(r.writers),
-                static_cast<long long>(r.nodes_needing), static_cast<long long>(r.nodes_written), static_cast<unsigned long long>(r.files),
-                static_cast<unsigned long long>(r.dirs), static_cast<unsigned long long>(r.symlinks),
-                static_cast<unsigned long long>(r.bytes_total), static_cast<unsigned long long>(r.bytes_streamed),
-                static_cast<unsigned long long>(r.files_streamed), static_cast<unsigned long long>(r.chunks),
-                r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy, r.t.postvalidate, r.t.total,
-                mbps(r.bytes_streamed, r.t.copy));
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_needing\":%lld,\"nodes_written\":%lld,"
+      "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
+      "\"files_broadcast\":%llu,\"chunks\":%llu,"
+      "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
+      "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,",
+      r.ok ? "true" : "false", r.exit_code, ranks, static_cast<long long>(r.writers),
+      static_cast<long long>(r.nodes_needing), static_cast<long long>(r.nodes_written),
+      static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.dirs),
+      static_cast<unsigned long long>(r.symlinks), static_cast<unsigned long long>(r.bytes_total),
+      static_cast<unsigned long long>(r.bytes_streamed), static_cast<unsigned long long>(r.files_streamed),
+      static_cast<unsigned long long>(r.chunks), r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
+      r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy));
   std::string out = buf;
   out += "\"source\":\"" + json_escape(source) + "\",\"dest\":\"" + json_escape(dest) + "\",\"errors\":[";
   for (size_t i = 0; i < r.errors.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.errors[i]) + "\"";
@@ -120,9 +132,9 @@ void ProgressLine::update(uint64_t done, uint64_t total) {
   if (done < total && now - last_ < std::chrono::milliseconds(200)) return;
   last_ = now;
   const double secs = std::chrono::duration<double>(now - t0_).count();
-  std::fprintf(stderr, "\r  %s / %s (%.0f%%) %.0f MB/s   ", human_bytes(done).c_str(), human_bytes(total).c_str(),
-               total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
-               mbps(done, secs));
+  std::fprintf(
+      stderr, "\r  %s / %s (%.0f%%) %.0f MB/s   ", human_bytes(done).c_str(), human_bytes(total).c_str(),
+      total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, mbps(done, secs));
   shown_ = true;
 }
 

@@ -2,11 +2,11 @@
 // local disk with one source read and a pipelined MPI broadcast. A thin shell over
 // bcast/engine.h: parse options, set up MPI and the node topology, run the collective
 // transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,11 +49,21 @@ std::string expand_dest(const std::string& pattern, int rank, int node, const st
       continue;
     }
     switch (pattern[++i]) {
-      case 'r': out += std::to_string(rank); break;
-      case 'n': out += std::to_string(node); break;
-      case 'h': out += host; break;
-      case '%': out += '%'; break;
-      default: out += '%'; out += pattern[i];
+      case 'r':
+        out += std::to_string(rank);
+        break;
+      case 'n':
+        out += std::to_string(node);
+        break;
+      case 'h':
+        out += host;
+        break;
+      case '%':
+        out += '%';
+        break;
+      default:
+        out += '%';
+        out += pattern[i];
     }
   }
   return out;
@@ -92,7 +102,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--overwrite", c.overwrite, "copy even where a current copy exists");
   app.add_option("--source-rank", c.source_rank, "rank that reads the source")->capture_default_str();
-  app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")
+      ->capture_default_str();
   app.add_flag("-r,--recursive", c.recursive, "stage a directory tree (files, directories, symlinks)");
   app.add_flag("--ranks-as-nodes", c.ranks_as_nodes,
                "treat every rank as its own node (tests; same as STAGE_RANKS_AS_NODES=1)");
@@ -182,8 +193,7 @@ int main(int argc, char** argv) {
   if (opt.root < 0 || opt.root >= world->size())
     return usage_error("--source-rank " + std::to_string(opt.root) + " is out of range (job has " +
                        std::to_string(world->size()) + " ranks)");
-  const double topology =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double topology = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   stage::StageEndpoint ep;
   ep.source = c.source;
@@ -201,12 +211,15 @@ int main(int argc, char** argv) {
 
   if (c.verbose)
     spdlog::info("{}: rank {} {} {}", stage::host_name(), world->rank(),
-                 !writer ? "relayed (not this node's writer)"
-                 : report.this_node_wrote ? "wrote" : "already had a current copy of",
+                 !writer                  ? "relayed (not this node's writer)"
+                 : report.this_node_wrote ? "wrote"
+                                          : "already had a current copy of",
                  ep.dest);
   if (is_root) {
-    if (c.json) std::fputs(stage::report_json(report, c.source, c.dest, world->size()).c_str(), stdout);
-    else std::fputs(stage::report_table(report, c.source, c.dest).c_str(), stdout);
+    if (c.json)
+      std::fputs(stage::report_json(report, c.source, c.dest, world->size()).c_str(), stdout);
+    else
+      std::fputs(stage::report_table(report, c.source, c.dest).c_str(), stdout);
     for (const auto& e : report.errors) std::fprintf(stderr, "stage-bcast: error: %s\n", e.c_str());
   }
   return report.exit_code;

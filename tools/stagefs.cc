@@ -1,10 +1,10 @@
 // stagefs: mount a read-only view of SOURCE_DIR whose files are copied onto every node's
 // local disk at their first open (one MPI broadcast per file for the whole job step).
 // A thin shell over fusefs/daemon.h: parse options, run the daemon or wait for readiness.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 
@@ -34,20 +34,29 @@ int main(int argc, char** argv) {
   app.add_option("--cache", cfg.cache_dir, "node-local directory for the copies (created 0700)");
   app.add_option("--wait", wait_for, "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
-  app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--entry-timeout", cfg.mount.entry_timeout, "seconds the kernel caches names")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--stall-timeout", cfg.stall_timeout,
                  "seconds without progress (a node or link gone) before a waiting open gives up")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--on-stall", on_stall,
                  "what a stalled open does: eio (fail) or source (read the shared source directly)")
-      ->capture_default_str()->check(CLI::IsMember({"eio", "source"}));
-  app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_flag("--no-passthrough", no_passthrough, "serve reads from the daemon even where passthrough works");
+      ->capture_default_str()
+      ->check(CLI::IsMember({"eio", "source"}));
+  app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_flag("--no-passthrough", no_passthrough,
+               "serve reads from the daemon even where passthrough works");
   app.add_flag("-v,--verbose", verbose, "debug logging");
   app.add_flag("-d,--debug-fuse", debug_fuse, "log every FUSE request (libfuse -d)");
   try {
@@ -67,7 +76,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
     return 2;
   };
-  if (cfg.source_dir.empty() || cfg.mountpoint.empty()) return usage("SOURCE_DIR and MOUNTPOINT are required");
+  if (cfg.source_dir.empty() || cfg.mountpoint.empty())
+    return usage("SOURCE_DIR and MOUNTPOINT are required");
   if (cfg.cache_dir.empty()) return usage("--cache CACHE_DIR is required");
   const auto c = stage::parse_size(chunk);
   if (!c) return usage("--chunk-size: not a size: '" + chunk + "'");

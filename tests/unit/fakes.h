@@ -11,8 +11,8 @@
 namespace stage::testing {
 
 struct SourceFaults {
-  int64_t short_read_at = -1;    // a read covering this file offset returns short_read
-  int64_t eio_at = -1;           // ... returns EIO
+  int64_t short_read_at = -1;        // a read covering this file offset returns short_read
+  int64_t eio_at = -1;               // ... returns EIO
   bool changes_during_copy = false;  // stat_now() reports a new mtime
   std::atomic<uint64_t> bytes_read{0};
 };
@@ -20,7 +20,9 @@ struct SourceFaults {
 class FaultSource final : public SourceReader {
  public:
   explicit FaultSource(SourceFaults& f) : f_(f) {}
-  Result<Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override { return real_.scan(p, rec, skip); }
+  Result<Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
+    return real_.scan(p, rec, skip);
+  }
   Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) override {
     auto inner = real_.open(root, e);
     if (!inner) return inner.error();
@@ -32,7 +34,9 @@ class FaultSource final : public SourceReader {
    public:
     File(std::unique_ptr<SourceFile> in, SourceFaults& f) : in_(std::move(in)), f_(f) {}
     Status read_at(uint64_t off, std::span<std::byte> buf) override {
-      auto covers = [&](int64_t at) { return at >= 0 && static_cast<uint64_t>(at) >= off && static_cast<uint64_t>(at) < off + buf.size(); };
+      auto covers = [&](int64_t at) {
+        return at >= 0 && static_cast<uint64_t>(at) >= off && static_cast<uint64_t>(at) < off + buf.size();
+      };
       if (covers(f_.short_read_at)) return stage_error(Errc::short_read, "read source (injected)");
       if (covers(f_.eio_at)) return sys_error(EIO, "read source (injected)");
       f_.bytes_read += buf.size();
@@ -54,9 +58,9 @@ class FaultSource final : public SourceReader {
 };
 
 struct StoreFaults {
-  bool fail_begin = false;            // cannot create the temporary file (EACCES)
-  int64_t enospc_after_bytes = -1;    // writes fail with ENOSPC once this many bytes were written
-  bool fail_commit = false;           // rename fails (EIO)
+  bool fail_begin = false;          // cannot create the temporary file (EACCES)
+  int64_t enospc_after_bytes = -1;  // writes fail with ENOSPC once this many bytes were written
+  bool fail_commit = false;         // rename fails (EIO)
   uint64_t written = 0;
 };
 
@@ -69,7 +73,9 @@ class FaultStore final : public LocalStore {
   Status sync_filesystem(const std::string& p) override { return real_.sync_filesystem(p); }
   Status make_dir(const std::string& p, uint32_t m) override { return real_.make_dir(p, m); }
   Status make_parents(const std::string& p) override { return real_.make_parents(p); }
-  Status make_symlink(const std::string& p, const std::string& t) override { return real_.make_symlink(p, t); }
+  Status make_symlink(const std::string& p, const std::string& t) override {
+    return real_.make_symlink(p, t);
+  }
   int remove_stale_temps(const std::string& p) override { return real_.remove_stale_temps(p); }
   Result<std::unique_ptr<Txn>> begin(const std::string& p) override {
     if (f_.fail_begin) return sys_error(EACCES, "create temporary file (injected)", p);

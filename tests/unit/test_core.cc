@@ -106,7 +106,9 @@ TEST(Manifest, RoundTrip) {
   EXPECT_EQ(back->entries[3].link_target, "a/f");
 }
 
-Result<Manifest> decode_str(const std::string& s) { return decode(std::as_bytes(std::span(s.data(), s.size()))); }
+Result<Manifest> decode_str(const std::string& s) {
+  return decode(std::as_bytes(std::span(s.data(), s.size())));
+}
 
 TEST(Manifest, RejectsUnsafeOrMalformed) {
   for (const char* bad : {"../x", "/etc/passwd", "a/../../x", "a//b", "./a", "a/."}) {
@@ -136,7 +138,8 @@ TEST(Layout, PiecesPackSmallFilesAndSkipUnneeded) {
   Manifest m;
   m.tree = true;
   m.entries.push_back({"", EntryType::dir, {}, {}});
-  for (uint64_t sz : {10ULL, 0ULL, 30ULL, 100ULL}) m.entries.push_back({"f" + std::to_string(sz), EntryType::file, {sz, 0, 0, 0, 0, 0644}, {}});
+  for (uint64_t sz : {10ULL, 0ULL, 30ULL, 100ULL})
+    m.entries.push_back({"f" + std::to_string(sz), EntryType::file, {sz, 0, 0, 0, 0, 0644}, {}});
   const Layout all(m, {1, 1, 1, 1, 1});
   EXPECT_EQ(all.bytes(), 140U);
   auto p = all.pieces(0, 64);  // 10 bytes of f10, all of f30, 24 bytes of f100

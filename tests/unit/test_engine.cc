@@ -1,6 +1,6 @@
 // The engine on N in-process ranks (ThreadComm) over real files, with injected faults.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -33,7 +33,9 @@ class EngineTest : public TmpDirTest {
     });
     return out;
   }
-  std::string node_file(int r, const std::string& name = "copy.bin") { return path("node" + std::to_string(r) + "/" + name); }
+  std::string node_file(int r, const std::string& name = "copy.bin") {
+    return path("node" + std::to_string(r) + "/" + name);
+  }
   static bool no_temps_under(const fs::path& d) {
     for (const auto& e : fs::recursive_directory_iterator(d))
       if (e.path().filename().string().find(".stage-tmp.") != std::string::npos) return false;
@@ -206,7 +208,9 @@ TEST_F(EngineTest, ChecksumPreAndPostValidation) {
 
 TEST_F(EngineTest, TreeWithSmallFilesTravelsPacked) {
   fs::create_directories(path("tree/a/b"));
-  for (int i = 0; i < 200; ++i) write_file(path("tree/a/b/f" + std::to_string(i)), random_bytes(static_cast<size_t>(i * 37), static_cast<uint32_t>(i)));
+  for (int i = 0; i < 200; ++i)
+    write_file(path("tree/a/b/f" + std::to_string(i)),
+               random_bytes(static_cast<size_t>(i * 37), static_cast<uint32_t>(i)));
   write_file(path("tree/empty"), "");
   fs::create_symlink("a/b/f1", path("tree/link"));
   PosixSource src;

@@ -35,7 +35,9 @@ class HangingComm final : public stage::Comm {
   }
   stage::Status allreduce_max(std::span<int64_t>) override { return {}; }
   stage::Status allreduce_sum(std::span<int64_t>) override { return {}; }
-  stage::Result<std::vector<std::string>> gather(const std::string& s, int) override { return std::vector{s}; }
+  stage::Result<std::vector<std::string>> gather(const std::string& s, int) override {
+    return std::vector{s};
+  }
   stage::Status barrier() override { return {}; }
   void release() {
     std::lock_guard lk(m_);

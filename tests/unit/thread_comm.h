@@ -47,7 +47,8 @@ class ThreadComm final : public Comm {
     w_.bar().arrive_and_wait();
     if (rank_ != root) {
       std::memcpy(buf.data(), slot.data(), buf.size());
-      if (buf.size() > 64 && rank_ == w_.corrupt_rank && big_bcasts_++ == w_.corrupt_nth) buf[buf.size() / 2] ^= std::byte{1};
+      if (buf.size() > 64 && rank_ == w_.corrupt_rank && big_bcasts_++ == w_.corrupt_nth)
+        buf[buf.size() / 2] ^= std::byte{1};
     }
     w_.bar().arrive_and_wait();
     return {};
