@@ -173,11 +173,14 @@ Status Transfer::decide() {
   need_local_.assign(n, 0);
   if (ep_.writer) {
     if (auto st = store_.make_parents(ep_.dest); !st) fail_local(st.error());
+    // Temporary files of killed runs go first, whether or not this node copies anything now.
+    int swept = m_.tree ? 0 : store_.remove_stale_temps(parent_dir(ep_.dest));
     for (size_t i = 0; i < n && !local_err_; ++i) {
       const Entry& e = m_.entries[i];
       const std::string path = dest_of(i);
       if (e.type == EntryType::dir) {
         if (auto st = store_.make_dir(path, e.meta.mode); !st) fail_local(st.error());
+        swept += store_.remove_stale_temps(path);
         continue;
       }
       auto ls = store_.inspect(path);
@@ -208,6 +211,7 @@ Status Transfer::decide() {
           needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1
                                                                                                          : 0;
     }
+    if (swept > 0) spdlog::info("{}: removed {} stale temporary file(s) under {}", host_name(), swept, ep_.dest);
   }
   need_any_ = need_local_;
   if (auto st = comm_.allreduce_max(need_any_); !st) return st;
@@ -243,8 +247,6 @@ Status Transfer::prepare() {
     for (size_t i = 0; i < n && !local_err_; ++i) {
       if (need_local_[i] == 0) continue;
       const std::string path = dest_of(i);
-      if (const int k = store_.remove_stale_temps(path); k > 0)
-        spdlog::info("{}: removed {} stale temporary file(s) beside {}", host_name(), k, path);
       auto t = store_.begin(path);
       if (!t)
         fail_local(t.error());

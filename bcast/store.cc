@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <vector>
 
@@ -30,9 +31,32 @@ static std::string base_name(const std::string& path) {
 
 static const char* const kTempMark = ".stage-tmp.";
 
+// ".<name>.stage-tmp.<host>.<pid>" must fit NAME_MAX (255) whatever the name: a long name is
+// cut and tagged with its CRC, a long host name cut, so the result stays under 190 bytes.
+static std::string temp_stem(const std::string& base) {
+  if (base.size() <= 120) return base;
+  char tag[24];
+  std::snprintf(tag, sizeof tag, "~%016llx",
+                static_cast<unsigned long long>(crc64(std::as_bytes(std::span(base.data(), base.size())))));
+  return base.substr(0, 100) + tag;
+}
+
+static std::string temp_host() { return host_name().substr(0, 40); }
+
 std::string temp_name_for(const std::string& path) {
-  return parent_dir(path) + "/." + base_name(path) + kTempMark + host_name() + "." +
+  return parent_dir(path) + "/." + temp_stem(base_name(path)) + kTempMark + temp_host() + "." +
          std::to_string(::getpid());
+}
+
+// A writer is gone when its pid no longer exists, or is a zombie (exited, not yet reaped).
+static bool process_gone(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return true;
+  char state = '?';
+  const int n = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+  std::fclose(f);
+  return n == 1 && (state == 'Z' || state == 'X');
 }
 
 bool is_temp_name(const std::string& name) {
@@ -270,19 +294,21 @@ Status PosixStore::make_symlink(const std::string& path, const std::string& targ
   return {};
 }
 
-int PosixStore::remove_stale_temps(const std::string& path) {
-  const std::string dir = parent_dir(path);
-  const std::string prefix = "." + base_name(path) + kTempMark + host_name() + ".";
+int PosixStore::remove_stale_temps(const std::string& dir) {
+  const std::string mark = kTempMark + temp_host() + ".";
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   int removed = 0;
   std::vector<std::string> victims;
   while (const dirent* de = ::readdir(d)) {
     const std::string name = de->d_name;
-    if (name.rfind(prefix, 0) != 0) continue;
-    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      victims.push_back(dir + "/" + name);
+    const size_t at = name.rfind(mark);
+    if (name.empty() || name[0] != '.' || at == std::string::npos) continue;
+    const char* digits = name.c_str() + at + mark.size();
+    char* end = nullptr;
+    const long pid = std::strtol(digits, &end, 10);
+    if (end == digits || *end != '\0') continue;  // "<host>.<pid>" must end the name
+    if (pid > 0 && pid != ::getpid() && process_gone(pid)) victims.push_back(dir + "/" + name);
   }
   ::closedir(d);
   for (const auto& v : victims)

@@ -67,8 +67,9 @@ class LocalStore {
   // mkdir -p of path's parent (0755 for new levels; existing ones are left as they are).
   virtual Status make_parents(const std::string& path) = 0;
   virtual Status make_symlink(const std::string& path, const std::string& target) = 0;
-  // Removes temporary files of dead writers on this host beside path; returns how many.
-  virtual int remove_stale_temps(const std::string& path) = 0;
+  // Removes, in directory dir, the temporary files of writers of this host that are gone (a
+  // killed run); returns how many.
+  virtual int remove_stale_temps(const std::string& dir) = 0;
 };
 
 class PosixStore final : public LocalStore {
@@ -81,7 +82,7 @@ class PosixStore final : public LocalStore {
   Status make_dir(const std::string& path, uint32_t mode) override;
   Status make_parents(const std::string& path) override;
   Status make_symlink(const std::string& path, const std::string& target) override;
-  int remove_stale_temps(const std::string& path) override;
+  int remove_stale_temps(const std::string& dir) override;
 };
 
 // Name helpers, shared with the cache (and its tests).

@@ -283,8 +283,8 @@ int Daemon::run(int* argc, char*** argv) {
     return 1;
   }
   state_ = "ready";
-  spdlog::info("{} mounted at {} over {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint,
-               cfg_.source_dir, cfg_.cache_dir, data_->size());
+  spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
+               data_->size());
 
   std::thread fuse([this] {
     if (auto st = mount_->loop(); !st) spdlog::error("{}", st.error().message);

@@ -106,7 +106,7 @@ void GroupService::run_transfer(const Message& a) {
     std::lock_guard lk(m_);
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
-    if (report.this_node_wrote) ++stats_.local_writes;
+    if (report.ok && report.this_node_wrote) ++stats_.local_writes;
     if (!report.ok) ++stats_.failures;
     last_progress_ = Clock::now();
   }

@@ -5,11 +5,34 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "bcast/chunk.h"
 #include "fusefs/daemon.h"
+
+namespace {
+
+// A number of seconds: finite, within [lo, hi] (NaN, inf and 1e300 are refused: they would
+// overflow the clocks they feed), with a message a person can read.
+CLI::Validator seconds(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == text.c_str() || *end != '\0') return "not a number of seconds: '" + text + "'";
+        if (!std::isfinite(v) || v < lo || v > hi) {
+          char buf[128];
+          std::snprintf(buf, sizeof buf, "%s is out of range: give %g to %g seconds", text.c_str(), lo, hi);
+          return buf;
+        }
+        return {};
+      },
+      "SECONDS");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
@@ -36,18 +59,18 @@ int main(int argc, char** argv) {
       ->excludes("SOURCE_DIR");
   app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(seconds(0.001, 1e6));
   app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds(0, 1e9));
   app.add_option("--entry-timeout", cfg.mount.entry_timeout, "seconds the kernel caches names")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds(0, 1e9));
   app.add_option("--stall-timeout", cfg.stall_timeout,
                  "seconds without progress (a node or link gone) before a waiting open gives up")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(seconds(0.1, 1e6));
   app.add_option("--on-stall", on_stall,
                  "what a stalled open does: eio (fail) or source (read the shared source directly)")
       ->capture_default_str()
@@ -71,7 +94,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", e.what());
     return 2;
   }
-  if (!wait_for.empty()) return stagefs::wait_ready(wait_for, wait_timeout);
+  if (app.count("--wait") > 0) {
+    if (wait_for.empty()) {
+      std::fprintf(stderr, "stagefs: --wait: empty mount point\nTry 'stagefs --help'.\n");
+      return 2;
+    }
+    return stagefs::wait_ready(wait_for, wait_timeout);
+  }
   auto usage = [](const std::string& m) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
     return 2;
