@@ -22,7 +22,7 @@ cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast
 # errors and undefined behaviour only.
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 (cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 ctest --output-on-failure -L unit -E fuzz -j2)
-(cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 ctest --output-on-failure -L mpi)
+(cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 ctest --output-on-failure -L mpi -R np4)
 cmake -S "$top" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGEFS_SANITIZE=thread >/dev/null
 cmake --build "$tsan" -j"$(nproc)" --target unit_tests
 (cd "$tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -L unit -E fuzz -j2)
