@@ -1,0 +1,87 @@
+# Shared helpers for the bench/ scripts (sourced, not run). Bash, no dependencies beyond
+# coreutils, Open MPI's mpirun and python3 (stdlib only, for medians and tables).
+#
+# Every script:
+#   - records one CSV line per timed run in bench/results/<name>.raw.csv, with
+#     /proc/loadavg taken at the start of that run (the machine is shared and noisy);
+#   - interleaves the compared variants (A B C A B C ...) so background noise hits all alike;
+#   - reports medians and ratios (ratio of medians, and the median of the per-round ratios)
+#     in a table on stdout and in bench/results/<name>.md.
+#
+# Environment (all optional):
+#   TOP        the repository (default: the parent of bench/)
+#   BIN        directory holding stage-bcast and stagefs (default: <repo>/build/tools)
+#   WORK_ROOT  scratch directory (default /var/tmp/stagefs-bench); each script uses a subdir
+#   RESULTS    where the tables go (default <repo>/bench/results)
+#   RUNS       timed runs per variant (default 5)
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TOP=${TOP:-$(dirname "$BENCH_DIR")}   # the repository (BIN and the git revision in the raw logs)
+BIN=${BIN:-$TOP/build/tools}
+WORK_ROOT=${WORK_ROOT:-/var/tmp/stagefs-bench}
+RESULTS=${RESULTS:-$BENCH_DIR/results}
+RUNS=${RUNS:-5}
+PY=${PY:-$(command -v /usr/bin/python3 || command -v python3)}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo
+
+now() { date +%s.%N; }
+elapsed() { "$PY" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$2"; }
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "FATAL: $*"; exit 1; }
+
+need_root() { [ "$(id -u)" = 0 ] || die "run as root (drop_caches, mounts, namespaces)"; }
+
+# A file of random bytes of $2 MiB at $1, reused when it is already there with that size.
+make_random_file() {
+  local path=$1 mib=$2
+  if [ -f "$path" ] && [ "$(stat -c %s "$path")" = $((mib << 20)) ]; then return; fi
+  mkdir -p "$(dirname "$path")"
+  log "generating $mib MiB of random data in $path"
+  # openssl's AES-CTR stream is much faster than /dev/urandom when available
+  if command -v openssl >/dev/null; then
+    openssl enc -aes-128-ctr -nosalt -pass pass:stagefs-bench -in /dev/zero 2>/dev/null |
+      head -c $((mib << 20)) > "$path.tmp" || true  # openssl dies of SIGPIPE: expected
+  else
+    head -c $((mib << 20)) /dev/urandom > "$path.tmp"
+  fi
+  [ "$(stat -c %s "$path.tmp")" = $((mib << 20)) ] || die "could not generate $path"
+  mv "$path.tmp" "$path"
+  sync
+}
+
+# raw_init NAME HEADER: starts bench/results/NAME.raw.csv with a header line.
+raw_init() {
+  mkdir -p "$RESULTS"
+  RAW=$RESULTS/$1.raw.csv
+  MD=$RESULTS/$1.md
+  {
+    echo "# $1 $(date -Is) host=$(hostname) kernel=$(uname -r) nproc=$(nproc) git=$(git -C "$TOP" rev-parse --short HEAD 2>/dev/null)$(git -C "$TOP" diff --quiet 2>/dev/null || echo +dirty)"
+    echo "$2"
+  } > "$RAW"
+}
+raw() { echo "$*" >> "$RAW"; log "raw: $*"; }
+
+# Free space sanity check: $1 = GiB needed under WORK_ROOT.
+need_space() {
+  local avail_kb
+  avail_kb=$(df -Pk "$WORK_ROOT" | awk 'NR==2 {print $4}')
+  [ "$avail_kb" -gt $(( $1 * 1024 * 1024 + 5 * 1024 * 1024 )) ] || die "need $1 GiB (+5 GiB margin) free under $WORK_ROOT"
+}
+
+# Kill a process group we started (by pid), politely then firmly.
+kill_tree() {
+  local pid=$1
+  [ -n "$pid" ] || return 0
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Unmount $1 if it is a mount point in the current namespace.
+unmount_if() {
+  mountpoint -q "$1" 2>/dev/null || return 0
+  fusermount3 -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
+}
