@@ -134,6 +134,10 @@ Result<Manifest> PosixSource::scan(const std::string& path, bool recursive, cons
   return m;
 }
 
+std::unique_ptr<SourceFile> posix_source_file(Fd fd, std::string path, uint64_t size) {
+  return std::unique_ptr<SourceFile>(new PosixSourceFile(std::move(fd), std::move(path), size));
+}
+
 Result<std::unique_ptr<SourceFile>> PosixSource::open(const std::string& root, const Entry& e) {
   const std::string path = join_path(root, e.path);
   // The root may be a symlink the user named; below it, symlinks are never followed.

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 
+#include "bcast/fd.h"
 #include "bcast/manifest.h"
 
 namespace stage {
@@ -46,5 +47,9 @@ class PosixSource final : public SourceReader {
 };
 
 FileMeta meta_from_stat(const struct stat& st);
+
+// A SourceFile over an open regular file (pread, SEEK_DATA, fstat), for readers that resolve
+// paths their own way (the mount's BeneathSource).
+std::unique_ptr<SourceFile> posix_source_file(Fd fd, std::string path, uint64_t size);
 
 }  // namespace stage

@@ -18,43 +18,6 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
   return stage::Fd(static_cast<int>(fd));
 }
 
-namespace {
-
-class File final : public stage::SourceFile {
- public:
-  File(stage::Fd fd, std::string rel) : fd_(std::move(fd)), rel_(std::move(rel)) {}
-  stage::Status read_at(uint64_t off, std::span<std::byte> buf) override {
-    size_t done = 0;
-    while (done < buf.size()) {
-      const ssize_t n =
-          ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return stage::sys_error(errno, "read source", rel_);
-      }
-      if (n == 0) return stage::stage_error(stage::Errc::short_read, "read source", rel_);
-      done += static_cast<size_t>(n);
-    }
-    return {};
-  }
-  bool has_data(uint64_t off, uint64_t len) override {
-    const off_t d = ::lseek(fd_.get(), static_cast<off_t>(off), SEEK_DATA);
-    if (d < 0) return errno != ENXIO;
-    return static_cast<uint64_t>(d) < off + len;
-  }
-  stage::Result<stage::FileMeta> stat_now() override {
-    struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0) return stage::sys_error(errno, "stat source", rel_);
-    return stage::meta_from_stat(st);
-  }
-
- private:
-  stage::Fd fd_;
-  std::string rel_;
-};
-
-}  // namespace
-
 stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool /*recursive*/,
                                                    const SkipFn& /*skipped*/) {
   auto fd = open_beneath(root_fd_, rel, O_RDONLY);
@@ -76,7 +39,7 @@ stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std:
   if (!S_ISREG(st.st_mode) || stage::meta_from_stat(st) != e.meta)
     return stage::stage_error(stage::Errc::source_changed, "open source", rel);
   ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  return std::unique_ptr<stage::SourceFile>(new File(std::move(fd.value()), rel));
+  return stage::posix_source_file(std::move(fd.value()), rel, e.meta.size);
 }
 
 }  // namespace stagefs

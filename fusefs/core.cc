@@ -152,41 +152,40 @@ Result<struct statvfs> StageFsCore::statfs() {
   return sv;
 }
 
+// Runs an xattr call on the source node behind id. Its /proc/self/fd/N link (of an O_PATH fd
+// resolved beneath SOURCE_DIR) is followed by getxattr/listxattr to the file itself.
+template <class F>
+static Result<std::string> xattr_call(int root, const std::string& rel, const char* what, F&& call) {
+  auto fd = open_beneath(root, rel, O_PATH);
+  if (!fd) return fd.error();
+  const std::string p = proc_path(fd->get());
+  std::string buf(65536, '\0');
+  const ssize_t n = call(p.c_str(), buf.data(), buf.size());
+  if (n < 0) return stage::sys_error(errno, what, rel);
+  buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
 Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name) {
   if (id == kRootId && name.rfind(kControlPrefix, 0) == 0 && control_xattr_) {
     if (auto v = control_xattr_(name)) return *v;
   }
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_PATH);
-  if (!fd) return fd.error();
-  const std::string p = proc_path(fd->get());
-  std::string buf(65536, '\0');
-  // getxattr (not lgetxattr): /proc/self/fd/N is a link to the file itself, to be followed.
-  const ssize_t n = ::getxattr(p.c_str(), name.c_str(), buf.data(), buf.size());
-  if (n < 0) {
-    if (errno == ENODATA || errno == ENOTSUP)
-      return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
-    return stage::sys_error(errno, "getxattr", *rel);
-  }
-  buf.resize(static_cast<size_t>(n));
-  return buf;
+  auto r = xattr_call(root_.get(), *rel, "getxattr",
+                      [&](const char* p, char* b, size_t n) { return ::getxattr(p, name.c_str(), b, n); });
+  if (!r && (r.error().to_errno() == ENODATA || r.error().to_errno() == ENOTSUP))
+    return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};  // expected: not logged
+  return r;
 }
 
 Result<std::string> StageFsCore::listxattr(uint64_t id) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_PATH);
-  if (!fd) return fd.error();
-  const std::string p = proc_path(fd->get());
-  std::string buf(65536, '\0');
-  const ssize_t n = ::listxattr(p.c_str(), buf.data(), buf.size());
-  if (n < 0) {
-    if (errno == ENOTSUP) return std::string();
-    return stage::sys_error(errno, "listxattr", *rel);
-  }
-  buf.resize(static_cast<size_t>(n));
-  return buf;
+  auto r = xattr_call(root_.get(), *rel, "listxattr",
+                      [](const char* p, char* b, size_t n) { return ::listxattr(p, b, n); });
+  if (!r && r.error().to_errno() == ENOTSUP) return std::string();
+  return r;
 }
 
 Result<stage::Fd> StageFsCore::open_cached(const std::string& rel, const struct stat& src) const {
