@@ -33,6 +33,12 @@ class GroupCase(h.MountTestCase):
         return self.group(np or h.NP, *args).wait_ready()
 
     def assert_all_gone(self, g, what):
+        # fusermount3's auto_unmount watchers exit on their own once they see their daemon's
+        # session close: give them a bounded moment (a condition, not a fixed sleep).
+        try:
+            h.wait_for(lambda: not g.leftovers(), 15, "processes of the group to exit")
+        except AssertionError:
+            pass  # reported with the list below
         left = g.leftovers()
         self.assertEqual(left, [], "%s: processes left: %s" %
                          (what, [(p, b" ".join(h.proc_cmdline(p))[:160]) for p in left]))
