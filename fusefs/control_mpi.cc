@@ -13,13 +13,13 @@ constexpr int kRequestTag = 17;
 MpiRequest::~MpiRequest() {
   int finalized = 0;
   if (req_ == MPI_REQUEST_NULL || MPI_Finalized(&finalized) != MPI_SUCCESS || finalized != 0) return;
-  if (p2p_) {
-    int flag = 0;
-    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-    if (flag == 0) {
-      MPI_Cancel(&req_);
-      MPI_Wait(&req_, MPI_STATUS_IGNORE);  // completes at once once cancelled
-    }
+  int flag = 0;
+  if (kind_ == Kind::collective || MPI_Test(&req_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0) return;
+  if (kind_ == Kind::recv) {
+    MPI_Cancel(&req_);
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);  // a cancelled receive completes at once
+  } else {
+    MPI_Request_free(&req_);  // the send completes (or is dropped) in the background
   }
 }
 
@@ -40,7 +40,8 @@ stage::Result<std::unique_ptr<MpiControlPlane>> MpiControlPlane::create(MPI_Comm
   cp->ann_comm_ = std::move(an.value());
   cp->rank_ = cp->req_comm_->rank();
   cp->coordinator_ = coordinator;
-  cp->ann_.set_p2p(false);
+  cp->ann_.set_kind(MpiRequest::Kind::collective);
+  cp->recv_.set_kind(MpiRequest::Kind::recv);
   if (cp->is_coordinator()) {
     if (auto st = cp->post_request_recv(); !st) return st.error();
   } else {

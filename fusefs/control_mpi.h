@@ -18,10 +18,11 @@
 
 namespace stagefs {
 
-// One outstanding MPI request. On destruction a point-to-point request is cancelled and
-// completed; a collective one cannot be cancelled or freed (MPI forbids it) and is left to
-// the process exit: the daemon completes it with close() or a shutdown announcement, and a
-// stalled group exits without finalizing.
+// One outstanding MPI request. On destruction a pending receive is cancelled and completed; a
+// pending send is freed (Open MPI cannot cancel sends, and waiting for one whose receiver has
+// already left would hang the exit); a collective cannot be cancelled or freed (MPI forbids
+// it) and is left to the process exit: the daemon completes it with close() or a shutdown
+// announcement, and a stalled group exits without finalizing.
 class MpiRequest {
  public:
   MpiRequest() = default;
@@ -32,11 +33,12 @@ class MpiRequest {
   [[nodiscard]] bool active() const { return req_ != MPI_REQUEST_NULL; }
   // True once complete (the request is then inactive); status filled if given.
   stage::Result<bool> test(MPI_Status* status = MPI_STATUS_IGNORE);
-  void set_p2p(bool p2p) { p2p_ = p2p; }
+  enum class Kind { send, recv, collective };
+  void set_kind(Kind k) { kind_ = k; }
 
  private:
   MPI_Request req_ = MPI_REQUEST_NULL;
-  bool p2p_ = true;
+  Kind kind_ = Kind::send;
 };
 
 class MpiControlPlane final : public ControlPlane {
