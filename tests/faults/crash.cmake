@@ -6,12 +6,7 @@ function(stage_fault_crash_test name timeout filter)
   add_test(NAME faults.${name}
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_crash.py
                    $<TARGET_FILE:stage-bcast> $<TARGET_FILE:stagefs> ${STAGE_MPIRUN} -- ${filter})
-  set_tests_properties(faults.${name} PROPERTIES
-    LABELS faults
-    TIMEOUT ${timeout}
-    SKIP_RETURN_CODE 77
-    RUN_SERIAL TRUE
-    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_tcp_if_include=lo;PYTHONDONTWRITEBYTECODE=1")
+  stage_fault_properties(faults.${name} ${timeout})
 endfunction()
 
 # kill -9 of rank 1 at before-first-chunk, mid-file, before-rename (with/without old copies)

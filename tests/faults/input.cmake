@@ -6,12 +6,7 @@ function(stage_fault_input_test name timeout)
   add_test(NAME faults.${name}
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/test_input_security_load.py
                    $<TARGET_FILE:stagefs> ${ARGN})
-  set_tests_properties(faults.${name} PROPERTIES
-    LABELS faults
-    TIMEOUT ${timeout}
-    SKIP_RETURN_CODE 77
-    RUN_SERIAL TRUE
-    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_tcp_if_include=lo;PYTHONDONTWRITEBYTECODE=1")
+  stage_fault_properties(faults.${name} ${timeout})
 endfunction()
 
 # every option with a missing/empty/malformed/out-of-range value, missing operands, unusable

@@ -41,24 +41,8 @@ HARNESS=$HERE/../harness/simslurm.sh
 SRUN_TIMEOUT=${SRUN_TIMEOUT:-300}
 SRUN=(timeout --foreground --kill-after=30 "$SRUN_TIMEOUT" srun -N"$NODES" --ntasks-per-node=1)
 
-npass=0
-nfail=0
-pass() { echo "PASS: $*"; npass=$((npass + 1)); }
-fail() { echo "FAIL: $*"; nfail=$((nfail + 1)); }
-info() { echo "---- $*"; }
-skip() { echo "SKIP: $*"; exit 77; }
-# check DESC CMD... : PASS/FAIL on CMD's status
-check() {
-  local desc=$1; shift
-  if "$@"; then pass "$desc"; else fail "$desc"; fi
-}
-# show a log file indented (bounded)
-show() { sed -e 's/^/    | /' "$1" | head -n "${2:-40}"; }
-
-finish() {
-  echo "$NAME: $npass passed, $nfail failed"
-  ((nfail == 0))
-}
+# shellcheck source=checks.sh
+source "$HERE/checks.sh"
 
 # ---------------------------------------------------------------------------------------
 # arguments and prerequisites
