@@ -19,8 +19,9 @@
 # Transfer::writer_loop + PosixTxn::write do it (crc64 of the chunk, one 16 MiB pwrite) against
 # pwrite in 1 MiB / 2 MiB pieces, and crc+pwrite per 1 MiB piece; order rotated per round.
 #
-# Env: SIZE_MB (1024) RANKS (4) RUNS (3) CHUNKS ("1M 16M 64M") PERF_RECORD (1) WRITER_RUNS (6)
-#      WORK_ROOT BIN RESULTS
+# Env: SIZE_MB (1024) RANKS (4) RUNS (3) CHUNKS ("1M 16M 64M") WRITER_RUNS (6)
+#      SECTIONS ("stat record writer": which parts to run; "stat" rewrites the .md, the others
+#      append to it) WORK_ROOT BIN RESULTS
 set -euo pipefail
 RUNS=${RUNS:-3}
 . "$(dirname "$0")/lib.sh"
@@ -31,7 +32,8 @@ command -v mpicc >/dev/null || die "needs mpicc (libopenmpi-dev)"
 SIZE_MB=${SIZE_MB:-1024}
 RANKS=${RANKS:-4}
 CHUNKS=${CHUNKS:-"1M 16M 64M"}
-PERF_RECORD=${PERF_RECORD:-1}
+SECTIONS=${SECTIONS:-"stat record writer"}
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 WORK=$WORK_ROOT/profile
 SHM=/dev/shm/stagefs-bench-profile
 SRC=$WORK/src/image
@@ -99,6 +101,7 @@ cp_n() {  # n
 export -f cp_n
 export SRC WORK
 
+if has stat; then
 raw_init "$NAME" "round,variant,loadavg,wall,cpu_s,ctx_switches,page_faults"
 for ((r = 1; r <= RUNS; r++)); do
   for c in $CHUNKS; do
@@ -115,8 +118,10 @@ done
   --title "where stage-bcast's time goes: $SIZE_MB MiB, $RANKS ranks-as-nodes, cold cache (cpu_s = CPU-seconds of all processes)" \
   --ratio "sb-16M/cp=sb-16M/cp" --ratio "sb-16M-shm/cp=sb-16M-shm/cp" --ratio "sb-16M-np1/cp-np1=sb-16M-np1/cp-np1" \
   --note "2 vCPUs: wall >= cpu_s / 2 whatever the overlap."
+fi
+MD=$RESULTS/$NAME.md
 
-if [ "$PERF_RECORD" = 1 ]; then
+if has record; then
   profile() {  # title cmd...
     local title=$1; shift
     reset
@@ -125,7 +130,7 @@ if [ "$PERF_RECORD" = 1 ]; then
       echo "### perf profile: $title (self time, top 25; all processes of the run)"
       echo '```'
       perf report -i "$WORK/perf.data" --no-children --sort comm,dso,sym --stdio -g none 2>/dev/null |
-        grep -E '^ +[0-9]' | head -25
+        grep -E '^ +[0-9]' | head -25 || true   # head closes the pipe early: not a failure
       echo '```'
       echo
     } | tee -a "$MD"
@@ -136,9 +141,11 @@ if [ "$PERF_RECORD" = 1 ]; then
 fi
 
 # ---- the writer alone: does the size of one pwrite matter? -------------------------------
+if has writer; then
 WRITER_RUNS=${WRITER_RUNS:-6}
 cc -O2 -o "$WORK/writer_sim" "$BENCH_DIR/writer_sim.c" -lisal || die "writer_sim needs libisal-dev"
 raw_init profile_writer_sim "round,variant,loadavg,cpu_s,wall"
+MD=$RESULTS/$NAME.md   # the table goes into profile_stage_bcast.md too
 wv=("whole 16384" "split 1024" "split 2048" "blocks 1024")
 for ((r = 1; r <= WRITER_RUNS; r++)); do
   for ((i = 0; i < ${#wv[@]}; i++)); do
@@ -155,3 +162,4 @@ rm -f "$WORK/ws.out"
   --title "the writer alone (writer_sim.c): $SIZE_MB MiB in 16 MiB chunks, CPU-seconds by pwrite size" \
   --ratio "one 16M pwrite / 1M pwrites=whole-16384K/split-1024K" --ratio "crc+pwrite per 1M / 1M pwrites=blocks-1024K/split-1024K" \
   --note "whole = today's order (crc64 of the 16 MiB chunk, then ONE 16 MiB pwrite); split-N = crc64 of the chunk, then pwrite in N KiB pieces; blocks = crc64+pwrite per 1 MiB piece."
+fi
