@@ -28,9 +28,10 @@
 #                  Also the CPU-seconds the NODES daemons used meanwhile (/proc/PID/stat).
 #   stagefs-tmpfs  the same with the caches in /dev/shm (tmpfs): what 4 nodes with their OWN
 #                  fast local disks would see, since here all 4 "nodes" write one shared disk.
+#   stagefs-<cache>@2  with BIN2 set: the same with $BIN2/stagefs (A/B of two builds)
 # Reported: times and ratio baseline/stagefs (ideal -> NODES when the source is the bottleneck).
 #
-# Env: SIZE_MB (1024) NODES (4) RATE_MBS (200) RUNS (5) CACHES ("disk tmpfs") CHUNK (16M)
+# Env: SIZE_MB (1024) NODES (4) RATE_MBS (200) RUNS (5) CACHES ("disk tmpfs") CHUNK (16M) BIN2
 #      WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -65,6 +66,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ -x "$BIN/stagefs" ] || die "no $BIN/stagefs (build first: make -C build -j2)"
+BIN2=${BIN2:-}
+[ -z "$BIN2" ] || [ -x "$BIN2/stagefs" ] || die "no $BIN2/stagefs"
 need_space $(( (SIZE_MB * (2 * NODES + 1) + 2047) / 1024 ))
 
 # ---- the throttled shared source -------------------------------------------------------
@@ -148,21 +151,21 @@ cpu_ticks() {  # utime+stime of the given pids (all threads), summed
   echo "$sum"
 }
 
-run_stagefs() {  # $1 = disk|tmpfs
-  local base t0 tm t1 pids=()
+run_stagefs() {  # $1 = disk|tmpfs, $2 = bin dir (default BIN)
+  local base t0 tm t1 pids=() bin=${2:-$BIN}
   if [ "$1" = tmpfs ]; then base=$SHM; else base=$WORK; fi
   rm -rf "$WORK"/pid* "$base"/node*/cache
   mkdir -p "$base"
   drop_caches
   tm=$(now)
-  timeout -k 5 600 mpirun --oversubscribe -np "$NODES" sh -c 'echo $$ > '"$WORK"'/pid$OMPI_COMM_WORLD_RANK; exec unshare -m --propagation private '"$BIN"'/stagefs '"$SHARED/stagefs $MNT"' --chunk-size '"$CHUNK"' --cache '"$base"'/node$OMPI_COMM_WORLD_RANK/cache' \
+  timeout -k 5 600 mpirun --oversubscribe -np "$NODES" sh -c 'echo $$ > '"$WORK"'/pid$OMPI_COMM_WORLD_RANK; exec unshare -m --propagation private '"$bin"'/stagefs '"$SHARED/stagefs $MNT"' --chunk-size '"$CHUNK"' --cache '"$base"'/node$OMPI_COMM_WORLD_RANK/cache' \
     2> "$WORK/group.$1.log" &
   group_pid=$!
   for ((k = 0; k < NODES; k++)); do
     for _ in $(seq 300); do [ -s "$WORK/pid$k" ] && break; sleep 0.1; done
     [ -s "$WORK/pid$k" ] || { log "rank $k did not start: $(tail -5 "$WORK/group.$1.log")"; return 1; }
   done
-  on_node 0 "$BIN/stagefs" --wait "$MNT" --wait-timeout 120 || { log "group not ready: $(tail -5 "$WORK/group.$1.log")"; return 1; }
+  on_node 0 "$bin/stagefs" --wait "$MNT" --wait-timeout 120 || { log "group not ready: $(tail -5 "$WORK/group.$1.log")"; return 1; }
   t0=$(now)
   local mount_s; mount_s=$(elapsed "$tm" "$t0")
   drop_caches
@@ -184,7 +187,7 @@ run_stagefs() {  # $1 = disk|tmpfs
 }
 
 variants=(baseline)
-for c in $CACHES; do variants+=("stagefs-$c"); done
+for c in $CACHES; do variants+=("stagefs-$c"); [ -n "$BIN2" ] && variants+=("stagefs-$c@2"); done
 raw_init "$NAME" "round,variant,loadavg,seconds,mount_s,incl_mount_s,daemons_cpu_s"
 echo "# throttle check: $check" >> "$RAW"
 for ((r = 1; r <= RUNS; r++)); do
@@ -192,15 +195,20 @@ for ((r = 1; r <= RUNS; r++)); do
     la=$(loadavg)
     case $v in
       baseline) run_baseline || RES=",,," ;;
-      stagefs-*) run_stagefs "${v#stagefs-}" || { log "retrying $v"; stop_group; la="$la retry"; run_stagefs "${v#stagefs-}" || RES=",,,"; } ;;
+      stagefs-*) c=${v#stagefs-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
+                 run_stagefs "$c" "$b" || { log "retrying $v"; stop_group; la="$la retry"; run_stagefs "$c" "$b" || RES=",,,"; } ;;
     esac
     raw "$r,$v,$la,$RES"
   done
 done
 
 ratios=() targets=()
-for c in $CACHES; do ratios+=(--ratio "baseline/stagefs-$c=baseline/stagefs-$c"); done
+for c in $CACHES; do
+  ratios+=(--ratio "baseline/stagefs-$c=baseline/stagefs-$c")
+  [ -n "$BIN2" ] && ratios+=(--ratio "baseline/stagefs-$c@2=baseline/stagefs-$c@2")
+done
+bins="BIN=$BIN"; [ -n "$BIN2" ] && bins="$bins; @2 = BIN2=$BIN2"
 "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric seconds --cols mount_s,incl_mount_s,daemons_cpu_s \
   --title "contended source ($RATE_MBS MB/s total): $NODES nodes read one $SIZE_MB MiB image; baseline (each node reads the source) vs stagefs" \
   "${ratios[@]}" \
-  --note "seconds: from the moment the $NODES readers start until all finished (stagefs: includes the materialization). mount_s: mpirun start until \`stagefs --wait\` returned (not included in seconds); incl_mount_s: mpirun start until all readers finished. daemons_cpu_s: CPU-seconds (utime+stime, all threads) the $NODES stagefs daemons used while the readers ran (the machine has 2 vCPUs: compare with 2 x seconds). Ideal ratio with a source-bound baseline: $NODES. Chunk size $CHUNK. Throttle check: $check."
+  --note "seconds: from the moment the $NODES readers start until all finished (stagefs: includes the materialization). mount_s: mpirun start until \`stagefs --wait\` returned (not included in seconds); incl_mount_s: mpirun start until all readers finished. daemons_cpu_s: CPU-seconds (utime+stime, all threads) the $NODES stagefs daemons used while the readers ran (the machine has 2 vCPUs: compare with 2 x seconds). Ideal ratio with a source-bound baseline: $NODES. Chunk size $CHUNK. Throttle check: $check. Binaries: $bins."

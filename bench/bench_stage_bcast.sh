@@ -13,9 +13,11 @@
 #               `dd if=/dev/zero of=WORK/ddK bs=16M count=SIZE_MB/16 conv=fdatasync`
 #               (buffered writes + fdatasync, the same write path stage-bcast and cp use).
 #   mpi-true    `mpirun -np RANKS true`: the launcher's own cost, to read the wall times.
+#   sb-<CHUNK>@2  with BIN2 set: the same with $BIN2/stage-bcast (A/B of two builds, interleaved)
 # Targets (issue): stage-bcast/cp <= 1.0 and stage-bcast/dd <= 1.3 (default chunk 16M).
 #
-# Env: SIZE_MB (1024) RANKS (4) RUNS (5) CHUNKS ("4M 16M 64M") TIMEOUT (600) WORK_ROOT BIN RESULTS KEEP=1
+# Env: SIZE_MB (1024) RANKS (4) RUNS (5) CHUNKS ("4M 16M 64M") TIMEOUT (600) BIN2 WORK_ROOT BIN
+#      RESULTS KEEP=1
 # Output: table on stdout, bench/results/bench_stage_bcast.md, raw runs in .raw.csv.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -41,6 +43,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 [ -x "$BIN/stage-bcast" ] || die "no $BIN/stage-bcast (build first: make -C build -j2)"
+BIN2=${BIN2:-}
+[ -z "$BIN2" ] || [ -x "$BIN2/stage-bcast" ] || die "no $BIN2/stage-bcast"
 need_space $(( (SIZE_MB * (2 * RANKS + 1) + 1023) / 1024 ))
 mkdir -p "$WORK"
 make_random_file "$SRC" "$SIZE_MB"
@@ -52,10 +56,10 @@ reset_dests() {
   sleep 1   # let the discard of the freed blocks and the drop settle
 }
 
-run_sb() {  # $1 chunk
-  local out t0 t1
+run_sb() {  # $1 chunk [$2 bin dir]
+  local out t0 t1 bin=${2:-$BIN}
   t0=$(now)
-  out=$(timeout -k 5 "$TIMEOUT" mpirun --oversubscribe -np "$RANKS" "$BIN/stage-bcast" --ranks-as-nodes \
+  out=$(timeout -k 5 "$TIMEOUT" mpirun --oversubscribe -np "$RANKS" "$bin/stage-bcast" --ranks-as-nodes \
         --source "$SRC" --dest "$WORK/node%n/img" --chunk-size "$1" --json 2>"$WORK/sb.err") || {
     log "stage-bcast failed: $(head -c 2000 "$WORK/sb.err")"; return 1; }
   t1=$(now)
@@ -100,7 +104,7 @@ run_mpi_true() {
 }
 
 variants=()
-for c in $CHUNKS; do variants+=("sb-$c"); done
+for c in $CHUNKS; do variants+=("sb-$c"); [ -n "$BIN2" ] && variants+=("sb-$c@2"); done
 variants+=(cp dd mpi-true)
 
 raw_init "$NAME" "round,variant,loadavg,wall,total,copy"
@@ -111,7 +115,8 @@ for ((r = 1; r <= RUNS; r++)); do
     case $v in
       sb-*) # Open MPI 4.1 start-up sometimes fails under concurrent jobs (PMIx
             # "Unreachable"): retry once on a fresh destination, note it in the raw log
-            run_sb "${v#sb-}" || { log "retrying $v"; reset_dests; la="$(loadavg) retry"; run_sb "${v#sb-}" || RES=",,"; } ;;
+            c=${v#sb-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
+            run_sb "$c" "$b" || { log "retrying $v"; reset_dests; la="$(loadavg) retry"; run_sb "$c" "$b" || RES=",,"; } ;;
       cp) run_cp ;;
       dd) run_dd ;;
       mpi-true) run_mpi_true || RES=",," ;;
@@ -125,12 +130,17 @@ ratios=() targets=()
 for c in $CHUNKS; do
   ratios+=(--ratio "sb-$c/cp=sb-$c/cp" --ratio "sb-$c/dd=sb-$c/dd")
   targets+=(--target "sb-$c/cp<=1.0" --target "sb-$c/dd<=1.3")
+  if [ -n "$BIN2" ]; then
+    ratios+=(--ratio "sb-$c@2/cp=sb-$c@2/cp" --ratio "sb-$c@2/dd=sb-$c@2/dd" --ratio "sb-$c@2/sb-$c=sb-$c@2/sb-$c")
+    targets+=(--target "sb-$c@2/cp<=1.0" --target "sb-$c@2/dd<=1.3")
+  fi
 done
+bins="BIN=$BIN"; [ -n "$BIN2" ] && bins="$bins; @2 = BIN2=$BIN2"
 GiB=$("$PY" -c "print(f'{$SIZE_MB*$RANKS/1024:g}')")
 "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric wall --cols total,copy \
   --title "stage-bcast vs cp+sync vs dd: $SIZE_MB MiB onto $RANKS ranks-as-nodes ($GiB GiB written), cold cache; metric = wall clock incl. mpirun" \
   "${ratios[@]}" "${targets[@]}" \
-  --note "dd = $RANKS x \`dd if=/dev/zero bs=16M conv=fdatasync\` (buffered + fdatasync). cp = $RANKS parallel cp + sync. mpi-true = \`mpirun -np $RANKS true\` (launcher overhead contained in every sb wall time)."
+  --note "dd = $RANKS x \`dd if=/dev/zero bs=16M conv=fdatasync\` (buffered + fdatasync). cp = $RANKS parallel cp + sync. mpi-true = \`mpirun -np $RANKS true\` (launcher overhead contained in every sb wall time). Binaries: $bins."
 "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --append --metric total --cols copy \
   --title "the same runs, metric = stage-bcast's own 'Total time' (after MPI_Init; cp/dd: wall)" \
   "${ratios[@]}" "${targets[@]}" --only "$(IFS=,; echo "${variants[*]}" | sed 's/,mpi-true//')"
