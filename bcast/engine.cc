@@ -368,7 +368,6 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
 Status Transfer::copy() {
   const Layout layout(m_, need_any_);
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
-  r_.bytes_streamed = 0;
   r_.files_streamed = layout.segments().size();
   const bool write_here = ep_.writer && r_.this_node_wrote;
   BlockingQueue<BufPtr> free_q, full_q, write_q;
@@ -452,8 +451,12 @@ void Transfer::finish() {
     if (mine.size() > 8 && !local_err_) {
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     } else {
-      for (size_t i : mine)
-        if (auto st = local_err_ ? Status{} : txn_[i]->sync(); !st) fail_local(st.error());
+      for (size_t i : mine) {
+        if (auto st = txn_[i]->sync(); !st) {
+          fail_local(st.error());
+          break;
+        }
+      }
     }
   }
   const auto t_post = Clock::now();
