@@ -102,7 +102,10 @@ namespace {
 // Everything one node's daemon owns, in construction order (destroyed in reverse).
 class Daemon {
  public:
-  Daemon(DaemonConfig cfg) : cfg_(std::move(cfg)), data_dir_(cfg_.cache_dir + "/data") {}
+  Daemon(DaemonConfig cfg)
+      : cfg_(std::move(cfg)),
+        data_dir_(cfg_.cache_dir + "/data"),
+        store_(stage::StoreOptions{.direct_io = cfg_.direct_io}) {}
   int run(int* argc, char*** argv);
 
  private:

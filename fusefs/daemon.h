@@ -29,6 +29,7 @@ struct DaemonConfig {
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
   StallPolicy on_stall = StallPolicy::eio;
+  bool direct_io = true;  // cache copies written with O_DIRECT where the filesystem accepts it
   MountOptions mount;
 };
 

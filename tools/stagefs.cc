@@ -21,7 +21,8 @@ CLI::Validator seconds(double lo, double hi) {
       [lo, hi](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == text.c_str() || *end != '\0') return "not a number of seconds: '" + text + "'";
+        if (text.empty() || end == text.c_str() || *end != '\0')
+          return "not a number of seconds: '" + text + "'";
         if (!std::isfinite(v) || v < lo || v > hi) {
           char buf[128];
           std::snprintf(buf, sizeof buf, "%s is out of range: give %g to %g seconds", text.c_str(), lo, hi);
@@ -36,7 +37,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", on_stall = "eio", wait_for;
+  std::string chunk = "16M", on_stall = "eio", direct_io = "auto", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -75,6 +76,11 @@ int main(int argc, char** argv) {
                  "what a stalled open does: eio (fail) or source (read the shared source directly)")
       ->capture_default_str()
       ->check(CLI::IsMember({"eio", "source"}));
+  app.add_option("--direct-io", direct_io,
+                 "auto: write cache copies with O_DIRECT where the cache filesystem accepts it (no "
+                 "page-cache copy while materializing), off: buffered writes")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -112,6 +118,7 @@ int main(int argc, char** argv) {
   if (!c) return usage("--chunk-size: not a size: '" + chunk + "'");
   if (auto why = stage::check_chunk_size(*c)) return usage("--chunk-size: " + *why);
   cfg.chunk_size = *c;
+  cfg.direct_io = direct_io == "auto";
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;

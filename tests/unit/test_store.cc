@@ -1,0 +1,146 @@
+// PosixStore's write path: direct I/O (O_DIRECT for the aligned part of each write) gives the
+// same bytes as buffered writes, and really leaves the page cache alone; the engine hands it
+// buffers it can use.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "bcast/engine.h"
+#include "bcast/fd.h"
+#include "tmpdir.h"
+
+namespace stage::testing {
+namespace {
+
+// Fraction of the file's pages that are in the page cache (mincore of a mapping).
+double resident_fraction(const std::string& p) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return -1;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || st.st_size == 0) return -1;
+  const size_t len = static_cast<size_t>(st.st_size);
+  void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (m == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((len + page - 1) / page);
+  const int rc = ::mincore(m, len, vec.data());
+  ::munmap(m, len);
+  if (rc != 0) return -1;
+  size_t in = 0;
+  for (unsigned char v : vec) in += v & 1U;
+  return static_cast<double>(in) / static_cast<double>(vec.size());
+}
+
+struct AlignedFree {
+  void operator()(char* p) const noexcept { std::free(p); }
+};
+
+class StoreTest : public TmpDirTest {
+ protected:
+  // Whether O_DIRECT can be opened here at all, and the page cache is a real cache (tmpfs pages
+  // are always resident, so residency says nothing there).
+  bool direct_observable() {
+    struct statfs sf {};
+    if (::statfs(dir_.c_str(), &sf) != 0 || sf.f_type == TMPFS_MAGIC) return false;
+    const std::string probe = path("probe");
+    Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0600));
+    ::unlink(probe.c_str());
+    return fd.valid();
+  }
+  // Writes `data` through a Txn in the given pieces (offset, length, misalignment of the
+  // buffer), finishes and commits; returns the published file's path.
+  std::string write_through(bool direct, const std::string& data,
+                            const std::vector<std::array<size_t, 3>>& pieces, const std::string& name) {
+    PosixStore store(StoreOptions{.direct_io = direct});
+    const std::string dest = path(name);
+    auto txn = store.begin(dest);
+    EXPECT_TRUE(txn) << txn.error().message;
+    if (!txn) return dest;
+    // One aligned buffer holding the whole file at a chosen misalignment: the piece's bytes
+    // start at buf + shift.
+    std::unique_ptr<char, AlignedFree> buf(static_cast<char*>(std::aligned_alloc(4096, data.size() + 8192)));
+    for (const auto& [off, len, shift] : pieces) {
+      std::memcpy(buf.get() + shift, data.data() + off, len);
+      auto st = (*txn)->write(off, std::as_bytes(std::span(buf.get() + shift, len)));
+      EXPECT_TRUE(st) << st.error().message;
+    }
+    FileMeta m;
+    m.size = data.size();
+    m.mode = 0644;
+    m.mtime_ns = 1'000'000'000;
+    EXPECT_TRUE((*txn)->finish(m, 0));
+    EXPECT_TRUE((*txn)->sync());
+    EXPECT_TRUE((*txn)->commit());
+    return dest;
+  }
+};
+
+TEST_F(StoreTest, DirectAndBufferedWritesGiveTheSameFile) {
+  const std::string data = random_bytes(3 * 1024 * 1024 + 777, 11);
+  // Offsets, lengths and buffer alignments of every kind: aligned throughout; an unaligned
+  // head; an aligned offset with an unaligned length; an aligned offset from a misaligned
+  // buffer (must go buffered); the unaligned tail of the file.
+  const std::vector<std::array<size_t, 3>> pieces = {
+      {0, 1048576, 0},                      // all aligned: direct
+      {1048576, 100, 0},                    // shorter than a page: buffered
+      {1048676, 500000, 100},               // unaligned head buffered, aligned body direct
+      {1548676, 4096 * 10, 0},              // the body's memory misaligned: all buffered
+      {1589636, 300000, 388},               // buffered head, direct body, buffered tail
+      {1889636, 1048576, 0},                // misaligned memory again
+      {2938212, data.size() - 2938212, 0},  // the file's unaligned tail
+  };
+  for (bool direct : {true, false}) {
+    const std::string p = write_through(direct, data, pieces, direct ? "direct.bin" : "buffered.bin");
+    EXPECT_EQ(read_file(p), data) << (direct ? "direct" : "buffered");
+  }
+  // An aligned offset and buffer but a length that ends mid-page, then the rest of the file.
+  const std::string small = random_bytes(3 * 4096 + 5, 12);
+  const std::string p =
+      write_through(true, small, {{0, 4096 + 9, 0}, {4105, small.size() - 4105, 9}}, "s.bin");
+  EXPECT_EQ(read_file(p), small);
+}
+
+TEST_F(StoreTest, DirectWritesSkipThePageCache) {
+  if (!direct_observable()) GTEST_SKIP() << "no O_DIRECT, or a tmpfs, under " << dir_;
+  const std::string data = random_bytes(8 * 1024 * 1024, 13);
+  const std::vector<std::array<size_t, 3>> pieces = {{0, data.size() / 2, 0},
+                                                     {data.size() / 2, data.size() / 2, 0}};
+  const std::string direct = write_through(true, data, pieces, "direct.bin");
+  const std::string buffered = write_through(false, data, pieces, "buffered.bin");
+  // Measured before anything reads the files back.
+  EXPECT_LT(resident_fraction(direct), 0.05);
+  EXPECT_GT(resident_fraction(buffered), 0.5);  // the measurement can see a cached copy
+  EXPECT_EQ(read_file(direct), data);
+}
+
+TEST_F(StoreTest, EngineBuffersAreUsableForDirectIo) {
+  if (!direct_observable()) GTEST_SKIP() << "no O_DIRECT, or a tmpfs, under " << dir_;
+  const std::string data = random_bytes(8 * 1024 * 1024, 14);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  PosixStore store(StoreOptions{.direct_io = true});
+  SelfComm comm;
+  StageOptions opt;
+  opt.chunk_size = 1024 * 1024;
+  const StageEndpoint ep{path("src.bin"), path("node0/copy.bin"), true};
+  const auto rep = stage_transfer(comm, &src, store, opt, ep);
+  ASSERT_TRUE(rep.ok) << (rep.errors.empty() ? "" : rep.errors[0]);
+  // Only a page-aligned chunk buffer lets the writer use O_DIRECT; a vector's data is not.
+  EXPECT_LT(resident_fraction(path("node0/copy.bin")), 0.05);
+  EXPECT_EQ(read_file(path("node0/copy.bin")), data);
+}
+
+}  // namespace
+}  // namespace stage::testing
