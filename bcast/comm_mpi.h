@@ -2,6 +2,15 @@
 //   MpiEnv   MPI_Init_thread / MPI_Finalize (only if this object initialized MPI)
 //   MpiComm  a duplicate of a communicator with MPI_ERRORS_RETURN, freed unless finalized
 // Every MPI return code is checked and turned into Errc::comm_failed; nothing calls MPI_Abort.
+//
+// How ranks wait: staging ranks mostly wait (for the source's reader, for a slower disk) while
+// their own reader and writer threads need the CPU. So collectives are started nonblocking and
+// completed by polling MPI_Test with a back-off to 500 us sleeps (wait_polite in the .cc):
+// allreduces, barriers, and every bcast of at most kPoliteBcastMaxBytes or on at most
+// kPoliteBcastMaxRanks ranks (where Open MPI's MPI_Ibcast sends straight from the root, so no
+// rank has to forward data for others). A large bcast on a larger communicator stays a
+// blocking MPI_Bcast: Open MPI's pipelined trees need every rank inside MPI to forward the
+// segments at once, and a sleeping forwarder would stall its subtree.
 // Thread level: the caller asks for what it uses (FUNNELED: only the thread that initialized
 // MPI calls it) and MpiEnv reports what it got.
 #pragma once
@@ -49,6 +58,11 @@ class MpiComm final : public Comm {
   Status allreduce_sum(std::span<int64_t> inout) override;
   Result<std::vector<std::string>> gather(const std::string& mine, int root) override;
   Status barrier() override;
+
+  // Whether a bcast of `bytes` is completed by polite polling rather than a blocking call.
+  [[nodiscard]] bool polite_bcast(uint64_t bytes) const;
+  static constexpr int kPoliteBcastMaxRanks = 4;
+  static constexpr uint64_t kPoliteBcastMaxBytes = 64 * 1024;
 
  private:
   explicit MpiComm(MPI_Comm c);
