@@ -33,6 +33,21 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+// Adds the time from construction (or `from`) to destruction to `acc`.
+class Accumulate {
+ public:
+  explicit Accumulate(double& acc, Clock::time_point from = Clock::now()) : acc_(acc), from_(from) {}
+  Accumulate(const Accumulate&) = delete;
+  Accumulate& operator=(const Accumulate&) = delete;
+  ~Accumulate() { acc_ += since(from_); }
+
+ private:
+  double& acc_;
+  Clock::time_point from_;
+};
 
 // A chunk buffer: page-aligned so writers can hand it to O_DIRECT, and never zero-filled
 // (std::vector::resize touched every page up front: 4-6 s per GiB of first-touch faults in a
@@ -103,6 +118,8 @@ class Transfer {
   std::optional<Error> source_err_;        // root: reading the source failed (reader thread, then main)
   std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
   std::vector<BufPtr> buffers_;            // allocated by prepare(), used by copy()
+  PipelineTimes read_t_;                   // reader thread's figures (read after join)
+  PipelineTimes write_t_;                  // writer thread's figures (read after join)
 };
 
 // Root broadcasts "did I fail?" and its message; every rank returns the same error.
@@ -299,8 +316,12 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   size_t open_seg = SIZE_MAX;
   reader_file_crc_.assign(layout.segments().size(), 0);
   for (uint64_t i = 0; i < nchunks; ++i) {
+    auto t_wait = Clock::now();
     auto b = free_q.pop();
     if (!b) return;
+    const auto t_read = Clock::now();
+    read_t_.read_wait += seconds_between(t_wait, t_read);
+    const Accumulate busy(read_t_.read, t_read);
     Buffer& buf = **b;
     const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
     buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
@@ -356,7 +377,11 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
 void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
                            BlockingQueue<BufPtr>& free_q) {
   std::vector<uint64_t> piece_crc;
-  while (auto b = write_q.pop()) {
+  for (auto t_wait = Clock::now();; t_wait = Clock::now()) {
+    auto b = write_q.pop();
+    if (!b) break;
+    const auto t_verify = Clock::now();
+    write_t_.write_wait += seconds_between(t_wait, t_verify);
     Buffer& buf = **b;
     if (!writer_err_) {
       const bool zero = (buf.hdr.flags & kChunkZero) != 0;
@@ -370,6 +395,9 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
             zero ? crc64_zeros(p.length) : crc64(std::span(buf.data.data() + p.chunk_off, p.length));
         crc = crc64_combine(crc, piece_crc[k], p.length);
       }
+      const auto t_write = Clock::now();
+      write_t_.verify += seconds_between(t_verify, t_write);
+      const Accumulate busy(write_t_.write, t_write);
       if (!zero && crc != buf.hdr.crc) {
         writer_err_ =
             stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
@@ -418,6 +446,7 @@ Status Transfer::copy() {
     }
     auto b = is_root() ? full_q.pop() : free_q.pop();
     if (!b) break;
+    const Accumulate in_bcast(r_.pipe.bcast);
     Buffer& buf = **b;
     ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
     if (comm_status = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !comm_status) break;
@@ -446,6 +475,11 @@ Status Transfer::copy() {
   if (writer.joinable()) writer.join();
   free_q.close();
   if (reader.joinable()) reader.join();
+  r_.pipe.read = read_t_.read;
+  r_.pipe.read_wait = read_t_.read_wait;
+  r_.pipe.verify = write_t_.verify;
+  r_.pipe.write = write_t_.write;
+  r_.pipe.write_wait = write_t_.write_wait;
   if (!comm_status) return comm_status;
 
   // Trailer: the root's verdict on the source, then the CRC of every streamed file.
@@ -476,6 +510,7 @@ void Transfer::finish() {
         finished_[i] = 1;
       }
     }
+    const Accumulate syncing(r_.pipe.sync);
     if (mine.size() > 8 && !local_err_) {
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     } else {
@@ -592,8 +627,14 @@ StageReport Transfer::run() {
   finish();
   r_.t.copy = since(t_copy) - r_.t.postvalidate;  // includes fsync and rename
 
-  std::array<int64_t, 2> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0};
+  // The outcome, and the slowest rank's pipeline figures (microseconds) in the same allreduce.
+  PipelineTimes& p = r_.pipe;
+  std::array<double*, 7> figures{&p.read,  &p.read_wait,  &p.bcast, &p.verify,
+                                 &p.write, &p.write_wait, &p.sync};
+  std::array<int64_t, 2 + figures.size()> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0};
+  for (size_t k = 0; k < figures.size(); ++k) outcome[2 + k] = static_cast<int64_t>(*figures[k] * 1e6);
   if (auto st = comm_.allreduce_max(outcome); !st) return comm_broke(st);
+  for (size_t k = 0; k < figures.size(); ++k) *figures[k] = static_cast<double>(outcome[2 + k]) * 1e-6;
   auto written = allreduce_sum(comm_, published_ ? 1 : 0);
   if (!written) return comm_broke(Status(written.error()));
   r_.nodes_written = *written;

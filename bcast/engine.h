@@ -59,10 +59,24 @@ struct PhaseTimes {
   double topology = 0, metadata = 0, prevalidate = 0, copy = 0, postvalidate = 0, total = 0;
 };
 
+// Where the copy phase went, in seconds, each the largest over all ranks: the biggest busy
+// figure names the bottleneck (read: the source; bcast: the network or a slow peer; verify,
+// write, sync: the nodes' CPUs and disks). Waits are back-pressure, not work.
+struct PipelineTimes {
+  double read = 0;        // source rank's reader: pread + CRC
+  double read_wait = 0;   // reader waiting for a free buffer (downstream is slower)
+  double bcast = 0;       // MPI thread inside the chunk broadcasts (headers and payloads)
+  double verify = 0;      // writer: CRC check of received chunks
+  double write = 0;       // writer: writes to the temporary file
+  double write_wait = 0;  // writer waiting for the next chunk (upstream is slower)
+  double sync = 0;        // fsync of the copies
+};
+
 struct StageReport {
   bool ok = false;
   int exit_code = 1;
   PhaseTimes t;
+  PipelineTimes pipe;
   uint64_t files = 0, dirs = 0, symlinks = 0;
   uint64_t bytes_total = 0;     // regular file bytes in the manifest
   uint64_t bytes_streamed = 0;  // bytes that went through the broadcast (holes excluded)

@@ -47,6 +47,15 @@ std::string report_table(const StageReport& r, const std::string& source, const 
   std::snprintf(line, sizeof line, "  %-17s %9.1f MB/s per node (copy phase)\n", "Bandwidth",
                 mbps(r.bytes_streamed, r.t.copy));
   out += line;
+  if (r.chunks > 0) {  // where the copy phase went (slowest rank per stage; waits = back-pressure)
+    const PipelineTimes& p = r.pipe;
+    std::snprintf(
+        line, sizeof line,
+        "  Pipeline (s, slowest rank): read %.2f (waited %.2f), bcast %.2f, verify %.2f, write %.2f "
+        "(waited %.2f), fsync %.2f\n",
+        p.read, p.read_wait, p.bcast, p.verify, p.write, p.write_wait, p.sync);
+    out += line;
+  }
   return out;
 }
 
@@ -109,14 +118,17 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
       "\"files_broadcast\":%llu,\"chunks\":%llu,"
       "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
-      "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,",
+      "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,"
+      "\"pipeline_seconds\":{\"read\":%.3f,\"read_wait\":%.3f,\"bcast\":%.3f,\"verify\":%.3f,\"write\":%.3f,"
+      "\"write_wait\":%.3f,\"sync\":%.3f},",
       r.ok ? "true" : "false", r.exit_code, ranks, static_cast<long long>(r.writers),
       static_cast<long long>(r.nodes_needing), static_cast<long long>(r.nodes_written),
       static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.dirs),
       static_cast<unsigned long long>(r.symlinks), static_cast<unsigned long long>(r.bytes_total),
       static_cast<unsigned long long>(r.bytes_streamed), static_cast<unsigned long long>(r.files_streamed),
       static_cast<unsigned long long>(r.chunks), r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
-      r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy));
+      r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy), r.pipe.read, r.pipe.read_wait,
+      r.pipe.bcast, r.pipe.verify, r.pipe.write, r.pipe.write_wait, r.pipe.sync);
   std::string out = buf;
   out += "\"source\":\"" + json_escape(source) + "\",\"dest\":\"" + json_escape(dest) + "\",\"errors\":[";
   for (size_t i = 0; i < r.errors.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.errors[i]) + "\"";

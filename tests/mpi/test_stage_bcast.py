@@ -306,8 +306,18 @@ class StageBcastTest(unittest.TestCase):
             self.assertEqual(rep["chunks"], chunks)
             for k in range(NP):
                 self.assert_copy(src, self.dest(k, rel))
+            pipe = rep["pipeline_seconds"]  # where the copy phase went
+            self.assertGreater(pipe["write"], 0)
+            self.assertGreaterEqual(pipe["bcast"], 0)
             # Nothing outside the node directories and the source.
             self.assertEqual(sorted(os.listdir(self.work)), sorted(["shared"] + ["node%d" % k for k in range(NP)]))
+        self.assert_no_temps()
+        # Buffered writes (--direct-io off) give the same copies.
+        rep = self.stage_ok(["--source", odd, "--dest", self.dest_pattern("sub/img.bin"), "--chunk-size", "64K",
+                             "--direct-io", "off", "--overwrite"])
+        self.assertEqual(rep["nodes_written"], NP)
+        for k in range(NP):
+            self.assert_copy(odd, self.dest(k, "sub/img.bin"))
         self.assert_no_temps()
 
     def test_01b_mtime_before_1970(self):
@@ -621,6 +631,7 @@ class StageBcastTest(unittest.TestCase):
             "--chunk-size 1K": (base + ["--chunk-size", "1K"], "--chunk-size"),
             "--pre-validate bogus": (base + ["--pre-validate", "bogus"], "--pre-validate"),
             "--post-validate bogus": (base + ["--post-validate", "bogus"], "--post-validate"),
+            "--direct-io bogus": (base + ["--direct-io", "bogus"], "--direct-io"),
             "--source-rank -1": (base + ["--source-rank", "-1"], "--source-rank"),
             "--source-rank 1 standalone": (base + ["--source-rank", "1"], "--source-rank"),
             "--source-rank abc": (base + ["--source-rank", "abc"], "--source-rank"),

@@ -58,6 +58,12 @@ TEST_F(EngineTest, CopiesToEveryNodeThenSkipsCurrentCopies) {
   }
   EXPECT_EQ(r1.reports[0].nodes_needing, 3);
   EXPECT_EQ(r1.reports[0].chunks, chunk_count(data.size(), opt.chunk_size));
+  // Where the copy went: measured, and the slowest rank's figures everywhere.
+  EXPECT_GT(r1.reports[0].pipe.read, 0);
+  EXPECT_GT(r1.reports[0].pipe.write, 0);
+  EXPECT_GT(r1.reports[0].pipe.sync, 0);
+  EXPECT_EQ(r1.reports[2].pipe.write, r1.reports[0].pipe.write);
+  EXPECT_EQ(r1.reports[2].pipe.read, r1.reports[0].pipe.read);
   struct stat before {};
   ASSERT_EQ(stat(node_file(1).c_str(), &before), 0);
   auto r2 = run(3, opt, src, plain_, path("src.bin"));
