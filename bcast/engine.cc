@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "bcast/buffer.h"
 #include "bcast/crc.h"
 #include "bcast/queue.h"
 #include "bcast/stream.h"
@@ -49,25 +50,11 @@ class Accumulate {
   Clock::time_point from_;
 };
 
-// A chunk buffer: page-aligned so writers can hand it to O_DIRECT, and never zero-filled
-// (std::vector::resize touched every page up front: 4-6 s per GiB of first-touch faults in a
-// small VM, for bytes the reader or MPI overwrites anyway).
+// A chunk buffer and the header that describes what it holds now.
 struct Buffer {
-  struct Free {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
   ChunkHeader hdr;
-  std::unique_ptr<std::byte, Free> mem;
+  std::unique_ptr<ChunkBuffer> mem;
   std::span<std::byte> data;
-
-  static std::unique_ptr<Buffer> make(uint64_t size) {
-    auto b = std::make_unique<Buffer>();
-    const uint64_t alloc = (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    b->mem.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, alloc)));
-    if (!b->mem) return nullptr;
-    b->data = std::span(b->mem.get(), size);
-    return b;
-  }
 };
 using BufPtr = std::unique_ptr<Buffer>;
 
@@ -297,11 +284,14 @@ Status Transfer::prepare() {
     if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += m_.entries[i].meta.size;
   const uint64_t bufsize = std::min<uint64_t>(opt_.chunk_size, std::max<uint64_t>(stream, 1));
   for (int k = 0; k < std::max(2, opt_.pipeline_depth) && !local_err_ && stream > 0; ++k) {
-    auto b = Buffer::make(bufsize);
-    if (!b)
+    auto b = std::make_unique<Buffer>();
+    b->mem = ChunkBuffer::make(bufsize);
+    if (!b->mem) {
       fail_local(sys_error(ENOMEM, "allocate a chunk buffer of " + std::to_string(bufsize) + " bytes"));
-    else
-      buffers_.push_back(std::move(b));
+      break;
+    }
+    b->data = b->mem->bytes();
+    buffers_.push_back(std::move(b));
   }
   auto any = allreduce_max(comm_, local_err_ ? 1 : 0);
   if (!any) return any.error();

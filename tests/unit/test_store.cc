@@ -13,10 +13,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <vector>
 
+#include "bcast/buffer.h"
 #include "bcast/engine.h"
 #include "bcast/fd.h"
 #include "tmpdir.h"
@@ -140,6 +143,41 @@ TEST_F(StoreTest, EngineBuffersAreUsableForDirectIo) {
   // Only a page-aligned chunk buffer lets the writer use O_DIRECT; a vector's data is not.
   EXPECT_LT(resident_fraction(path("node0/copy.bin")), 0.05);
   EXPECT_EQ(read_file(path("node0/copy.bin")), data);
+}
+
+// kB of anonymous huge pages in the mapping of this process that contains `p`.
+long anon_huge_kb(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo <= addr && addr < hi;
+      continue;
+    }
+    long kb = 0;
+    if (inside && std::sscanf(line.c_str(), "AnonHugePages: %ld kB", &kb) == 1) return kb;
+  }
+  return -1;
+}
+
+TEST(ChunkBuffer, AlignedForDirectIoAndHugePages) {
+  for (uint64_t size : {uint64_t{1}, uint64_t{4096}, uint64_t{65537}, uint64_t{16} << 20U}) {
+    auto b = ChunkBuffer::make(size);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->size(), size);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % (size >= kHugePage ? kHugePage : kDirectAlign), 0U);
+  }
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::stringstream mode;
+  mode << thp.rdbuf();
+  if (!thp || mode.str().find("[never]") != std::string::npos) GTEST_SKIP() << "transparent huge pages off";
+  auto b = ChunkBuffer::make(uint64_t{16} << 20U);
+  ASSERT_TRUE(b);
+  std::memset(b->data(), 1, b->size());  // what the reader or MPI does to it
+  EXPECT_GT(anon_huge_kb(b->data()), 0)
+      << "a 16 MiB chunk buffer is not backed by huge pages (THP " << mode.str() << ")";
 }
 
 }  // namespace
