@@ -46,10 +46,6 @@ double resident_fraction(const std::string& p) {
   return static_cast<double>(in) / static_cast<double>(vec.size());
 }
 
-struct AlignedFree {
-  void operator()(char* p) const noexcept { std::free(p); }
-};
-
 class StoreTest : public TmpDirTest {
  protected:
   // Whether O_DIRECT can be opened here at all, and the page cache is a real cache (tmpfs pages
@@ -73,10 +69,13 @@ class StoreTest : public TmpDirTest {
     if (!txn) return dest;
     // One aligned buffer holding the whole file at a chosen misalignment: the piece's bytes
     // start at buf + shift.
-    std::unique_ptr<char, AlignedFree> buf(static_cast<char*>(std::aligned_alloc(4096, data.size() + 8192)));
+    auto mem = ChunkBuffer::make(data.size() + 8192);  // page-aligned
+    EXPECT_TRUE(mem);
+    if (!mem) return dest;
+    auto* buf = reinterpret_cast<char*>(mem->data());
     for (const auto& [off, len, shift] : pieces) {
-      std::memcpy(buf.get() + shift, data.data() + off, len);
-      auto st = (*txn)->write(off, std::as_bytes(std::span(buf.get() + shift, len)));
+      std::memcpy(buf + shift, data.data() + off, len);
+      auto st = (*txn)->write(off, std::as_bytes(std::span(buf + shift, len)));
       EXPECT_TRUE(st) << st.error().message;
     }
     FileMeta m;
