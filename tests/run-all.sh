@@ -15,7 +15,7 @@ ctest --output-on-failure -LE unit
 # Sanitizers: only the targets the sanitized tests use are built.
 asan=$top/build-asan tsan=$top/build-tsan
 cmake -S "$top" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGEFS_SANITIZE=address >/dev/null
-cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast
+cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast polite_wait
 # Any error aborts. Leaks are checked in the unit tests (the whole engine runs there on
 # in-process ranks); under mpirun, Open MPI's components are unloaded at finalize and their
 # init-time allocations show as leaks of an unknown module, so the MPI tests check memory
