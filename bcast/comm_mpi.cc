@@ -96,11 +96,16 @@ static Status wait_polite(MPI_Request& req, const char* call) {
   constexpr int kSpins = 100;
   constexpr long kFirstSleepNs = 10'000, kMaxSleepNs = 500'000;
   long sleep_ns = 0;
-  for (int spins = 0;; ++spins) {
+  for (int spins = 0;;) {
     int done = 0;
+    // An error here is the request completing in error (MPI_Test then frees it) or a broken
+    // communicator; either way the caller stops using this Comm for the transfer.
     if (auto st = check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call); !st) return st;
     if (done != 0) return {};
-    if (spins < kSpins) continue;
+    if (spins < kSpins) {
+      ++spins;
+      continue;
+    }
     sleep_ns = std::min(sleep_ns == 0 ? kFirstSleepNs : sleep_ns * 2, kMaxSleepNs);
     const timespec ts{0, sleep_ns};
     ::nanosleep(&ts, nullptr);

@@ -142,10 +142,12 @@ class PosixTxn final : public Txn {
   Status write(uint64_t off, std::span<const std::byte> data) override {
     if (auto st = open_rw(); !st) return st;
     // The aligned middle goes direct (when the buffer is aligned too); the rest buffered.
-    const uint64_t head = std::min<uint64_t>(data.size(), (kDirectAlign - off % kDirectAlign) % kDirectAlign);
-    const uint64_t body = (data.size() - head) / kDirectAlign * kDirectAlign;
-    const bool aligned_mem = reinterpret_cast<uintptr_t>(data.data() + head) % kDirectAlign == 0;
-    if (direct_ && body > 0 && aligned_mem) {
+    // Small writes (packed small files) never try: a second descriptor is not worth it.
+    if (direct_ && data.size() >= kMinDirectWrite && !dfd_.valid()) open_direct();
+    const uint64_t head = std::min<uint64_t>(data.size(), (align_ - off % align_) % align_);
+    const uint64_t body = (data.size() - head) / align_ * align_;
+    const bool aligned_mem = reinterpret_cast<uintptr_t>(data.data() + head) % align_ == 0;
+    if (dfd_.valid() && body > 0 && aligned_mem) {
       if (auto st = write_buffered(off, data.first(head)); !st) return st;
       auto done = write_direct(off + head, data.subspan(head, body));
       if (!done) return done.error();
@@ -230,31 +232,52 @@ class PosixTxn final : public Txn {
   // short one left the offset unaligned: tmpfs on old kernels, some FUSE and network
   // filesystems), after which this copy is written buffered.
   Result<uint64_t> write_direct(uint64_t off, std::span<const std::byte> data) {
-    if (!dfd_.valid()) {
-      dfd_ = Fd(::open(temp_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT));
-      if (!dfd_.valid()) return refuse_direct(errno, 0);
-    }
     const Written w = pwrite_all(dfd_.get(), data, off, kMaxDirectWrite);
-    if (w.err == EINVAL) return refuse_direct(w.err, w.bytes);
+    if (w.err == EINVAL) {
+      refuse_direct(w.err);
+      return w.bytes;
+    }
     if (w.err != 0) return sys_error(w.err, "write local copy of", dest_);
     return w.bytes;
   }
 
-  Result<uint64_t> refuse_direct(int err, uint64_t done) {
+  // Opens the O_DIRECT descriptor and learns the filesystem's alignment (statx DIOALIGN, Linux
+  // >= 6.1): offsets and lengths in units of at least 4 KiB, more where the filesystem needs
+  // more (large blocks), so a buffered head or tail never shares a block with a direct body.
+  // A filesystem that says it cannot do direct I/O, or refuses the open, gets buffered writes.
+  void open_direct() {
+    dfd_ = Fd(::open(temp_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_DIRECT));
+    if (!dfd_.valid()) {
+      refuse_direct(errno);
+      return;
+    }
+    struct statx sx {};
+    if (::statx(dfd_.get(), "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+        (sx.stx_mask & STATX_DIOALIGN) != 0) {
+      if (sx.stx_dio_offset_align == 0) {
+        refuse_direct(EINVAL);
+        return;
+      }
+      align_ = std::max<uint64_t>({kDirectAlign, sx.stx_dio_offset_align, sx.stx_dio_mem_align});
+    }
+  }
+
+  void refuse_direct(int err) {
     spdlog::debug("{}: direct I/O refused for {} ({}): writing it buffered", host_name(), temp_,
                   std::strerror(err));
     direct_ = false;
     dfd_.reset();
-    return done;
   }
 
   static constexpr size_t kMaxDirectWrite = size_t{1} << 30;
+  static constexpr size_t kMinDirectWrite = size_t{64} << 10;
 
   Fd fd_;
   Fd dfd_;  // the same file opened O_DIRECT, while direct I/O works
   std::string dest_;
   std::string temp_;
-  bool direct_ = false;
+  bool direct_ = false;            // still willing to try O_DIRECT for this copy
+  uint64_t align_ = kDirectAlign;  // direct I/O unit (offsets, lengths, memory)
   bool committed_ = false;
   bool aborted_ = false;
 };
