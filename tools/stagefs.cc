@@ -37,7 +37,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", on_stall = "eio", direct_io = "auto", wait_for;
+  std::string chunk = "16M", on_stall = "eio", direct_io = "off", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -77,8 +77,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"eio", "source"}));
   app.add_option("--direct-io", direct_io,
-                 "auto: write cache copies with O_DIRECT where the cache filesystem accepts it (no "
-                 "page-cache copy while materializing), off: buffered writes")
+                 "off: buffered cache writes, so the copy is in the page cache for the read that "
+                 "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
+                 "while materializing, but the first read comes from disk)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")

@@ -225,6 +225,34 @@ class Mirror(h.MountTestCase):
         self.assertEqual(self.d.stats()["state"], "ready")
 
 
+class CachePageCache(h.MountTestCase):
+    """Where a materialized copy lives right after the open that made it, before anything reads
+    it: in the page cache by default (buffered cache writes: the reader that triggered the copy
+    reads it next), on disk only with --direct-io auto (O_DIRECT). fincore counts the pages."""
+
+    def resident_after_open(self, *extra):
+        h.write_random(os.path.join(self.work.src, "img"), 8 * MiB, seed=7)
+        cache = self.work.file("cache-" + ("-".join(extra) or "default"))
+        d = self.daemon(cache, *extra).wait_ready()
+        fd = os.open(os.path.join(self.work.mnt, "img"), os.O_RDONLY)  # materializes, reads nothing
+        try:
+            out = h.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                         os.path.join(cache, "data", "img")]).stdout
+        finally:
+            os.close(fd)
+        d.stop()
+        return int(out.strip())
+
+    def test_default_leaves_the_copy_in_the_page_cache(self):
+        self.assertGreater(self.resident_after_open(), 4 * MiB)
+
+    def test_direct_io_auto_bypasses_it(self):
+        fs_type = h.run(["stat", "-f", "-c", "%T", self.work.src]).stdout.strip()
+        if fs_type == "tmpfs":
+            self.skipTest("the cache would be on tmpfs: its pages are always resident")
+        self.assertLess(self.resident_after_open("--direct-io", "auto"), 1 * MiB)
+
+
 class SourceChanges(h.MountTestCase):
     """--attr-timeout 0 --entry-timeout 0: every open sees the source's current attributes. A
     copy is current when the source's size, mtime, ctime and inode all match its origin (see
