@@ -60,16 +60,8 @@ int open(const char* path, int flags, ...) {
   return do_open("open", path, flags, m);
 }
 
-int open64(const char* path, int flags, ...) {
-  mode_t m = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start(ap, flags);
-    m = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  return do_open("open64", path, flags, m);
-}
+/* On 64-bit glibc open64 and open are the same call. */
+int open64(const char* path, int flags, ...) __attribute__((alias("open")));
 
 static ssize_t do_pwrite(const char* name, int fd, const void* buf, size_t n, off_t off) {
   setup();
@@ -88,4 +80,4 @@ static ssize_t do_pwrite(const char* name, int fd, const void* buf, size_t n, of
 }
 
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) { return do_pwrite("pwrite", fd, buf, n, off); }
-ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) { return do_pwrite("pwrite64", fd, buf, n, off); }
+ssize_t pwrite64(int fd, const void* buf, size_t n, off_t off) __attribute__((alias("pwrite")));
