@@ -1,8 +1,9 @@
 // The local-store seam: where a node's copy goes. A copy is written through a Txn:
 //   begin(path)  creates ".<name>.stage-tmp.<host>.<pid>" beside the destination (O_EXCL)
 //   write()      pwrite at an offset (opens the file on first use: a tree of 100,000 small
-//                files never holds more than a few descriptors). With direct I/O on (the
-//                default), the 4 KiB-aligned part of a write goes through O_DIRECT: the bytes
+//                files never holds more than a few descriptors). With direct I/O on, the
+//                aligned part of a write of 64 KiB or more (unit: the filesystem's direct-I/O
+//                alignment from statx, at least 4 KiB) goes through O_DIRECT: the bytes
 //                go from our buffer to the device without a copy into the page cache (on a
 //                small box that copy was the largest CPU cost of staging: 57 % of the profile,
 //                bench/README.md). Unaligned heads and tails, and filesystems that refuse
@@ -78,7 +79,7 @@ class LocalStore {
 };
 
 struct StoreOptions {
-  bool direct_io = true;  // O_DIRECT for aligned writes where the filesystem accepts it
+  bool direct_io = true;  // O_DIRECT for aligned writes where the filesystem accepts it (stagefs: off)
 };
 
 inline constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers for O_DIRECT

@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")
       ->capture_default_str();
   app.add_option("--direct-io", c.direct_io,
-                 "auto: write each copy with O_DIRECT (no page-cache copy; 4 KiB-aligned parts, where "
-                 "the destination filesystem accepts it), off: ordinary buffered writes")
+                 "auto: write each copy with O_DIRECT where the destination filesystem accepts it (no "
+                 "page-cache copy, no cache pollution; unaligned parts go buffered), off: buffered writes")
       ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
   app.add_flag("-r,--recursive", c.recursive, "stage a directory tree (files, directories, symlinks)");
