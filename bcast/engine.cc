@@ -30,6 +30,17 @@ bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, boo
 
 namespace {
 
+// What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB
+// file with 1 MiB of data needs about 1 MiB), at most its size. A source filesystem that
+// reports no blocks for a non-empty file (some FUSE and object-store mounts) gets the size.
+// An estimate: holes are skipped per chunk, so holes inside a chunk that also holds data are
+// written as zeros; if the disk fills anyway, the copy fails with ENOSPC and nothing is
+// published.
+uint64_t expected_disk_bytes(const Entry& e) {
+  if (e.type != EntryType::file) return 0;
+  return e.allocated == 0 ? e.meta.size : std::min(e.meta.size, e.allocated);
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -256,7 +267,7 @@ Status Transfer::prepare() {
   if (ep_.writer && !local_err_) {
     uint64_t want = 0;
     for (size_t i = 0; i < n; ++i)
-      if (need_local_[i] != 0) want += m_.entries[i].meta.size;
+      if (need_local_[i] != 0) want += expected_disk_bytes(m_.entries[i]);
     if (want > 0) {
       auto free_bytes = store_.free_bytes(m_.tree ? join_path(ep_.dest, "x") : ep_.dest);
       if (!free_bytes) {

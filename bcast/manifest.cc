@@ -8,7 +8,7 @@
 namespace stage {
 namespace {
 
-constexpr uint32_t kMagic = 0x53544731;  // "STG1"
+constexpr uint32_t kMagic = 0x53544732;  // "STG2": ranks of different versions refuse each other
 constexpr uint64_t kMaxEntries = 1ULL << 26;
 constexpr uint32_t kMaxPath = 4096;
 
@@ -105,6 +105,7 @@ std::string encode(const Manifest& m) {
     w.str(e.path);
     w.u8(static_cast<uint8_t>(e.type));
     w.u64(e.meta.size);
+    w.u64(e.allocated);
     w.u64(static_cast<uint64_t>(e.meta.mtime_ns));
     w.u64(static_cast<uint64_t>(e.meta.ctime_ns));
     w.u64(e.meta.ino);
@@ -132,8 +133,9 @@ Result<Manifest> decode(std::span<const std::byte> bytes) {
     uint8_t type = 0;
     uint64_t mtime = 0;
     uint64_t ctime = 0;
-    if (!r.str(e.path) || !r.u8(type) || !r.u64(e.meta.size) || !r.u64(mtime) || !r.u64(ctime) ||
-        !r.u64(e.meta.ino) || !r.u64(e.meta.dev) || !r.u32(e.meta.mode) || !r.str(e.link_target))
+    if (!r.str(e.path) || !r.u8(type) || !r.u64(e.meta.size) || !r.u64(e.allocated) || !r.u64(mtime) ||
+        !r.u64(ctime) || !r.u64(e.meta.ino) || !r.u64(e.meta.dev) || !r.u32(e.meta.mode) ||
+        !r.str(e.link_target))
       return bad("truncated entry");
     if (type < 1 || type > 3) return bad("bad entry type");
     e.type = static_cast<EntryType>(type);

@@ -41,6 +41,9 @@ struct Entry {
   EntryType type = EntryType::file;
   FileMeta meta;
   std::string link_target;  // symlinks only
+  // Regular files: bytes the source occupies on its disk (st_blocks x 512). Holes stay holes
+  // in a copy, so this, not meta.size, is what a copy needs (the free-space check).
+  uint64_t allocated = 0;
 };
 
 struct Manifest {

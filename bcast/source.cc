@@ -21,6 +21,10 @@ FileMeta meta_from_stat(const struct stat& st) {
   return m;
 }
 
+uint64_t allocated_from_stat(const struct stat& st) {
+  return S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_blocks) * 512U : 0;
+}
+
 namespace {
 
 class PosixSourceFile final : public SourceFile {
@@ -87,7 +91,7 @@ struct Walker {
       const std::string crel = rel.empty() ? name : rel + "/" + name;
       struct stat st {};
       if (::lstat(cabs.c_str(), &st) != 0) return sys_error(errno, "stat source", cabs);
-      Entry e{crel, EntryType::file, meta_from_stat(st), {}};
+      Entry e{crel, EntryType::file, meta_from_stat(st), {}, allocated_from_stat(st)};
       if (S_ISREG(st.st_mode)) {
         if (::access(cabs.c_str(), R_OK) != 0) return sys_error(errno, "source", cabs);
         m.entries.push_back(std::move(e));
@@ -121,7 +125,7 @@ Result<Manifest> PosixSource::scan(const std::string& path, bool recursive, cons
   if (S_ISDIR(st.st_mode)) {
     if (!recursive) return sys_error(EISDIR, "source (use --recursive to stage a directory tree)", path);
     m.tree = true;
-    m.entries.push_back(Entry{"", EntryType::dir, meta_from_stat(st), {}});
+    m.entries.push_back(Entry{"", EntryType::dir, meta_from_stat(st), {}, 0});
     Walker w{skipped, m};
     if (auto s = w.walk(path, ""); !s) return s.error();
     return m;
@@ -130,7 +134,7 @@ Result<Manifest> PosixSource::scan(const std::string& path, bool recursive, cons
   // Check readability now so every rank hears about it before any collective on data.
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return sys_error(errno, "open source", path);
-  m.entries.push_back(Entry{"", EntryType::file, meta_from_stat(st), {}});
+  m.entries.push_back(Entry{"", EntryType::file, meta_from_stat(st), {}, allocated_from_stat(st)});
   return m;
 }
 

@@ -47,6 +47,8 @@ class PosixSource final : public SourceReader {
 };
 
 FileMeta meta_from_stat(const struct stat& st);
+// Bytes a regular file occupies on disk (st_blocks x 512); 0 for anything else.
+uint64_t allocated_from_stat(const struct stat& st);
 
 // A SourceFile over an open regular file (pread, SEEK_DATA, fstat), for readers that resolve
 // paths their own way (the mount's BeneathSource).

@@ -26,7 +26,8 @@ stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool 
   if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
   if (!S_ISREG(st.st_mode)) return stage::stage_error(stage::Errc::unsupported, "source", rel);
   stage::Manifest m;
-  m.entries.push_back(stage::Entry{"", stage::EntryType::file, stage::meta_from_stat(st), {}});
+  m.entries.push_back(stage::Entry{
+      "", stage::EntryType::file, stage::meta_from_stat(st), {}, stage::allocated_from_stat(st)});
   return m;
 }
 

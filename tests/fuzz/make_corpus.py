@@ -13,10 +13,10 @@ def msg(t, ident, path):
 def entry(path, typ, size, target=b""):
     p = path.encode()
     return (struct.pack("<I", len(p)) + p + struct.pack("<B", typ) +
-            struct.pack("<QQQQQI", size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target)
+            struct.pack("<QQQQQQI", size, size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target)
 
 def manifest(tree, entries):
-    return struct.pack("<IBQ", 0x53544731, 1 if tree else 0, len(entries)) + b"".join(entries)
+    return struct.pack("<IBQ", 0x53544732, 1 if tree else 0, len(entries)) + b"".join(entries)
 
 seeds = {
     "req": msg(1, 0, "images/pytorch.sqsh"),

@@ -61,6 +61,7 @@ struct StoreFaults {
   bool fail_begin = false;          // cannot create the temporary file (EACCES)
   int64_t enospc_after_bytes = -1;  // writes fail with ENOSPC once this many bytes were written
   bool fail_commit = false;         // rename fails (EIO)
+  int64_t free_bytes = -1;          // statvfs says this much is free (-1: the real figure)
   uint64_t written = 0;
 };
 
@@ -69,7 +70,10 @@ class FaultStore final : public LocalStore {
   explicit FaultStore(StoreFaults& f) : f_(f) {}
   Result<LocalState> inspect(const std::string& p) override { return real_.inspect(p); }
   Result<uint64_t> checksum(const std::string& p) override { return real_.checksum(p); }
-  Result<uint64_t> free_bytes(const std::string& p) override { return real_.free_bytes(p); }
+  Result<uint64_t> free_bytes(const std::string& p) override {
+    if (f_.free_bytes >= 0) return static_cast<uint64_t>(f_.free_bytes);
+    return real_.free_bytes(p);
+  }
   Status sync_filesystem(const std::string& p) override { return real_.sync_filesystem(p); }
   Status make_dir(const std::string& p, uint32_t m) override { return real_.make_dir(p, m); }
   Status make_parents(const std::string& p) override { return real_.make_parents(p); }

@@ -190,6 +190,42 @@ TEST_F(EngineTest, DiskFullOnOneNodeFailsThatNodeOnly) {
   EXPECT_TRUE(no_temps_under(dir_));
 }
 
+// The up-front free-space check counts what a copy will occupy: a sparse source needs its
+// data, not its apparent size; a dense one its size.
+TEST_F(EngineTest, FreeSpaceCheckCountsAllocatedBytesNotHoles) {
+  const uint64_t apparent = 64ULL << 20U;
+  {
+    const std::string chunk = random_bytes(1 << 20, 21);
+    const int fd = ::open(path("sparse.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, chunk.data(), chunk.size(), 8 << 20), static_cast<ssize_t>(chunk.size()));
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(apparent)), 0);
+    ::close(fd);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path("sparse.bin").c_str(), &st), 0);
+  if (static_cast<uint64_t>(st.st_blocks) * 512U >= apparent / 2) GTEST_SKIP() << "no sparse files here";
+  write_file(path("dense.bin"), random_bytes(16 << 20, 22));
+  PosixSource src;
+  StoreFaults f;
+  f.free_bytes = 8LL << 20;  // 8 MiB free: room for the sparse file's data, not for 16 MiB
+  FaultStore store(f);
+  auto tight = [&](int) -> LocalStore& { return store; };
+  StageOptions opt;
+  opt.chunk_size = 1 << 20;
+  auto sparse = run(2, opt, src, tight, path("sparse.bin"), "sparse.bin");
+  EXPECT_TRUE(sparse.reports[0].ok) << (sparse.reports[0].errors.empty() ? "" : sparse.reports[0].errors[0]);
+  EXPECT_TRUE(read_file(node_file(1, "sparse.bin")) ==
+              read_file(path("sparse.bin")));  // 64 MiB: no diff print
+  auto dense = run(2, opt, src, tight, path("dense.bin"), "dense.bin");
+  EXPECT_FALSE(dense.reports[0].ok);
+  ASSERT_FALSE(dense.reports[0].errors.empty());
+  EXPECT_NE(dense.reports[0].errors[0].find("not enough free space"), std::string::npos)
+      << dense.reports[0].errors[0];
+  EXPECT_EQ(dense.reports[1].bytes_streamed, 0U);  // refused before any data moved
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
 TEST_F(EngineTest, ChecksumPreAndPostValidation) {
   const std::string data = random_bytes(300000, 9);
   write_file(path("src.bin"), data);
