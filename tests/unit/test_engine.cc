@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <array>
 #include <filesystem>
 #include <mutex>
 
@@ -207,10 +208,12 @@ TEST_F(EngineTest, FreeSpaceCheckCountsAllocatedBytesNotHoles) {
   if (static_cast<uint64_t>(st.st_blocks) * 512U >= apparent / 2) GTEST_SKIP() << "no sparse files here";
   write_file(path("dense.bin"), random_bytes(16 << 20, 22));
   PosixSource src;
-  StoreFaults f;
-  f.free_bytes = 8LL << 20;  // 8 MiB free: room for the sparse file's data, not for 16 MiB
-  FaultStore store(f);
-  auto tight = [&](int) -> LocalStore& { return store; };
+  // 8 MiB free on each node: room for the sparse file's data, not for 16 MiB. One fake per
+  // rank: a FaultStore counts its writes and is not meant to be shared between threads.
+  std::array<StoreFaults, 2> f;
+  for (auto& x : f) x.free_bytes = 8LL << 20;
+  FaultStore s0(f[0]), s1(f[1]);
+  auto tight = [&](int r) -> LocalStore& { return r == 0 ? s0 : s1; };
   StageOptions opt;
   opt.chunk_size = 1 << 20;
   auto sparse = run(2, opt, src, tight, path("sparse.bin"), "sparse.bin");
