@@ -65,7 +65,6 @@ class Accumulate {
 struct Buffer {
   ChunkHeader hdr;
   std::unique_ptr<ChunkBuffer> mem;
-  std::span<std::byte> data;
 };
 using BufPtr = std::unique_ptr<Buffer>;
 
@@ -102,6 +101,8 @@ class Transfer {
   const StageEndpoint& ep_;
   const ProgressFn& progress_;
 
+  // Written by the calling thread, except r_.pipe.read/read_wait (reader thread) and
+  // r_.pipe.verify/write/write_wait (writer thread): separate fields, read after the joins.
   StageReport r_;
   Manifest m_;
   std::vector<int64_t> need_local_;  // per entry: this node writes it
@@ -116,8 +117,6 @@ class Transfer {
   std::optional<Error> source_err_;        // root: reading the source failed (reader thread, then main)
   std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
   std::vector<BufPtr> buffers_;            // allocated by prepare(), used by copy()
-  PipelineTimes read_t_;                   // reader thread's figures (read after join)
-  PipelineTimes write_t_;                  // writer thread's figures (read after join)
 };
 
 // Root broadcasts "did I fail?" and its message; every rank returns the same error.
@@ -301,7 +300,6 @@ Status Transfer::prepare() {
       fail_local(sys_error(ENOMEM, "allocate a chunk buffer of " + std::to_string(bufsize) + " bytes"));
       break;
     }
-    b->data = b->mem->bytes();
     buffers_.push_back(std::move(b));
   }
   auto any = allreduce_max(comm_, local_err_ ? 1 : 0);
@@ -321,8 +319,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
     auto b = free_q.pop();
     if (!b) return;
     const auto t_read = Clock::now();
-    read_t_.read_wait += seconds_between(t_wait, t_read);
-    const Accumulate busy(read_t_.read, t_read);
+    r_.pipe.read_wait += seconds_between(t_wait, t_read);
+    const Accumulate busy(r_.pipe.read, t_read);
     Buffer& buf = **b;
     const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
     buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
@@ -340,7 +338,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
         file = std::move(f.value());
         open_seg = p.segment;
       }
-      const std::span<std::byte> dst(buf.data.data() + p.chunk_off, p.length);
+      const std::span<std::byte> dst(buf.mem->data() + p.chunk_off, p.length);
       uint64_t piece_crc = 0;
       if (file->has_data(p.file_off, p.length)) {
         if (auto st = file->read_at(p.file_off, dst); !st) {
@@ -382,7 +380,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
     auto b = write_q.pop();
     if (!b) break;
     const auto t_verify = Clock::now();
-    write_t_.write_wait += seconds_between(t_wait, t_verify);
+    r_.pipe.write_wait += seconds_between(t_wait, t_verify);
     Buffer& buf = **b;
     if (!writer_err_) {
       const bool zero = (buf.hdr.flags & kChunkZero) != 0;
@@ -393,12 +391,12 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
       for (size_t k = 0; k < pieces.size(); ++k) {
         const Piece& p = pieces[k];
         piece_crc[k] =
-            zero ? crc64_zeros(p.length) : crc64(std::span(buf.data.data() + p.chunk_off, p.length));
+            zero ? crc64_zeros(p.length) : crc64(std::span(buf.mem->data() + p.chunk_off, p.length));
         crc = crc64_combine(crc, piece_crc[k], p.length);
       }
       const auto t_write = Clock::now();
-      write_t_.verify += seconds_between(t_verify, t_write);
-      const Accumulate busy(write_t_.write, t_write);
+      r_.pipe.verify += seconds_between(t_verify, t_write);
+      const Accumulate busy(r_.pipe.write, t_write);
       if (!zero && crc != buf.hdr.crc) {
         writer_err_ =
             stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
@@ -409,7 +407,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
         if (need_local_[seg.entry] == 0) continue;
         Txn& t = *txn_[seg.entry];
         if (!zero) {
-          if (auto st = t.write(p.file_off, std::span(buf.data.data() + p.chunk_off, p.length)); !st) {
+          if (auto st = t.write(p.file_off, std::span(buf.mem->data() + p.chunk_off, p.length)); !st) {
             writer_err_ = st.error();
             break;
           }
@@ -461,7 +459,7 @@ Status Transfer::copy() {
       break;  // every rank sees the same header and leaves the loop at the same chunk
     }
     if ((h.flags & kChunkZero) == 0) {
-      if (comm_status = comm_.bcast(std::span(buf.data.data(), h.length), opt_.root); !comm_status) break;
+      if (comm_status = comm_.bcast(std::span(buf.mem->data(), h.length), opt_.root); !comm_status) break;
       r_.bytes_streamed += h.length;
     }
     ++r_.chunks;
@@ -476,11 +474,6 @@ Status Transfer::copy() {
   if (writer.joinable()) writer.join();
   free_q.close();
   if (reader.joinable()) reader.join();
-  r_.pipe.read = read_t_.read;
-  r_.pipe.read_wait = read_t_.read_wait;
-  r_.pipe.verify = write_t_.verify;
-  r_.pipe.write = write_t_.write;
-  r_.pipe.write_wait = write_t_.write_wait;
   if (!comm_status) return comm_status;
 
   // Trailer: the root's verdict on the source, then the CRC of every streamed file.
