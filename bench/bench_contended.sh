@@ -65,9 +65,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-[ -x "$BIN/stagefs" ] || die "no $BIN/stagefs (build first: make -C build -j2)"
 BIN2=${BIN2:-}
-[ -z "$BIN2" ] || [ -x "$BIN2/stagefs" ] || die "no $BIN2/stagefs"
+need_bin stagefs
 need_space $(( (SIZE_MB * (2 * NODES + 1) + 2047) / 1024 ))
 
 # ---- the throttled shared source -------------------------------------------------------

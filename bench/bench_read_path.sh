@@ -40,7 +40,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-[ -x "$BIN/stagefs" ] || die "no $BIN/stagefs (build first: make -C build -j2)"
+need_bin stagefs
 need_space $(( (SIZE_MB * 2 + 1023) / 1024 ))
 mkdir -p "$SRC" "$MNT"
 make_random_file "$SRC/image" "$SIZE_MB"

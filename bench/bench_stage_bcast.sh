@@ -42,9 +42,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-[ -x "$BIN/stage-bcast" ] || die "no $BIN/stage-bcast (build first: make -C build -j2)"
 BIN2=${BIN2:-}
-[ -z "$BIN2" ] || [ -x "$BIN2/stage-bcast" ] || die "no $BIN2/stage-bcast"
+need_bin stage-bcast
 need_space $(( (SIZE_MB * (2 * RANKS + 1) + 1023) / 1024 ))
 mkdir -p "$WORK"
 make_random_file "$SRC" "$SIZE_MB"

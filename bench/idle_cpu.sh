@@ -38,7 +38,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-[ -x "$BIN/stagefs" ] || die "no $BIN/stagefs (build first: make -C build -j2)"
+need_bin stagefs
 mkdir -p "$WORK/src" "$MNT"
 head -c 1M /dev/urandom > "$WORK/src/file"
 

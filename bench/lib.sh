@@ -31,6 +31,12 @@ drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "FATAL: $*"; exit 1; }
 
+# need_bin NAME: $BIN/NAME must exist, and $BIN2/NAME when BIN2 (a build to A/B) is set.
+need_bin() {
+  [ -x "$BIN/$1" ] || die "no $BIN/$1 (build first: make -C build -j2)"
+  [ -z "${BIN2:-}" ] || [ -x "$BIN2/$1" ] || die "no $BIN2/$1"
+}
+
 need_root() { [ "$(id -u)" = 0 ] || die "run as root (drop_caches, mounts, namespaces)"; }
 
 # A file of random bytes of $2 MiB at $1, reused when it is already there with that size.
