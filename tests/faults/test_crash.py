@@ -29,8 +29,8 @@ reaching <point> creates <path> and SIGSTOPs itself, so a test can kill -9 it ex
                  retry gets the new content; a source changed between two jobs (new mtime,
                  restored mtime, replaced by rename) is materialized again.
 
-Reuses tests/mount/stagefs_harness.py (imported, not modified): the private mount namespace,
-Work / Daemon fixtures, bounded polling, process and mount cleanup. Standard library only.
+Reuses tests/mount/stagefs_harness.py: the private mount namespace, Work / Daemon fixtures,
+bounded polling, /proc helpers, process and mount cleanup. Standard library only.
 No sleeps for synchronization: every wait is a bounded poll of a file, a process state or
 /proc/self/mountinfo; every subprocess has a timeout.
 """
@@ -61,22 +61,6 @@ T_NEW = 1_600_000_000_123_456_789   # mtime of the sources
 
 # ---- small helpers ----------------------------------------------------------------------
 
-def proc_state(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def proc_environ(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
 def pids_with_env(entry, exe=None, extra=None):
     """Live processes whose environment holds `entry` (bytes, "K=V"), optionally also `extra`,
     and whose argv[0] has basename `exe`."""
@@ -84,7 +68,7 @@ def pids_with_env(entry, exe=None, extra=None):
     for pid in H.all_pids():
         if pid == os.getpid():
             continue
-        env = proc_environ(pid)
+        env = H.proc_environ(pid)
         if entry not in env or (extra is not None and extra not in env):
             continue
         if exe is not None:
@@ -94,14 +78,6 @@ def pids_with_env(entry, exe=None, extra=None):
         if H.pid_alive(pid):
             out.append(pid)
     return out
-
-
-def proc_ppid(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def become_subreaper():
@@ -192,7 +168,7 @@ class FaultCase(H.MountTestCase):
                 self.kill_env_pids(hf)
             self.reap_orphans()
             for d in self.daemons:  # a held daemon cannot unmount: end it, auto_unmount follows
-                if d.proc.poll() is None and proc_state(d.pid) == "T":
+                if d.proc.poll() is None and H.proc_state(d.pid) == "T":
                     H.kill_pid(d.pid, signal.SIGKILL)
                     d.wait_exit(10)
         finally:
@@ -213,7 +189,7 @@ class FaultCase(H.MountTestCase):
         me = os.getpid()
         reaped = []
         for pid in H.all_pids():
-            if pid in known or proc_ppid(pid) != me or proc_state(pid) != "Z":
+            if pid in known or H.proc_ppid(pid) != me or H.proc_state(pid) != "Z":
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -233,7 +209,7 @@ class FaultCase(H.MountTestCase):
             H.wait_for(gone, timeout, "the killed job's processes to be reaped")
         except AssertionError:
             raise AssertionError("processes of the killed job still exist: %s" %
-                                 [(p, proc_state(p), proc_ppid(p)) for p in self.job_pids
+                                 [(p, H.proc_state(p), H.proc_ppid(p)) for p in self.job_pids
                                   if os.path.exists("/proc/%d" % p)])
         self.job_pids.clear()
 
@@ -262,7 +238,7 @@ class FaultCase(H.MountTestCase):
             if not os.path.exists(hold_file):
                 return None
             self.job_pids.update(pids_with_env(entry, exe))
-            pids = [p for p in pids_with_env(entry, exe, extra) if proc_state(p) == "T"]
+            pids = [p for p in pids_with_env(entry, exe, extra) if H.proc_state(p) == "T"]
             return pids[0] if len(pids) == 1 else None
         return H.wait_for(held, timeout, "%s (rank %s) to stop at %s" % (exe.decode(), rank, hold_file))
 
@@ -478,7 +454,7 @@ class CrashBcast(FaultCase):
         succeeds. Its temporary file can never be used again and must be swept too."""
         zombie = subprocess.Popen(["true"])
         self.procs.append(zombie)  # reaped (poll) in teardown
-        H.wait_for(lambda: proc_state(zombie.pid) == "Z", 10, "the child to become a zombie")
+        H.wait_for(lambda: H.proc_state(zombie.pid) == "Z", 10, "the child to become a zombie")
         src = os.path.join(self.work.src, "img")
         write_bytes(src, MiB + 3, seed=31, mtime_ns=T_NEW)
         node1 = self.work.file("node1")
@@ -490,7 +466,7 @@ class CrashBcast(FaultCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         for k in range(2):
             self.assertTrue(H.files_equal(self.work.file("node%d/img" % k), src))
-        self.assertEqual(proc_state(zombie.pid), "Z", "the zombie was reaped during the run")
+        self.assertEqual(H.proc_state(zombie.pid), "Z", "the zombie was reaped during the run")
         self.assertFalse(os.path.lexists(stale),
                          "the temporary file of a dead (zombie, pid %d) writer was not swept:\n%s" %
                          (zombie.pid, r.stderr))

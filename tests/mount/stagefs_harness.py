@@ -81,21 +81,43 @@ def wait_for(cond, timeout, what, interval=0.02):
         interval = min(interval * 2, 0.2)
 
 
-def pid_alive(pid):
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None."""
     try:
         with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
-def proc_cmdline(pid):
+def proc_state(pid):
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
+
+
+def proc_ppid(pid):
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def pid_alive(pid):
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def _proc_strings(pid, name):
     try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
+        with open("/proc/%d/%s" % (pid, name), "rb") as f:
             return f.read().split(b"\0")
     except OSError:
         return []
+
+
+def proc_cmdline(pid):
+    return _proc_strings(pid, "cmdline")
+
+
+def proc_environ(pid):
+    return _proc_strings(pid, "environ")
 
 
 def all_pids():

@@ -325,15 +325,7 @@ class SourceChanges(h.MountTestCase):
 
 
 def children(pid):
-    out = []
-    for p in h.all_pids():
-        try:
-            with open("/proc/%d/stat" % p) as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(p)
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
+    return [p for p in h.all_pids() if h.proc_ppid(p) == pid]
 
 
 class StaleMount(h.MountTestCase):
