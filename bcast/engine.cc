@@ -324,6 +324,12 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
     Buffer& buf = **b;
     const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
     buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
+    if (opt_.cancelled && opt_.cancelled()) {
+      source_err_ = stage_error(Errc::cancelled, "transfer abandoned (stopping)", ep_.source);
+      buf.hdr.flags = kChunkAbort;
+      full_q.push(std::move(*b));
+      return;
+    }
     bool any_data = false;
     uint64_t crc = 0;
     for (const Piece& p : layout.pieces(range.offset, range.length)) {

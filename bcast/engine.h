@@ -47,6 +47,9 @@ struct StageOptions {
   bool recursive = false;
   int root = 0;
   int pipeline_depth = 4;
+  // Asked by the source rank's reader before each chunk: true abandons the transfer there
+  // (every rank sees the abort in the stream; nothing is published, temporary files go).
+  std::function<bool()> cancelled;
 };
 
 struct StageEndpoint {

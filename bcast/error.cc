@@ -33,6 +33,8 @@ class StageCategory final : public std::error_category {
         return "file type is not materialized";
       case Errc::group_broken:
         return "mount group stopped after a stalled transfer";
+      case Errc::cancelled:
+        return "transfer abandoned";
     }
     return "unknown stage error";
   }

@@ -25,6 +25,7 @@ enum class Errc {
   timed_out = 7,          // a transfer did not finish within its deadline
   unsupported = 8,        // file type that is never materialized (FIFO, socket, device)
   group_broken = 9,       // the mount group stopped transferring after a stall
+  cancelled = 10,         // the transfer was abandoned (the daemon is stopping)
 };
 
 const std::error_category& stage_category() noexcept;

@@ -368,7 +368,7 @@ Status PosixStore::make_parents(const std::string& path) {
   if (dir != "/" && dir != ".") {
     if (auto s = make_parents(dir); !s) return s;
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return sys_error(errno, "create directory", dir);
+  if (::mkdir(dir.c_str(), opt_.parent_mode) != 0 && errno != EEXIST) return sys_error(errno, "create directory", dir);
   return {};
 }
 

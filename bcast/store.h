@@ -70,7 +70,7 @@ class LocalStore {
   virtual Status sync_filesystem(const std::string& path) = 0;
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
   virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
-  // mkdir -p of path's parent (0755 for new levels; existing ones are left as they are).
+  // mkdir -p of path's parent (StoreOptions::parent_mode for new levels; existing ones are left as they are).
   virtual Status make_parents(const std::string& path) = 0;
   virtual Status make_symlink(const std::string& path, const std::string& target) = 0;
   // Removes, in directory dir, the temporary files of writers of this host that are gone (a
@@ -80,6 +80,7 @@ class LocalStore {
 
 struct StoreOptions {
   bool direct_io = true;  // O_DIRECT for aligned writes where the filesystem accepts it (stagefs: off)
+  uint32_t parent_mode = 0755;  // directories make_parents() creates (the mount's cache: 0700)
 };
 
 inline constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers for O_DIRECT

@@ -2,13 +2,19 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
+#include <sys/fsuid.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+
+#include <future>
 
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
+#include "fusefs/cache.h"
 
 namespace stagefs {
 
@@ -21,17 +27,100 @@ constexpr const char* kControlPrefix = "user.stagefs.";
 std::string proc_path(int fd) {
   return "/proc/self/fd/" + std::to_string(fd);
 }
+
+// Runs permission checks of this thread as the caller: fsuid, fsgid and supplementary groups
+// are per-thread credentials in Linux when set with the raw syscalls (glibc's wrappers of
+// setgroups would change every thread). A non-zero fsuid drops the filesystem capabilities
+// (CAP_DAC_OVERRIDE...), so the kernel decides as it would for the caller, ACLs included.
+class AsCaller {
+ public:
+  explicit AsCaller(const Caller& who) {
+    ok_ = ::syscall(SYS_setgroups, who.groups.size(), who.groups.data()) == 0;
+    ::syscall(SYS_setfsgid, who.gid);
+    ::syscall(SYS_setfsuid, who.uid);
+    ok_ = ok_ && static_cast<uint32_t>(::syscall(SYS_setfsuid, -1)) == who.uid &&
+          static_cast<uint32_t>(::syscall(SYS_setfsgid, -1)) == who.gid;
+  }
+  ~AsCaller() {
+    ::syscall(SYS_setfsuid, 0);
+    ::syscall(SYS_setfsgid, 0);
+    ::syscall(SYS_setgroups, 0, nullptr);
+  }
+  AsCaller(const AsCaller&) = delete;
+  AsCaller& operator=(const AsCaller&) = delete;
+  [[nodiscard]] bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = false;
+};
+
+bool is_hidden_xattr(std::string_view name, const Caller& who) {
+  return who.uid != 0 && name.rfind("trusted.", 0) == 0;
+}
 }  // namespace
+
+stage::Status Materializer::materialize(const std::string& rel) {
+  auto p = std::make_shared<std::promise<stage::Status>>();
+  auto f = p->get_future();
+  materialize_async(rel, [p](stage::Status st) { p->set_value(std::move(st)); });
+  return f.get();
+}
+
+StageFsCore::StageFsCore(CoreConfig cfg, const NodeCache& cache, Materializer& mat, stage::Fd root)
+    : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
+  for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
+}
+
+StageFsCore::~StageFsCore() {
+  stop();
+}
+
+void StageFsCore::stop() {
+  {
+    std::lock_guard lk(pool_m_);
+    if (pool_stop_) return;
+    pool_stop_ = true;
+  }
+  pool_cv_.notify_all();
+  for (auto& t : pool_) t.join();
+}
+
+void StageFsCore::post(std::function<void()> fn) {
+  {
+    std::lock_guard lk(pool_m_);
+    if (!pool_stop_) {
+      pool_q_.push_back(std::move(fn));
+      pool_cv_.notify_one();
+      return;
+    }
+  }
+  fn();  // stopping: run here (it only replies with an error or a descriptor)
+}
+
+void StageFsCore::completion_loop() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock lk(pool_m_);
+      pool_cv_.wait(lk, [&] { return pool_stop_ || !pool_q_.empty(); });
+      if (pool_q_.empty()) return;
+      fn = std::move(pool_q_.front());
+      pool_q_.pop_front();
+    }
+    fn();
+  }
+}
 
 Error StageFsCore::read_only(const char* op) {
   return stage::sys_error(EROFS, op, "(read-only mount)");
 }
 
-Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, Materializer& mat) {
+Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, const NodeCache& cache,
+                                                         Materializer& mat) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
-  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), mat, std::move(root)));
-  core->nodes_[kRootId] = Node{"", 1};
+  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, std::move(root)));
+  core->nodes_[kRootId] = Node{"", 1, {}};
   core->ids_[""] = kRootId;
   return core;
 }
@@ -64,9 +153,14 @@ Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, co
   const std::string rel = stage::join_path(*prel, name);
   auto st = stat_rel(rel);
   if (!st) return st.error();
+  const stage::FileMeta version = S_ISREG(st->st_mode) ? stage::meta_from_stat(*st) : stage::FileMeta{};
   std::lock_guard lk(m_);
-  auto [it, fresh] = ids_.try_emplace(rel, next_id_);
-  if (fresh) nodes_[next_id_++] = Node{rel, 0};
+  auto it = ids_.find(rel);
+  if (it == ids_.end() || nodes_[it->second].version != version) {
+    // New name, or a new version of the file: a new id (the old one stays for its holders).
+    it = ids_.insert_or_assign(rel, next_id_).first;
+    nodes_[next_id_++] = Node{rel, 0, version};
+  }
   ++nodes_[it->second].nlookup;
   return std::pair{it->second, *st};
 }
@@ -78,7 +172,7 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
   if (it == nodes_.end()) return;
   it->second.nlookup = it->second.nlookup > n ? it->second.nlookup - n : 0;
   if (it->second.nlookup == 0) {
-    ids_.erase(it->second.rel);
+    if (auto by = ids_.find(it->second.rel); by != ids_.end() && by->second == it->first) ids_.erase(by);
     nodes_.erase(it);
   }
 }
@@ -101,15 +195,25 @@ Result<std::string> StageFsCore::readlink(uint64_t id) {
   return buf;
 }
 
-Result<std::vector<DirEntry>> StageFsCore::readdir(uint64_t id) {
+Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
+  if (auto ok = check_access(*rel, R_OK, who); !ok) return ok.error();
   auto fd = open_beneath(root_.get(), *rel, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
+  struct stat dst {};
+  if (::fstat(fd->get(), &dst) != 0) return stage::sys_error(errno, "stat directory", *rel);
+  const auto key = std::tuple{*rel, static_cast<uint64_t>(dst.st_dev), static_cast<uint64_t>(dst.st_ino),
+                              stage::to_ns(dst.st_mtim), stage::to_ns(dst.st_ctim)};
+  {
+    std::lock_guard lk(dirs_m_);
+    if (auto it = dirs_.find(key); it != dirs_.end())
+      if (auto snap = it->second.lock()) return snap;
+  }
   DIR* d = ::fdopendir(fd->get());
   if (d == nullptr) return stage::sys_error(errno, "opendir", *rel);
   fd->release();  // now owned by d
-  std::vector<DirEntry> out;
+  auto out = std::make_unique<std::vector<DirEntry>>();
   errno = 0;
   while (const dirent* de = ::readdir(d)) {
     uint32_t mode = 0;
@@ -138,12 +242,23 @@ Result<std::vector<DirEntry>> StageFsCore::readdir(uint64_t id) {
       default:
         mode = 0;
     }
-    out.push_back(DirEntry{de->d_name, de->d_ino != 0 ? de->d_ino : 1, mode});
+    out->push_back(DirEntry{de->d_name, de->d_ino != 0 ? de->d_ino : 1, mode});
   }
   const int err = errno;
   ::closedir(d);
   if (err != 0) return stage::sys_error(err, "readdir", *rel);
-  return out;
+  out->shrink_to_fit();
+  // The last handle's release frees the listing and gives the memory back to the system.
+  DirSnapshot snap(out.release(), [](const std::vector<DirEntry>* v) {
+    const bool big = v->size() > 1000;
+    delete v;
+    if (big) ::malloc_trim(0);
+  });
+  std::lock_guard lk(dirs_m_);
+  for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots
+    it = it->second.expired() ? dirs_.erase(it) : std::next(it);
+  dirs_[key] = snap;
+  return snap;
 }
 
 Result<struct statvfs> StageFsCore::statfs() {
@@ -166,7 +281,8 @@ static Result<std::string> xattr_call(int root, const std::string& rel, const ch
   return buf;
 }
 
-Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name) {
+Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, const Caller& who) {
+  if (is_hidden_xattr(name, who)) return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
   if (id == kRootId && name.rfind(kControlPrefix, 0) == 0 && control_xattr_) {
     if (auto v = control_xattr_(name)) return *v;
   }
@@ -179,58 +295,149 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name) 
   return r;
 }
 
-Result<std::string> StageFsCore::listxattr(uint64_t id) {
+Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
   auto r = xattr_call(root_.get(), *rel, "listxattr",
                       [](const char* p, char* b, size_t n) { return ::listxattr(p, b, n); });
   if (!r && r.error().to_errno() == ENOTSUP) return std::string();
-  return r;
+  if (!r) return r;
+  std::string out;
+  for (size_t i = 0; i < r->size();) {
+    const size_t end = r->find('\0', i);
+    const std::string_view name(r->data() + i, (end == std::string::npos ? r->size() : end) - i);
+    if (!name.empty() && !is_hidden_xattr(name, who)) {
+      out.append(name);
+      out.push_back('\0');
+    }
+    if (end == std::string::npos) break;
+    i = end + 1;
+  }
+  return out;
 }
 
-Result<stage::Fd> StageFsCore::open_cached(const std::string& rel, const struct stat& src) const {
-  const std::string path = stage::join_path(cfg_.cache_dir, rel);
-  stage::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd.valid()) return stage::sys_error(errno, "open cached copy", path);
+stage::Status StageFsCore::check_access(const std::string& rel, int mask, const Caller& who) const {
+  if (who.uid == 0 || ::geteuid() != 0) return {};  // root, or a daemon that reads as its user
+  int rc = 0;
+  int err = 0;
+  {
+    const AsCaller as(who);
+    if (!as.ok()) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
+    rc = ::faccessat(root_.get(), rel.empty() ? "." : rel.c_str(), mask, AT_EACCESS | AT_SYMLINK_NOFOLLOW);
+    err = errno;
+  }
+  if (rc == 0) return {};
+  if (err == EACCES || err == EPERM) ++const_cast<CoreCounters&>(counters_).denied;
+  return stage::sys_error(err, "access (checked against the source)", rel);
+}
+
+Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made) {
+  auto fd = cache_.open_current(rel, src);
+  if (!fd || cfg_.verify == Verify::none) return fd;
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", path);
-  const auto origin = stage::origin_of_fd(fd.get());
-  const int64_t mtime = stage::to_ns(st.st_mtim);
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) ||
-      !origin || !stage::origin_matches(*origin, mtime, stage::meta_from_stat(src)))
-    return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", path);
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", rel);
+  const auto key = std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)};
+  {
+    std::lock_guard lk(verified_m_);
+    if (verified_.contains(key)) return fd;
+  }
+  const auto origin = stage::origin_of_fd(fd->get());
+  if (!just_made && origin && origin->crc_known) {
+    // A copy from an earlier mount (or run): read it once and compare with its recorded CRC.
+    auto crc = stage::crc_of_fd(fd->get(), rel, false);
+    if (!crc) return crc.error();
+    if (*crc != origin->crc) {
+      ++counters_.corrupt;
+      spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
+                    stage::host_name(), rel, *crc, origin->crc);
+      cache_.remove(rel);
+      return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
+    }
+    ++counters_.verified;
+  }
+  // A copy made in this mount was checked chunk by chunk and as a whole while it was written.
+  std::lock_guard lk(verified_m_);
+  verified_.insert(key);
   return fd;
 }
 
-Result<OpenFile> StageFsCore::open(uint64_t id, int flags) {
-  ++counters_.opens;
-  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
-    return read_only("open for writing");
-  auto rel = path_of(id);
-  if (!rel) return rel.error();
-  auto st = stat_rel(*rel);
-  if (!st) return st.error();
-  if (!S_ISREG(st->st_mode)) return stage::stage_error(stage::Errc::unsupported, "open", *rel);
-  if (auto fd = open_cached(*rel, *st)) {
-    ++counters_.cache_hits;
-    return OpenFile{std::move(fd.value()), true, false};
-  }
-  ++counters_.materializations;
-  auto done = mat_.materialize(*rel);
-  if (auto fd = open_cached(*rel, *st)) return OpenFile{std::move(fd.value()), false, false};
+Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
+  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
-    auto fd = open_beneath(root_.get(), *rel, O_RDONLY);
+    auto fd = open_beneath(root_.get(), rel, O_RDONLY);
     if (fd) {
       ++counters_.source_fallbacks;
-      spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), *rel);
+      spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
       return OpenFile{std::move(fd.value()), false, true};
     }
   }
   ++counters_.open_errors;
   if (!done) return done.error();
-  return stage::stage_error(stage::Errc::checksum_mismatch, "no valid copy after materializing", *rel);
+  return stage::stage_error(stage::Errc::checksum_mismatch, "no valid copy after materializing", rel);
+}
+
+void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
+  ++counters_.opens;
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
+    return done(read_only("open for writing"));
+  stage::FileMeta version;
+  std::string rel;
+  {
+    std::lock_guard lk(m_);
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) return done(stage::sys_error(ESTALE, "unknown node id"));
+    rel = it->second.rel;
+    version = it->second.version;
+  }
+  auto st = stat_rel(rel);
+  if (!st) return done(st.error());
+  if (!S_ISREG(st->st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
+  if (auto ok = check_access(rel, R_OK, who); !ok) return done(ok.error());
+  if (stage::meta_from_stat(*st) != version) {
+    // This id names an older version: ESTALE makes the kernel look the name up again.
+    ++counters_.stale_opens;
+    return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
+  }
+  // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
+  if (auto fd = cache_.open_current(rel, *st)) {
+    bool verified = cfg_.verify == Verify::none;
+    struct stat cst {};
+    if (!verified && ::fstat(fd->get(), &cst) == 0) {
+      std::lock_guard lk(verified_m_);
+      verified = verified_.contains(
+          std::tuple{static_cast<uint64_t>(cst.st_dev), static_cast<uint64_t>(cst.st_ino), stage::to_ns(cst.st_mtim)});
+    }
+    if (verified) {
+      ++counters_.cache_hits;
+      return done(OpenFile{std::move(fd.value()), true, false});
+    }
+  }
+  post([this, rel, src = *st, done = std::move(done)]() mutable {
+    if (auto fd = open_verified(rel, src, false)) {
+      ++counters_.cache_hits;
+      return done(OpenFile{std::move(fd.value()), true, false});
+    }
+    if (auto alive = cache_.alive(); !alive) {
+      ++counters_.open_errors;
+      spdlog::error("{}", alive.error().message);
+      return done(alive.error());
+    }
+    ++counters_.materializations;
+    mat_.materialize_async(rel, [this, rel, src, done = std::move(done)](stage::Status outcome) mutable {
+      post([this, rel, src, outcome = std::move(outcome), done = std::move(done)]() mutable {
+        done(finish_open(rel, src, outcome));
+      });
+    });
+  });
+}
+
+Result<OpenFile> StageFsCore::open(uint64_t id, int flags, const Caller& who) {
+  auto p = std::make_shared<std::promise<Result<OpenFile>>>();
+  auto f = p->get_future();
+  open_async(id, flags, who, [p](Result<OpenFile> r) { p->set_value(std::move(r)); });
+  return f.get();
 }
 
 }  // namespace stagefs

@@ -4,18 +4,40 @@
 // A read-only mirror of SOURCE_DIR. Node ids are our own (1 = root), mapped to paths relative
 // to SOURCE_DIR; every access resolves beneath SOURCE_DIR's fd (beneath.h). stat data
 // (st_ino included) is the source's. open() of a regular file returns a descriptor of the
-// node's local copy in the cache: served at once when the cache holds a copy whose recorded
-// origin (size, mtime, ctime, inode) matches the source now, otherwise after the
-// Materializer (the mount group) has made one. Every method is thread-safe (one mutex over
-// the node table; no lock is held while waiting for a materialization). Errors are
-// stage::Error; the edge maps them with Error::to_errno().
+// node's local copy in the NodeCache (cache.h): served at once when the cache holds a copy
+// that is current (the cache's validity rule) and, with Verify::crc, whose CRC was checked
+// once in this mount; otherwise after the Materializer (the mount group) has made one.
+//
+// Security and freshness decisions (issue 8):
+//   - Versions: a node id stands for one version of a file (size, mtime, ctime, inode). When
+//     a lookup finds the source changed, the name gets a new id: the kernel then sees a new
+//     inode, with fresh attributes and no page cache, so a new open reads the new bytes
+//     while holders of the old inode keep reading the old, whole copy (unlinked, never
+//     overwritten). An open of an outdated id fails with ESTALE, on which the kernel's
+//     path walk looks the name up again (LOOKUP_REVAL) and opens the new id.
+//   - Access: with a root daemon, open() and opendir() check the caller's access against the
+//     source itself (faccessat with the caller's fsuid, fsgid and groups): POSIX ACLs and
+//     modes changed since the kernel cached the attributes are enforced. trusted.* extended
+//     attributes are hidden from callers other than root.
+//   - Listings: one snapshot per directory version is shared by every open handle of it and
+//     freed with the last one: memory does not grow with the number of handles.
+//   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
+//     through a callback, run on the core's small completion pool.
+// Every method is thread-safe (one mutex over the node table; no lock is held while waiting
+// for a materialization). Errors are stage::Error; the edge maps them with Error::to_errno().
 #pragma once
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,22 +47,38 @@
 
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
+#include "bcast/source.h"
 
 namespace stagefs {
 
+class NodeCache;
+
 class Materializer {
  public:
+  using Done = std::function<void(stage::Status)>;
   virtual ~Materializer() = default;
-  // Blocks until a transfer of rel finished on this node (or failed).
-  virtual stage::Status materialize(const std::string& rel) = 0;
+  // Calls done once a transfer of rel finished on this node (or failed, timed out, or the
+  // group shut down), from whichever thread learned it: done must be quick.
+  virtual void materialize_async(const std::string& rel, Done done) = 0;
+  // Blocking form.
+  stage::Status materialize(const std::string& rel);
 };
 
 enum class StallPolicy { eio, source };
+enum class Verify { none, crc };
 
 struct CoreConfig {
   std::string source_dir;
-  std::string cache_dir;  // where copies live: cache_dir/<path relative to SOURCE_DIR>
   StallPolicy on_stall = StallPolicy::eio;
+  Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
+  int completion_threads = 2;
+};
+
+// Who asks (from the FUSE request). uid 0 is not checked.
+struct Caller {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::vector<uint32_t> groups;
 };
 
 struct OpenFile {
@@ -54,26 +92,37 @@ struct DirEntry {
   uint64_t ino = 0;  // the source's inode number (never 0)
   uint32_t mode = 0;
 };
+using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
 
 struct CoreCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
+  std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0};
 };
 
 class StageFsCore {
  public:
   static constexpr uint64_t kRootId = 1;
-  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, Materializer& mat);
+  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, const NodeCache& cache,
+                                                            Materializer& mat);
+  ~StageFsCore();
 
   // lookup() counts one reference to the node; forget() drops n of them.
   stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name);
   void forget(uint64_t id, uint64_t n);
   stage::Result<struct stat> getattr(uint64_t id);
   stage::Result<std::string> readlink(uint64_t id);
-  stage::Result<std::vector<DirEntry>> readdir(uint64_t id);
+  // The directory's listing (shared with other handles of the same version).
+  stage::Result<DirSnapshot> readdir(uint64_t id, const Caller& who = {});
   stage::Result<struct statvfs> statfs();
-  stage::Result<std::string> getxattr(uint64_t id, const std::string& name);
-  stage::Result<std::string> listxattr(uint64_t id);  // names, each NUL-terminated
-  stage::Result<OpenFile> open(uint64_t id, int flags);
+  stage::Result<std::string> getxattr(uint64_t id, const std::string& name, const Caller& who = {});
+  stage::Result<std::string> listxattr(uint64_t id, const Caller& who = {});  // names, NUL-terminated
+  using OpenDone = std::function<void(stage::Result<OpenFile>)>;
+  // Calls done inline when the answer is known at once (a cached, verified copy; an error),
+  // else later from the completion pool.
+  void open_async(uint64_t id, int flags, const Caller& who, OpenDone done);
+  stage::Result<OpenFile> open(uint64_t id, int flags, const Caller& who = {});  // blocking form
+  // Finishes the completion pool (pending work runs first). Called before the edge goes away.
+  void stop();
   // Any change to the tree: always EROFS.
   static stage::Error read_only(const char* op);
 
@@ -87,18 +136,37 @@ class StageFsCore {
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, Materializer& mat, stage::Fd root)
-      : cfg_(std::move(cfg)), mat_(mat), root_(std::move(root)) {}
+  StageFsCore(CoreConfig cfg, const NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
-  stage::Result<stage::Fd> open_cached(const std::string& rel, const struct stat& src) const;
+  stage::Status check_access(const std::string& rel, int mask, const Caller& who) const;
+  // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
+  stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
+  stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  void post(std::function<void()> fn);
+  void completion_loop();
 
   struct Node {
     std::string rel;
     uint64_t nlookup = 0;
+    stage::FileMeta version;  // regular files: the source version this id stands for
   };
   CoreConfig cfg_;
+  const NodeCache& cache_;
   Materializer& mat_;
   stage::Fd root_;
+  // Copies (dev, inode, mtime) whose CRC matched in this mount.
+  std::mutex verified_m_;
+  std::set<std::tuple<uint64_t, uint64_t, int64_t>> verified_;
+  // Directory snapshots by (path, dev, inode, mtime, ctime), while some handle holds them.
+  std::mutex dirs_m_;
+  std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>, std::weak_ptr<const std::vector<DirEntry>>>
+      dirs_;
+  // Completion pool.
+  std::mutex pool_m_;
+  std::condition_variable pool_cv_;
+  std::deque<std::function<void()>> pool_q_;
+  bool pool_stop_ = false;
+  std::vector<std::thread> pool_;
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_
   std::unordered_map<uint64_t, Node> nodes_;
   std::unordered_map<std::string, uint64_t> ids_;

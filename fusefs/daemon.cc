@@ -17,6 +17,7 @@
 #include "bcast/comm_mpi.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
+#include "fusefs/cache.h"
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
 
@@ -37,20 +38,6 @@ std::string absolute(const std::string& p) {
   std::error_code ec;
   auto a = fs::weakly_canonical(fs::absolute(p), ec);
   return ec ? fs::absolute(p).lexically_normal().string() : a.string();
-}
-
-// Removes temporary files a dead writer left in the cache (the cache is locked: nobody else
-// writes there) and returns how many.
-int sweep_temps(const std::string& dir) {
-  int n = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->is_regular_file(ec) && stage::is_temp_name(it->path().filename().string()) &&
-        fs::remove(it->path(), ec))
-      ++n;
-  }
-  return n;
 }
 
 }  // namespace
@@ -103,9 +90,7 @@ namespace {
 class Daemon {
  public:
   Daemon(DaemonConfig cfg)
-      : cfg_(std::move(cfg)),
-        data_dir_(cfg_.cache_dir + "/data"),
-        store_(stage::StoreOptions{.direct_io = cfg_.direct_io}) {}
+      : cfg_(std::move(cfg)), store_(stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700}) {}
   int run(int* argc, char*** argv);
 
  private:
@@ -116,11 +101,10 @@ class Daemon {
   void trigger_shutdown(const char* why);
 
   DaemonConfig cfg_;
-  std::string data_dir_;
   std::unique_ptr<stage::MpiEnv> env_;
   std::unique_ptr<stage::Comm> data_;
   std::unique_ptr<ControlPlane> ctl_;
-  stage::Fd lock_;
+  std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
   stage::PosixStore store_;
@@ -136,25 +120,36 @@ class Daemon {
 };
 
 std::string Daemon::setup_local() {
+  // The cache path as given (made absolute, not resolved): a symlink in it is the cache's
+  // check to refuse, not something to follow.
+  const std::string cache_as_given = fs::absolute(cfg_.cache_dir).lexically_normal().string();
   if (auto why = validate_config(cfg_); !why.empty()) return why;
-  data_dir_ = cfg_.cache_dir + "/data";
   cfg_.mount.mountpoint = cfg_.mountpoint;
-  std::error_code ec;
-  fs::create_directories(data_dir_, ec);
-  if (ec) return "cannot create cache " + data_dir_ + ": " + ec.message();
-  if (::chmod(cfg_.cache_dir.c_str(), 0700) != 0)  // copies are readable only through the mount
-    return "cannot chmod cache " + cfg_.cache_dir + ": " + std::strerror(errno);
-  lock_ = stage::Fd(::open((cfg_.cache_dir + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_.valid() || ::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0)
-    return "cache " + cfg_.cache_dir + " is in use by another stagefs on this node";
-  if (const int n = sweep_temps(data_dir_); n > 0)
-    spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", n);
+  // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
+  // Copies are readable only through the mount.
+  auto cache = NodeCache::open(cache_as_given);
+  if (!cache) return cache.error().message;
+  cache_ = std::move(cache.value());
+  if (cache_->swept().temps > 0)
+    spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
+  if (cache_->swept().untrusted > 0)
+    spdlog::warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
   source_root_ = stage::Fd(::open(cfg_.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!source_root_.valid()) return "SOURCE_DIR " + cfg_.source_dir + ": " + std::strerror(errno);
   source_ = std::make_unique<BeneathSource>(source_root_.get());
   GroupConfig g;
   g.source_dir = cfg_.source_dir;
-  g.cache_dir = data_dir_;
+  g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
+  g.before_transfer = [this](const std::string& rel) {
+    auto fd = open_beneath(source_root_.get(), rel, O_PATH);
+    struct stat st {};
+    if (fd && ::fstat(fd->get(), &st) == 0 && cache_->remove_stale(rel, st))
+      spdlog::debug("removed the outdated cached copy of {}", rel);
+  };
+  g.cancelled = [this] {
+    std::lock_guard lk(m_);
+    return shutting_down_;
+  };
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
   g.read_path = [this] {
@@ -164,7 +159,7 @@ std::string Daemon::setup_local() {
                                                       : read_path_name(ReadPath::splice));
   };
   group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, store_, g);
-  auto core = StageFsCore::create(CoreConfig{cfg_.source_dir, data_dir_, cfg_.on_stall}, *group_);
+  auto core = StageFsCore::create(CoreConfig{cfg_.source_dir, cfg_.on_stall, cfg_.verify}, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n) { return control_xattr(n); });
@@ -185,13 +180,14 @@ std::optional<std::string> Daemon::control_xattr(const std::string& name) const 
   if (name != "user.stagefs.stats") return std::nullopt;
   const GroupStats g = group_->stats();
   const CoreCounters& c = core_->counters();
-  char buf[768];
+  char buf[1024];
   std::snprintf(
       buf, sizeof buf,
       "{\"host\":\"%s\",\"rank\":%d,\"ranks\":%d,\"pid\":%d,\"state\":\"%s\",\"read_path\":\"%s\","
       "\"opens\":%llu,\"cache_hits\":%llu,\"materializations\":%llu,\"source_fallbacks\":%llu,"
       "\"open_errors\":%llu,\"transfers\":%llu,\"local_writes\":%llu,\"bytes_broadcast\":%llu,"
-      "\"transfer_failures\":%llu,\"requests\":%llu}",
+      "\"transfer_failures\":%llu,\"requests\":%llu,\"verified\":%llu,\"corrupt\":%llu,"
+      "\"stale_opens\":%llu,\"denied\":%llu}",
       stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_name(),
       read_path_name(mount_->read_path()), static_cast<unsigned long long>(c.opens.load()),
       static_cast<unsigned long long>(c.cache_hits.load()),
@@ -199,7 +195,9 @@ std::optional<std::string> Daemon::control_xattr(const std::string& name) const 
       static_cast<unsigned long long>(c.source_fallbacks.load()),
       static_cast<unsigned long long>(c.open_errors.load()), static_cast<unsigned long long>(g.transfers),
       static_cast<unsigned long long>(g.local_writes), static_cast<unsigned long long>(g.bytes_broadcast),
-      static_cast<unsigned long long>(g.failures), static_cast<unsigned long long>(g.requests_sent));
+      static_cast<unsigned long long>(g.failures), static_cast<unsigned long long>(g.requests_sent),
+      static_cast<unsigned long long>(c.verified.load()), static_cast<unsigned long long>(c.corrupt.load()),
+      static_cast<unsigned long long>(c.stale_opens.load()), static_cast<unsigned long long>(c.denied.load()));
   return std::string(buf);
 }
 
@@ -299,6 +297,7 @@ int Daemon::run(int* argc, char*** argv) {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
+  core_->stop();  // opens answered late by the completion pool are done (or dropped) now
   if (group_->state() != GroupState::broken) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.

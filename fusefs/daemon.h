@@ -34,6 +34,7 @@ struct DaemonConfig {
   // cache for that read (contended benchmark, disk caches: 8.6 s end to end buffered, 11.1 s
   // direct, though direct materialized faster and with a sixth of the CPU).
   bool direct_io = false;
+  Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
   MountOptions mount;
 };
 

@@ -42,16 +42,32 @@ struct FileHandle {
 };
 
 struct DirHandle {
-  std::vector<DirEntry> entries;
+  DirSnapshot entries;  // shared by every handle of this directory version
 };
 
 FuseMount& fm(fuse_req_t req) {
   return *static_cast<FuseMount*>(fuse_req_userdata(req));
 }
 
+// The caller's identity; groups only where the daemon checks access itself (root daemon).
+Caller caller(fuse_req_t req, bool with_groups) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  Caller who{static_cast<uint32_t>(c->uid), static_cast<uint32_t>(c->gid), {}};
+  if (with_groups && who.uid != 0 && ::geteuid() == 0) {
+    std::vector<gid_t> g(64);
+    int n = fuse_req_getgroups(req, static_cast<int>(g.size()), g.data());
+    if (n > static_cast<int>(g.size())) {
+      g.resize(static_cast<size_t>(n));
+      n = fuse_req_getgroups(req, static_cast<int>(g.size()), g.data());
+    }
+    for (int i = 0; i < n && i < static_cast<int>(g.size()); ++i) who.groups.push_back(g[static_cast<size_t>(i)]);
+  }
+  return who;
+}
+
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
-  if (err == ENOENT || err == ENODATA || err == EROFS || err == ENAMETOOLONG)
+  if (err == ENOENT || err == ENODATA || err == EROFS || err == ENAMETOOLONG || err == ESTALE)
     spdlog::debug("{}", e.message);
   else
     spdlog::warn("{}", e.message);
@@ -78,6 +94,9 @@ void op_init(void* userdata, struct fuse_conn_info* conn) {
   auto* m = static_cast<FuseMount*>(userdata);
   if ((conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if ((conn->capable & FUSE_CAP_CACHE_SYMLINKS) != 0) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+  // The kernel enforces the source's POSIX ACLs (system.posix_acl_* from getxattr) on every
+  // path walk, not only the mode bits; open and opendir are also checked against the source.
+  if ((conn->capable & FUSE_CAP_POSIX_ACL) != 0) conn->want |= FUSE_CAP_POSIX_ACL;
   // READs of up to 252 pages: a spliced reply then fits the default 1 MiB pipe limit
   // (a 256-page reply would silently fall back to copying).
   conn->max_write = 252 * 4096;
@@ -133,7 +152,7 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto r = fm(req).core().readdir(ino);
+    auto r = fm(req).core().readdir(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
     auto h = std::make_unique<DirHandle>();
     h->entries = std::move(r.value());
@@ -149,8 +168,9 @@ void op_readdir(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, stru
     const auto* h = reinterpret_cast<DirHandle*>(fi->fh);
     std::vector<char> buf(size);
     size_t used = 0;
-    for (auto i = static_cast<size_t>(off); i < h->entries.size(); ++i) {
-      const DirEntry& d = h->entries[i];
+    const std::vector<DirEntry>& entries = *h->entries;
+    for (auto i = static_cast<size_t>(off); i < entries.size(); ++i) {
+      const DirEntry& d = entries[i];
       struct stat st {};
       st.st_ino = d.ino;
       st.st_mode = d.mode;
@@ -168,33 +188,42 @@ void op_releasedir(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi
   fuse_reply_err(req, 0);
 }
 
+// Replies to an open with the core's answer (on the FUSE worker, or later on the core's
+// completion pool: a waiting open holds no worker).
+void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result<OpenFile> r) {
+  auto& m = fm(req);
+  const auto live = m.reply_guard();
+  if (!live) return;  // the session is gone: nobody waits for this reply
+  if (!r) return reply_err(req, r.error());
+  auto h = std::make_unique<FileHandle>();
+  h->fd = std::move(r->fd);
+  h->node = ino;
+  const int id = r->from_source ? -1 : m.acquire_backing(ino, h->fd.get());
+  if (id >= 0) {
+    h->passthrough = true;
+    Passthrough::arm_open_reply(id);
+    m.note_read_path(ReadPath::passthrough);
+  } else {
+    // Keep the page cache only when this open found the copy already there.
+    fi.keep_cache = r->cache_hit ? 1 : 0;
+    if (!r->from_source) m.note_read_path(ReadPath::splice);  // a stall fallback says so itself
+  }
+  fi.fh = reinterpret_cast<uint64_t>(h.get());
+  const int rc = fuse_reply_open(req, &fi);
+  Passthrough::disarm();
+  if (rc == 0) {
+    (void)h.release();
+  } else if (h->passthrough) {  // interrupted: the kernel will not send RELEASE
+    m.release_backing(ino);
+  }
+}
+
 void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto& m = fm(req);
-    auto r = m.core().open(ino, fi->flags);
-    if (!r) return reply_err(req, r.error());
-    auto h = std::make_unique<FileHandle>();
-    h->fd = std::move(r->fd);
-    h->node = ino;
-    const int id = r->from_source ? -1 : m.acquire_backing(ino, h->fd.get());
-    if (id >= 0) {
-      h->passthrough = true;
-      Passthrough::arm_open_reply(id);
-      m.note_read_path(ReadPath::passthrough);
-    } else {
-      // Keep the page cache only when this open found the copy already there: a copy made
-      // just now may replace one whose pages the kernel still holds (same size and mtime).
-      fi->keep_cache = r->cache_hit ? 1 : 0;
-      if (!r->from_source) m.note_read_path(ReadPath::splice);  // a stall fallback says so itself
-    }
-    fi->fh = reinterpret_cast<uint64_t>(h.get());
-    const int rc = fuse_reply_open(req, fi);
-    Passthrough::disarm();
-    if (rc == 0) {
-      (void)h.release();
-    } else if (h->passthrough) {  // interrupted: the kernel will not send RELEASE
-      m.release_backing(ino);
-    }
+    const fuse_file_info copy = *fi;
+    fm(req).core().open_async(ino, fi->flags, caller(req, true), [req, ino, copy](stage::Result<OpenFile> r) {
+      guarded(req, [&] { reply_open(req, ino, copy, std::move(r)); });
+    });
   });
 }
 
@@ -233,7 +262,7 @@ void reply_xattr_value(fuse_req_t req, const std::string& v, size_t size) {
 
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   guarded(req, [&] {
-    auto r = fm(req).core().getxattr(ino, name);
+    auto r = fm(req).core().getxattr(ino, name, caller(req, false));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });
@@ -241,7 +270,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
 
 void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   guarded(req, [&] {
-    auto r = fm(req).core().listxattr(ino);
+    auto r = fm(req).core().listxattr(ino, caller(req, false));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });
@@ -445,9 +474,14 @@ stage::Status FuseMount::loop() {
   fuse_loop_cfg_set_idle_threads(cfg, 4);
   const int rc = fuse_session_loop_mt(se_, cfg);
   fuse_loop_cfg_destroy(cfg);
+  {
+    // No late reply (an open answered by the core's completion pool) may write to the
+    // session's fd once it is closed.
+    std::unique_lock lk(reply_m_);
+    loop_done_ = true;
+  }
   // Only now, with no worker reading /dev/fuse, may the session's fd be closed.
   fuse_session_unmount(se_);
-  loop_done_ = true;
   if (rc < 0) return stage::sys_error(-rc, "FUSE session loop", opt_.mountpoint);
   return {};
 }

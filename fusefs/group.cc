@@ -8,13 +8,32 @@ namespace stagefs {
 
 GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src,
                            stage::LocalStore& store, GroupConfig cfg)
-    : data_(data), ctl_(ctl), src_(src), store_(store), cfg_(std::move(cfg)), last_progress_(Clock::now()) {}
+    : data_(data), ctl_(ctl), src_(src), store_(store), cfg_(std::move(cfg)), last_progress_(Clock::now()) {
+  watchdog_ = std::thread([this] { watchdog(); });
+}
 
-stage::Status GroupService::materialize(const std::string& rel) {
+GroupService::~GroupService() {
+  Ready ready;
+  {
+    std::lock_guard lk(m_);
+    stop_watchdog_ = true;
+    ready = fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)"));
+  }
+  watchdog_cv_.notify_all();
+  watchdog_.join();
+  run_ready(ready);
+}
+
+void GroupService::materialize_async(const std::string& rel, Done done) {
   std::unique_lock lk(m_);
-  if (state_ == GroupState::broken) return stage::stage_error(stage::Errc::group_broken, "materialize", rel);
-  if (state_ == GroupState::shut_down || shutdown_requested_)
-    return stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel);
+  if (state_ == GroupState::broken) {
+    lk.unlock();
+    return done(stage::stage_error(stage::Errc::group_broken, "materialize", rel));
+  }
+  if (state_ == GroupState::shut_down || shutdown_requested_) {
+    lk.unlock();
+    return done(stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel));
+  }
   auto& slot = waits_[rel];
   if (!slot) {  // first open of this file on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
@@ -22,29 +41,49 @@ stage::Status GroupService::materialize(const std::string& rel) {
     outbox_.push_back(rel);
     ++stats_.requests_sent;
     service_cv_.notify_one();
+    watchdog_cv_.notify_all();
   }
-  const std::shared_ptr<Waiter> w = slot;
-  while (!w->done) {
-    const auto deadline = std::max(w->requested, last_progress_) + cfg_.stall_timeout;
-    if (waiters_cv_.wait_until(lk, deadline) == std::cv_status::timeout && !w->done &&
-        Clock::now() >= std::max(w->requested, last_progress_) + cfg_.stall_timeout) {
-      spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
-                    std::chrono::duration<double>(cfg_.stall_timeout).count());
-      state_ = GroupState::broken;
-      fail_all_locked(stage::stage_error(stage::Errc::timed_out, "materialize", rel));
-    }
-  }
-  return w->result;
+  slot->callbacks.push_back(std::move(done));
 }
 
-void GroupService::fail_all_locked(const stage::Error& e) {
-  for (auto& [rel, w] : waits_) {
-    w->done = true;
-    w->result = e;
+// The stall rule for every waiting open, on a thread of its own.
+void GroupService::watchdog() {
+  std::unique_lock lk(m_);
+  while (!stop_watchdog_) {
+    if (waits_.empty() || state_ != GroupState::running) {
+      watchdog_cv_.wait(lk);
+      continue;
+    }
+    auto oldest = Clock::time_point::max();
+    for (const auto& [rel, w] : waits_) oldest = std::min(oldest, w->requested);
+    const auto deadline = std::max(oldest, last_progress_) + cfg_.stall_timeout;
+    if (Clock::now() < deadline) {
+      watchdog_cv_.wait_until(lk, deadline);
+      continue;
+    }
+    const std::string rel = waits_.begin()->first;
+    spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
+                  std::chrono::duration<double>(cfg_.stall_timeout).count());
+    state_ = GroupState::broken;
+    Ready ready = fail_all_locked(stage::stage_error(stage::Errc::timed_out, "materialize", rel));
+    lk.unlock();
+    run_ready(ready);
+    lk.lock();
   }
+}
+
+GroupService::Ready GroupService::fail_all_locked(const stage::Error& e) {
+  Ready ready;
+  for (auto& [rel, w] : waits_)
+    for (auto& cb : w->callbacks) ready.emplace_back(std::move(cb), e);
   waits_.clear();
   outbox_.clear();
-  waiters_cv_.notify_all();
+  return ready;
+}
+
+void GroupService::run_ready(Ready& r) {
+  for (auto& [cb, st] : r) cb(std::move(st));
+  r.clear();
 }
 
 void GroupService::request_shutdown() {
@@ -68,14 +107,17 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
+
 void GroupService::complete(const std::string& rel, const stage::Status& st) {
-  std::lock_guard lk(m_);
-  auto it = waits_.find(rel);
-  if (it == waits_.end()) return;
-  it->second->done = true;
-  it->second->result = st;
-  waits_.erase(it);
-  waiters_cv_.notify_all();
+  std::vector<Done> cbs;
+  {
+    std::lock_guard lk(m_);
+    auto it = waits_.find(rel);
+    if (it == waits_.end()) return;
+    cbs = std::move(it->second->callbacks);
+    waits_.erase(it);
+  }
+  for (auto& cb : cbs) cb(st);
 }
 
 void GroupService::enqueue(const Message& m) {
@@ -98,6 +140,8 @@ void GroupService::run_transfer(const Message& a) {
   opt.root = 0;
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
+  opt.cancelled = cfg_.cancelled;
+  if (cfg_.before_transfer) cfg_.before_transfer(a.path);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
   auto report =
       stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t, uint64_t) { mark_progress(); });
@@ -141,9 +185,13 @@ stage::Status GroupService::run() {
     }
     auto broken = [&](const stage::Error& e) {
       spdlog::error("{}: control plane failed: {}", stage::host_name(), e.message);
-      std::lock_guard lk(m_);
-      state_ = GroupState::broken;
-      fail_all_locked(e);
+      Ready ready;
+      {
+        std::lock_guard lk(m_);
+        state_ = GroupState::broken;
+        ready = fail_all_locked(e);
+      }
+      run_ready(ready);
       return stage::Status(e);
     };
     for (auto& rel : out) {
@@ -196,9 +244,13 @@ stage::Status GroupService::run() {
       const Message& m = **a;
       last_seen_id_ = std::max(last_seen_id_, m.id);
       if (m.type == MsgType::shutdown) {
-        std::lock_guard lk(m_);
-        state_ = GroupState::shut_down;
-        fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount group shut down)"));
+        Ready ready;
+        {
+          std::lock_guard lk(m_);
+          state_ = GroupState::shut_down;
+          ready = fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount group shut down)"));
+        }
+        run_ready(ready);
         return {};
       }
       run_transfer(m);

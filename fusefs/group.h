@@ -6,6 +6,9 @@
 //   - on every rank: runs each announced transfer through the bcast engine into the cache
 //     (nodes whose cache already holds a valid copy take part without writing),
 //   - wakes the waiting opens with the outcome.
+// Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
+// transfer completes. A watchdog thread (not the service thread, which may be stuck in MPI)
+// enforces the stall timeout.
 // Stalls: a waiting open gives up when neither its own request nor any collective progress
 // (an announcement, a chunk) has happened for stall_timeout. The node then marks the group
 // broken: the service thread may be stuck inside MPI for good (Open MPI 4.1 has no
@@ -27,6 +30,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "bcast/engine.h"
 #include "fusefs/control.h"
@@ -44,6 +49,11 @@ struct GroupConfig {
   std::chrono::milliseconds idle_poll{20};  // longest sleep of an idle service thread
   // Named in the one log line per materialization (how reads of the copy are served).
   std::function<std::string()> read_path;
+  // Called on every rank before a transfer of rel starts (the mount removes an outdated copy
+  // there, so that its space counts as free).
+  std::function<void(const std::string&)> before_transfer;
+  // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
+  std::function<bool()> cancelled;
 };
 
 struct GroupStats {
@@ -60,10 +70,11 @@ class GroupService final : public Materializer {
  public:
   GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src, stage::LocalStore& store,
                GroupConfig cfg);
+  ~GroupService() override;
 
-  // Blocks until a transfer of `rel` finished on this node (the caller then opens and checks
-  // the cache) or failed, timed out, or the group shut down.
-  stage::Status materialize(const std::string& rel) override;
+  // Calls done when a transfer of `rel` finished on this node (the caller then opens and
+  // checks the cache) or failed, timed out, or the group shut down.
+  void materialize_async(const std::string& rel, Done done) override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
   // Service thread: loops until a shutdown announcement or a broken control plane.
@@ -75,14 +86,16 @@ class GroupService final : public Materializer {
 
  private:
   struct Waiter {
-    bool done = false;
-    stage::Status result;
     Clock::time_point requested;
+    std::vector<Done> callbacks;
   };
+  using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
 
   void run_transfer(const Message& a);
   void complete(const std::string& rel, const stage::Status& st);
-  void fail_all_locked(const stage::Error& e);
+  Ready fail_all_locked(const stage::Error& e);
+  static void run_ready(Ready& r);
+  void watchdog();
   void mark_progress();
   void enqueue(const Message& m);  // coordinator, service thread
 
@@ -93,7 +106,6 @@ class GroupService final : public Materializer {
   const GroupConfig cfg_;
 
   mutable std::mutex m_;
-  std::condition_variable waiters_cv_;
   std::condition_variable service_cv_;
   std::map<std::string, std::shared_ptr<Waiter>> waits_;
   std::deque<std::string> outbox_;  // requests not yet handed to the control plane
@@ -101,6 +113,9 @@ class GroupService final : public Materializer {
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;
   GroupStats stats_;
+  bool stop_watchdog_ = false;
+  std::condition_variable watchdog_cv_;
+  std::thread watchdog_;
 
   // service thread only
   std::deque<Message> queue_;  // coordinator: decided but not yet announced

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 
@@ -53,6 +54,13 @@ class FuseMount {
   Passthrough& passthrough() { return pt_; }
   int fuse_fd() const { return fuse_fd_; }
   void note_read_path(ReadPath p);
+  // Held while a reply is written from outside the session's workers; empty (false) once the
+  // session loop ended.
+  std::shared_lock<std::shared_mutex> reply_guard() {
+    std::shared_lock lk(reply_m_);
+    if (loop_done_) lk.unlock();
+    return lk;
+  }
   // The kernel allows one backing file per inode while it is open in passthrough mode: every
   // open of a node shares one refcounted backing id. Returns the id, or -errno.
   int acquire_backing(uint64_t node, int fd);
@@ -67,6 +75,7 @@ class FuseMount {
   int fuse_fd_ = -1;
   std::atomic<bool> unmounted_{false};
   std::atomic<bool> loop_done_{false};
+  std::shared_mutex reply_m_;  // replies from outside the workers vs. the end of the loop
   std::atomic<ReadPath> read_path_{ReadPath::unknown};
   std::atomic<bool> logged_fallback_{false};
   std::mutex backing_m_;                                       // guards backing_

@@ -37,7 +37,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", on_stall = "eio", direct_io = "off", wait_for;
+  std::string chunk = "16M", on_stall = "eio", direct_io = "off", verify = "crc", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -82,6 +82,12 @@ int main(int argc, char** argv) {
                  "while materializing, but the first read comes from disk)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "off"}));
+  app.add_option("--verify-cache", verify,
+                 "crc: before a copy found in the cache (made by an earlier mount) is first served, "
+                 "read it once and check the CRC it was recorded with; a corrupted copy is removed "
+                 "and copied again. none: trust size, mtime, ctime and inode")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"crc", "none"}));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -120,6 +126,7 @@ int main(int argc, char** argv) {
   if (auto why = stage::check_chunk_size(*c)) return usage("--chunk-size: " + *why);
   cfg.chunk_size = *c;
   cfg.direct_io = direct_io == "auto";
+  cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;

@@ -152,6 +152,24 @@ TEST_F(EngineTest, SourceChangedDuringCopyIsNotPublished) {
   EXPECT_NE(r.reports[0].errors[0].find("changed"), std::string::npos);
 }
 
+TEST_F(EngineTest, CancelAbandonsTheTransferAtTheNextChunk) {
+  write_file(path("src.bin"), random_bytes(2000000, 7));
+  for (int r = 0; r < 3; ++r) write_file(node_file(r), "old copy");
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = 65536;
+  std::atomic<int> asked{0};
+  opt.cancelled = [&] { return ++asked > 3; };  // a stop arrives after three chunks were read
+  auto r = run(3, opt, src, plain_, path("src.bin"));
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_FALSE(r.reports[static_cast<size_t>(k)].ok);
+    EXPECT_EQ(read_file(node_file(k)), "old copy");
+    EXPECT_LE(r.reports[static_cast<size_t>(k)].chunks, 3U);  // 31 chunks in the file
+  }
+  EXPECT_EQ(asked.load(), 4);  // the source rank's reader asks once per chunk, and stops there
+  EXPECT_TRUE(no_temps_under(dir_));
+}
+
 TEST_F(EngineTest, UnwritableNodeStopsEveryoneBeforeAnyDataMoves) {
   write_file(path("src.bin"), random_bytes(300000, 7));
   for (int r = 0; r < 3; ++r) write_file(node_file(r), "valid old copy");

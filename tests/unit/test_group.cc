@@ -11,6 +11,7 @@
 #include "bcast/comm.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
+#include "fusefs/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "tmpdir.h"
@@ -56,24 +57,33 @@ class GroupTest : public TmpDirTest {
   void SetUp() override {
     TmpDirTest::SetUp();
     fs::create_directories(path("src/dir"));
-    fs::create_directories(path("cache"));
+    auto c = NodeCache::open(path("cache"));
+    ASSERT_TRUE(c) << c.error().message;
+    cache_ = std::move(c.value());
     root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     source_ = std::make_unique<BeneathSource>(root_.get());
   }
   void TearDown() override {
     source_.reset();
+    cache_.reset();
     root_.reset();
     TmpDirTest::TearDown();
   }
   GroupConfig config(std::chrono::milliseconds stall = std::chrono::seconds(30)) {
     GroupConfig g;
     g.source_dir = path("src");
-    g.cache_dir = path("cache");
+    g.cache_dir = cache_->store_root();
     g.bcast.chunk_size = 65536;
     g.stall_timeout = stall;
     g.idle_poll = std::chrono::milliseconds(5);
     return g;
   }
+  std::unique_ptr<StageFsCore> core(StallPolicy on_stall, Materializer& mat) {
+    auto c = StageFsCore::create(CoreConfig{path("src"), on_stall}, *cache_, mat);
+    EXPECT_TRUE(c);
+    return c ? std::move(c.value()) : nullptr;
+  }
+  std::unique_ptr<NodeCache> cache_;
   stage::Fd root_;
   std::unique_ptr<BeneathSource> source_;
   stage::PosixStore store_;
@@ -87,8 +97,8 @@ TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
   GroupService group(comm, ctl, *source_, store_, config());
   std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
   {
-    auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
-    ASSERT_TRUE(core);
+    auto core = std::optional(this->core(StallPolicy::eio, group));
+    ASSERT_TRUE(*core);
     auto dir = (*core)->lookup(StageFsCore::kRootId, "dir");
     ASSERT_TRUE(dir);
     auto img = (*core)->lookup(dir->first, "img.sqsh");
@@ -104,17 +114,25 @@ TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
     for (auto& t : openers) t.join();
     EXPECT_EQ(ok.load(), 8);
     EXPECT_EQ(group.stats().transfers, 1U);
-    EXPECT_EQ(read_file(path("cache/dir/img.sqsh")), data);
+    EXPECT_EQ(read_file(path("cache/data/dir/img.sqsh")), data);
     auto again = (*core)->open(img->first, O_RDONLY);
     ASSERT_TRUE(again);
     EXPECT_TRUE(again->cache_hit);
     EXPECT_EQ(group.stats().transfers, 1U);
-    // The source changes: the next open materializes again.
+    // The source changes: the old id is outdated (ESTALE: the kernel looks the name up again),
+    // the new lookup names the new version, and its open materializes again.
     write_file(path("src/dir/img.sqsh"), random_bytes(1000, 2));
-    auto fresh = (*core)->open(img->first, O_RDONLY);
+    auto old = (*core)->open(img->first, O_RDONLY);
+    ASSERT_FALSE(old);
+    EXPECT_EQ(old.error().to_errno(), ESTALE);
+    auto img2 = (*core)->lookup(dir->first, "img.sqsh");
+    ASSERT_TRUE(img2);
+    EXPECT_NE(img2->first, img->first);
+    EXPECT_EQ(img2->second.st_size, 1000);
+    auto fresh = (*core)->open(img2->first, O_RDONLY);
     ASSERT_TRUE(fresh);
     EXPECT_FALSE(fresh->cache_hit);
-    EXPECT_EQ(read_file(path("cache/dir/img.sqsh")).size(), 1000U);
+    EXPECT_EQ(read_file(path("cache/data/dir/img.sqsh")).size(), 1000U);
     EXPECT_EQ(group.stats().transfers, 2U);
   }
   group.request_shutdown();
@@ -129,8 +147,8 @@ TEST_F(GroupTest, ReadOnlyAndNothingOutsideTheSource) {
   stage::SelfComm comm;
   LocalControlPlane ctl;
   GroupService group(comm, ctl, *source_, store_, config());
-  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
-  ASSERT_TRUE(core);
+  auto core = std::optional(this->core(StallPolicy::eio, group));
+  ASSERT_TRUE(*core);
   auto f = (*core)->lookup(StageFsCore::kRootId, "f");
   ASSERT_TRUE(f);
   EXPECT_EQ((*core)->open(f->first, O_RDWR).error().to_errno(), EROFS);
@@ -153,8 +171,8 @@ TEST_F(GroupTest, StalledTransferReleasesOpensAndBreaksTheGroup) {
   LocalControlPlane ctl;
   GroupService group(comm, ctl, *source_, store_, config(std::chrono::milliseconds(300)));
   std::thread service([&] { (void)group.run(); });
-  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::eio}, group);
-  ASSERT_TRUE(core);
+  auto core = std::optional(this->core(StallPolicy::eio, group));
+  ASSERT_TRUE(*core);
   auto big = (*core)->lookup(StageFsCore::kRootId, "big");
   ASSERT_TRUE(big);
   auto r = (*core)->open(big->first, O_RDONLY);  // returns after the stall timeout, not never
@@ -164,7 +182,7 @@ TEST_F(GroupTest, StalledTransferReleasesOpensAndBreaksTheGroup) {
   auto other = (*core)->lookup(StageFsCore::kRootId, "other");
   ASSERT_TRUE(other);
   EXPECT_FALSE((*core)->open(other->first, O_RDONLY));  // at once: the group is broken
-  EXPECT_FALSE(fs::exists(path("cache/big")));          // nothing partial was published
+  EXPECT_FALSE(fs::exists(path("cache/data/big")));          // nothing partial was published
   comm.release();  // the engine finishes; the node keeps taking part until told to stop
   group.request_shutdown();
   service.join();
@@ -178,8 +196,8 @@ TEST_F(GroupTest, StallFallsBackToTheSourceWhenAsked) {
   LocalControlPlane ctl;
   GroupService group(comm, ctl, *source_, store_, config(std::chrono::milliseconds(300)));
   std::thread service([&] { (void)group.run(); });
-  auto core = StageFsCore::create(CoreConfig{path("src"), path("cache"), StallPolicy::source}, group);
-  ASSERT_TRUE(core);
+  auto core = std::optional(this->core(StallPolicy::source, group));
+  ASSERT_TRUE(*core);
   auto big = (*core)->lookup(StageFsCore::kRootId, "big");
   ASSERT_TRUE(big);
   auto r = (*core)->open(big->first, O_RDONLY);

@@ -1,0 +1,252 @@
+#include "fusefs/cache.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "bcast/manifest.h"
+#include "bcast/source.h"
+#include "bcast/store.h"
+#include "fusefs/beneath.h"
+
+namespace stagefs {
+
+using stage::Error;
+using stage::Fd;
+using stage::Result;
+
+namespace {
+
+Error refuse(const std::string& path, const std::string& why, const std::string& fix) {
+  return stage::sys_error(EPERM, "--cache " + path + ": " + why + "; " + fix);
+}
+
+std::vector<std::string> components(const std::string& abs) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < abs.size()) {
+    const size_t j = abs.find('/', i);
+    const std::string c = abs.substr(i, j == std::string::npos ? std::string::npos : j - i);
+    if (!c.empty() && c != ".") {
+      if (c == ".." && !out.empty())
+        out.pop_back();
+      else if (c != "..")
+        out.push_back(c);
+    }
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  return out;
+}
+
+bool others_may_write(const struct stat& st) {
+  return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
+
+// Removes name (any type) in dirfd, recursively, without following symlinks.
+void remove_tree(int dirfd, const char* name) {
+  struct stat st {};
+  if (::fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    const int fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+      if (DIR* d = ::fdopendir(fd)) {
+        std::vector<std::string> names;
+        while (const dirent* de = ::readdir(d))
+          if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
+        for (const auto& n : names) remove_tree(::dirfd(d), n.c_str());
+        ::closedir(d);
+      } else {
+        ::close(fd);
+      }
+    }
+    ::unlinkat(dirfd, name, AT_REMOVEDIR);
+  } else {
+    ::unlinkat(dirfd, name, 0);
+  }
+}
+
+// One walk of CACHE/data: see the header.
+void sweep(int dirfd, SweepCounts& n) {
+  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const dirent* de = ::readdir(d))
+    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
+  const uid_t me = ::geteuid();
+  for (const auto& name : names) {
+    struct stat st {};
+    if (::fstatat(::dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const bool trusted = st.st_uid == me && (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1));
+    if (!trusted) {
+      spdlog::warn("cache: removing {} (type {:o}, owner {}): not written by this daemon's user", name,
+                   st.st_mode & S_IFMT, st.st_uid);
+      remove_tree(::dirfd(d), name.c_str());
+      ++n.untrusted;
+      continue;
+    }
+    if (S_ISREG(st.st_mode)) {
+      if (stage::is_temp_name(name) && ::unlinkat(::dirfd(d), name.c_str(), 0) == 0) ++n.temps;
+      continue;
+    }
+    if ((st.st_mode & 077) != 0) ::fchmodat(::dirfd(d), name.c_str(), 0700, 0);
+    const int sub = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) continue;
+    sweep(sub, n);
+    ::close(sub);
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+Result<Fd> open_private_dir(const std::string& path) {
+  if (path.empty() || path[0] != '/') return stage::sys_error(EINVAL, "--cache must be an absolute path", path);
+  const auto parts = components(path);
+  const uid_t me = ::geteuid();
+  Fd cur(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!cur.valid()) return stage::sys_error(errno, "open /");
+  std::string at = "/";
+  bool parent_shared = false;  // the directory we are in lets others create entries (sticky)
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const bool last = i + 1 == parts.size();
+    const std::string& name = parts[i];
+    const std::string here = (at == "/" ? "" : at) + "/" + name;
+    struct stat lst {};
+    if (::fstatat(cur.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return stage::sys_error(errno, "--cache: stat", here);
+      if (::mkdirat(cur.get(), name.c_str(), 0700) != 0 && errno != EEXIST)
+        return stage::sys_error(errno, "--cache: create directory", here);
+      if (::fstatat(cur.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0)
+        return stage::sys_error(errno, "--cache: stat", here);
+    }
+    if (S_ISLNK(lst.st_mode)) {
+      if (last)
+        return refuse(here, "is a symlink",
+                      "give the directory it points to (after checking who may change the link)");
+      if (lst.st_uid != 0 || parent_shared)
+        return refuse(path, here + " is a symlink owned by uid " + std::to_string(lst.st_uid) +
+                                (parent_shared ? " in a directory others may write to" : ""),
+                      "use a path without it");
+    }
+    const int flags = (last ? O_RDONLY : O_PATH) | O_DIRECTORY | O_CLOEXEC | (S_ISLNK(lst.st_mode) ? 0 : O_NOFOLLOW);
+    Fd next(::openat(cur.get(), name.c_str(), flags));
+    if (!next.valid()) return stage::sys_error(errno, "--cache: open", here);
+    struct stat st {};
+    if (::fstat(next.get(), &st) != 0) return stage::sys_error(errno, "--cache: stat", here);
+    if (!S_ISLNK(lst.st_mode) && (st.st_dev != lst.st_dev || st.st_ino != lst.st_ino))
+      return refuse(here, "changed while it was checked", "try again");
+    if (st.st_uid != 0 && st.st_uid != me)
+      return refuse(path, here + " is owned by uid " + std::to_string(st.st_uid),
+                    "use a directory owned by root (or by the daemon's user) all the way down");
+    if (parent_shared && st.st_uid != me)
+      return refuse(path, here + " lies in a directory others may write to and is not owned by the daemon's user",
+                    "create it as the daemon's user, or use another path");
+    if (last) {
+      if (st.st_uid != me)
+        return refuse(path, "is owned by uid " + std::to_string(st.st_uid) + ", not by the daemon's user (uid " +
+                                std::to_string(me) + ")",
+                      "give the daemon a directory of its own (it creates a missing one, mode 0700)");
+    } else if (others_may_write(st) && (st.st_mode & S_ISVTX) == 0) {
+      return refuse(path, here + " may be written by other users and is not sticky",
+                    "use a path whose parents only root (or the daemon's user) can change");
+    }
+    parent_shared = others_may_write(st);
+    cur = std::move(next);
+    at = here;
+  }
+  if (parts.empty()) return refuse(path, "is /", "give a directory of its own");
+  return cur;
+}
+
+Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir) {
+  auto root = open_private_dir(dir);
+  if (!root) return root.error();
+  auto c = std::unique_ptr<NodeCache>(new NodeCache());
+  c->dir_ = dir;
+  c->root_ = std::move(root.value());
+  struct stat st {};
+  if (::fstat(c->root_.get(), &st) != 0) return stage::sys_error(errno, "stat cache", dir);
+  if ((st.st_mode & 07777) != 0700 && ::fchmod(c->root_.get(), 0700) != 0)
+    return stage::sys_error(errno, "chmod 0700 cache", dir);
+  c->lock_ = Fd(::openat(c->root_.get(), ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!c->lock_.valid()) return stage::sys_error(errno, "create lock file in cache", dir);
+  if (::flock(c->lock_.get(), LOCK_EX | LOCK_NB) != 0)
+    return stage::sys_error(EBUSY, "cache " + dir + " is in use by another stagefs on this node");
+  // data: ours, a directory, not a symlink (replaced if it is one)
+  struct stat dst {};
+  if (::fstatat(c->root_.get(), "data", &dst, AT_SYMLINK_NOFOLLOW) == 0 &&
+      (!S_ISDIR(dst.st_mode) || dst.st_uid != ::geteuid())) {
+    spdlog::warn("cache: removing {}/data (type {:o}, owner {}): not written by this daemon's user", dir,
+                 dst.st_mode & S_IFMT, dst.st_uid);
+    remove_tree(c->root_.get(), "data");
+    ++c->swept_.untrusted;
+  }
+  if (::mkdirat(c->root_.get(), "data", 0700) != 0 && errno != EEXIST)
+    return stage::sys_error(errno, "create cache data directory", dir + "/data");
+  c->data_ = Fd(::openat(c->root_.get(), "data", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!c->data_.valid()) return stage::sys_error(errno, "open cache data directory", dir + "/data");
+  if (::fstat(c->data_.get(), &c->data_st_) != 0) return stage::sys_error(errno, "stat", dir + "/data");
+  if (c->data_st_.st_uid != ::geteuid()) return refuse(dir, "data is not owned by the daemon's user", "remove it");
+  if ((c->data_st_.st_mode & 077) != 0) ::fchmod(c->data_.get(), 0700);
+  sweep(c->data_.get(), c->swept_);
+  return c;
+}
+
+std::string NodeCache::store_root() const {
+  return "/proc/self/fd/" + std::to_string(data_.get());
+}
+
+stage::Status NodeCache::alive() const {
+  struct stat st {};
+  if (::fstat(data_.get(), &st) != 0 || st.st_nlink == 0)
+    return stage::sys_error(ENOENT, "cache directory " + dir_ +
+                                        "/data was removed under the running mount: copies cannot be made until "
+                                        "the mount is restarted (cached files still open keep working)");
+  return {};
+}
+
+Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& src) const {
+  auto fd = open_beneath(data_.get(), rel, O_RDONLY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", rel);
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1)
+    return stage::stage_error(stage::Errc::source_changed, "cached copy was not written by this daemon", rel);
+  const auto origin = stage::origin_of_fd(fd->get());
+  if (static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
+      !stage::origin_matches(*origin, stage::to_ns(st.st_mtim), stage::meta_from_stat(src)))
+    return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", rel);
+  return std::move(fd.value());
+}
+
+bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) const {
+  if (open_current(rel, src)) return false;
+  auto parent = open_beneath(data_.get(), stage::parent_dir(rel) == "." ? "" : stage::parent_dir(rel),
+                             O_PATH | O_DIRECTORY);
+  if (!parent) return false;
+  const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
+  struct stat st {};
+  if (::fstatat(parent->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  return ::unlinkat(parent->get(), base.c_str(), 0) == 0;
+}
+
+void NodeCache::remove(const std::string& rel) const {
+  auto parent = open_beneath(data_.get(), stage::parent_dir(rel) == "." ? "" : stage::parent_dir(rel),
+                             O_PATH | O_DIRECTORY);
+  if (!parent) return;
+  const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
+  ::unlinkat(parent->get(), base.c_str(), 0);
+}
+
+}  // namespace stagefs

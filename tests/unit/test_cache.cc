@@ -1,0 +1,132 @@
+// NodeCache (fusefs/cache.h): what it refuses, what its sweep removes, its validity rule.
+// Runs as root (the suite does); ownership cases chown to uid 65534 (nobody).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "bcast/source.h"
+#include "bcast/store.h"
+#include "fusefs/cache.h"
+#include "tmpdir.h"
+
+namespace stagefs {
+namespace {
+
+namespace fs = std::filesystem;
+using stage::testing::TmpDirTest;
+
+class NodeCacheTest : public TmpDirTest {
+ protected:
+  void SetUp() override {
+    TmpDirTest::SetUp();
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (ownership cases)";
+    ::chmod(dir_.c_str(), 0755);
+  }
+};
+
+TEST_F(NodeCacheTest, CreatesAPrivateCacheAndLocksIt) {
+  auto c = NodeCache::open(path("a/b/cache"));
+  ASSERT_TRUE(c) << c.error().message;
+  struct stat st {};
+  ASSERT_EQ(::stat(path("a/b/cache").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700U);
+  ASSERT_EQ(::stat(path("a/b/cache/data").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700U);
+  EXPECT_TRUE((*c)->alive().ok());
+  auto second = NodeCache::open(path("a/b/cache"));
+  ASSERT_FALSE(second);
+  EXPECT_NE(second.error().message.find("in use by another stagefs"), std::string::npos);
+}
+
+TEST_F(NodeCacheTest, RefusesSymlinksForeignOwnersAndUnsafeParents) {
+  fs::create_directories(path("real"));
+  fs::create_symlink(path("real"), path("link"));
+  auto sym = NodeCache::open(path("link"));
+  ASSERT_FALSE(sym);
+  EXPECT_NE(sym.error().message.find("is a symlink"), std::string::npos) << sym.error().message;
+  EXPECT_TRUE(fs::is_empty(path("real")));
+
+  fs::create_directories(path("theirs"));
+  ASSERT_EQ(::chown(path("theirs").c_str(), 65534, 65534), 0);
+  auto foreign = NodeCache::open(path("theirs"));
+  ASSERT_FALSE(foreign);
+  EXPECT_NE(foreign.error().message.find("owned by uid 65534"), std::string::npos) << foreign.error().message;
+
+  fs::create_directories(path("open/c"));
+  ::chmod(path("open").c_str(), 0777);  // writable by all, not sticky: c could be swapped
+  auto unsafe = NodeCache::open(path("open/c"));
+  ASSERT_FALSE(unsafe);
+  EXPECT_NE(unsafe.error().message.find("not sticky"), std::string::npos) << unsafe.error().message;
+
+  fs::create_directories(path("tmp"));
+  ::chmod(path("tmp").c_str(), 01777);  // like /tmp: fine, the cache below is ours
+  EXPECT_TRUE(NodeCache::open(path("tmp/c")));
+  fs::create_symlink(path("real"), path("tmp/usersym"));
+  ASSERT_EQ(::lchown(path("tmp/usersym").c_str(), 65534, 65534), 0);
+  EXPECT_FALSE(NodeCache::open(path("tmp/usersym/c")));  // a user's symlink is never followed
+  EXPECT_TRUE(fs::is_empty(path("real")));
+}
+
+TEST_F(NodeCacheTest, SweepRemovesWhatTheDaemonDidNotWrite) {
+  fs::create_directories(path("c/data/sub"));
+  fs::create_directories(path("victim"));
+  write_file(path("c/data/mine"), "ok");
+  write_file(path("c/data/planted"), "evil");
+  ASSERT_EQ(::chown(path("c/data/planted").c_str(), 65534, 65534), 0);
+  fs::create_symlink(path("victim"), path("c/data/sub/escape"));
+  write_file(path("c/data/sub/.x.stage-tmp.host.1"), "partial");
+  write_file(path("elsewhere"), "x");
+  ASSERT_EQ(::link(path("elsewhere").c_str(), path("c/data/hardlink").c_str()), 0);
+  ::chmod(path("c/data/sub").c_str(), 0777);
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_TRUE(fs::exists(path("c/data/mine")));
+  EXPECT_FALSE(fs::exists(path("c/data/planted")));
+  EXPECT_FALSE(fs::symlink_status(path("c/data/sub/escape")).type() == fs::file_type::symlink);
+  EXPECT_FALSE(fs::exists(path("c/data/sub/.x.stage-tmp.host.1")));
+  EXPECT_FALSE(fs::exists(path("c/data/hardlink")));
+  EXPECT_TRUE(fs::exists(path("elsewhere")));
+  EXPECT_EQ((*c)->swept().untrusted, 3);
+  EXPECT_EQ((*c)->swept().temps, 1);
+  struct stat st {};
+  ASSERT_EQ(::stat(path("c/data/sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700U);
+}
+
+TEST_F(NodeCacheTest, ServesOnlyCurrentCopiesItWroteAndNoticesRemoval) {
+  write_file(path("src"), "hello world");
+  struct stat src {};
+  ASSERT_EQ(::stat(path("src").c_str(), &src), 0);
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  stage::PosixStore store(stage::StoreOptions{.direct_io = false, .parent_mode = 0700});
+  const std::string dest = (*c)->store_root() + "/d/f";
+  ASSERT_TRUE(store.make_parents(dest));
+  auto txn = store.begin(dest);
+  ASSERT_TRUE(txn);
+  const std::string data = "hello world";
+  ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+  ASSERT_TRUE((*txn)->commit());
+  EXPECT_TRUE((*c)->open_current("d/f", src));
+  struct stat other = src;
+  other.st_size += 1;
+  EXPECT_FALSE((*c)->open_current("d/f", other));
+  EXPECT_FALSE((*c)->remove_stale("d/f", src));  // current: kept
+  ASSERT_EQ(::chown(path("c/data/d/f").c_str(), 65534, 65534), 0);
+  EXPECT_FALSE((*c)->open_current("d/f", src));  // not written by us
+  ASSERT_EQ(::chown(path("c/data/d/f").c_str(), 0, 0), 0);
+  EXPECT_TRUE((*c)->remove_stale("d/f", other));
+  EXPECT_FALSE(fs::exists(path("c/data/d/f")));
+  fs::remove_all(path("c"));
+  EXPECT_FALSE((*c)->alive().ok());
+  EXPECT_FALSE(store.make_parents((*c)->store_root() + "/e/f"));  // nothing is recreated
+  EXPECT_FALSE(fs::exists(path("c")));
+}
+
+}  // namespace
+}  // namespace stagefs
