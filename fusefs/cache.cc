@@ -4,7 +4,10 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#include <limits>
 
 #include <cstring>
 #include <vector>
@@ -169,10 +172,41 @@ Result<Fd> open_private_dir(const std::string& path) {
   return cur;
 }
 
-Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir) {
+// The engine's store for the mount: the real one, with the limit in its free space.
+class NodeCache::LimitedStore final : public stage::LocalStore {
+ public:
+  LimitedStore(NodeCache& c, stage::LocalStore& base) : c_(c), base_(base) {}
+  Result<stage::LocalState> inspect(const std::string& p) override { return base_.inspect(p); }
+  Result<uint64_t> checksum(const std::string& p) override { return base_.checksum(p); }
+  Result<uint64_t> free_bytes(const std::string& p) override {
+    auto fs_free = base_.free_bytes(p);
+    if (!fs_free) return fs_free;
+    const CacheUsage u = c_.usage();
+    if (u.limit == 0) return fs_free;
+    return std::min(*fs_free, u.limit > u.bytes ? u.limit - u.bytes : 0);
+  }
+  stage::Status sync_filesystem(const std::string& p) override { return base_.sync_filesystem(p); }
+  Result<std::unique_ptr<stage::Txn>> begin(const std::string& p) override { return base_.begin(p); }
+  stage::Status make_dir(const std::string& p, uint32_t mode) override { return base_.make_dir(p, mode); }
+  stage::Status make_parents(const std::string& p) override { return base_.make_parents(p); }
+  stage::Status make_symlink(const std::string& p, const std::string& t) override {
+    return base_.make_symlink(p, t);
+  }
+  int remove_stale_temps(const std::string& d) override { return base_.remove_stale_temps(d); }
+
+ private:
+  NodeCache& c_;
+  stage::LocalStore& base_;
+};
+
+NodeCache::~NodeCache() = default;
+
+Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage::StoreOptions store_opt) {
   auto root = open_private_dir(dir);
   if (!root) return root.error();
   auto c = std::unique_ptr<NodeCache>(new NodeCache());
+  c->base_ = std::make_unique<stage::PosixStore>(store_opt);
+  c->store_ = std::make_unique<LimitedStore>(*c, *c->base_);
   c->dir_ = dir;
   c->root_ = std::move(root.value());
   struct stat st {};
@@ -200,7 +234,135 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir) {
   if (c->data_st_.st_uid != ::geteuid()) return refuse(dir, "data is not owned by the daemon's user", "remove it");
   if ((c->data_st_.st_mode & 077) != 0) ::fchmod(c->data_.get(), 0700);
   sweep(c->data_.get(), c->swept_);
+  c->index_tree(c->data_.get(), "");
   return c;
+}
+
+void NodeCache::index_tree(int dirfd, const std::string& prefix) {
+  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return;
+  }
+  while (const dirent* de = ::readdir(d)) {
+    if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const std::string rel = prefix.empty() ? std::string(de->d_name) : prefix + "/" + de->d_name;
+    if (S_ISREG(st.st_mode)) {
+      const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      index_[rel] = Entry{bytes, stage::to_ns(st.st_atim)};
+      bytes_ += bytes;
+    } else if (S_ISDIR(st.st_mode)) {
+      const int sub = ::openat(::dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) continue;
+      index_tree(sub, rel);
+      ::close(sub);
+    }
+  }
+  ::closedir(d);
+}
+
+CacheUsage NodeCache::usage() const {
+  std::lock_guard lk(m_);
+  return CacheUsage{bytes_, limit_, index_.size(), evictions_, evicted_bytes_};
+}
+
+void NodeCache::touch(const std::string& rel, int fd) {
+  // The copy's atime carries the order across restarts (mtime is the source's: untouched).
+  const struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+  ::futimens(fd, times);
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  std::lock_guard lk(m_);
+  if (auto it = index_.find(rel); it != index_.end()) it->second.last_use = stage::to_ns(now);
+}
+
+void NodeCache::added(const std::string& rel) {
+  auto fd = open_beneath(data_.get(), rel, O_PATH);
+  struct stat st {};
+  const bool there = fd && ::fstat(fd->get(), &st) == 0 && S_ISREG(st.st_mode);
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  std::lock_guard lk(m_);
+  if (auto it = index_.find(rel); it != index_.end()) {
+    bytes_ -= it->second.bytes;
+    index_.erase(it);
+  }
+  if (!there) return;
+  const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  index_[rel] = Entry{bytes, stage::to_ns(now)};
+  bytes_ += bytes;
+}
+
+void NodeCache::pin(const std::string& rel) {
+  std::lock_guard lk(m_);
+  ++pins_[rel];
+}
+
+void NodeCache::unpin(const std::string& rel) {
+  std::lock_guard lk(m_);
+  if (auto it = pins_.find(rel); it != pins_.end() && --it->second <= 0) pins_.erase(it);
+}
+
+uint64_t NodeCache::fs_free() const {
+  struct statvfs sv {};
+  if (::fstatvfs(data_.get(), &sv) != 0) return std::numeric_limits<uint64_t>::max();
+  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+}
+
+stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
+  std::unique_lock lk(m_);
+  if (limit_ != 0 && need > limit_)
+    return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes, more than the whole --cache-size (" +
+                                        std::to_string(limit_) + " bytes)");
+  for (;;) {
+    const bool over_limit = limit_ != 0 && bytes_ + need > limit_;
+    lk.unlock();
+    const bool no_space = fs_free() < need;
+    lk.lock();
+    if (!over_limit && !no_space) return {};
+    // Least recently used, not pinned, not the file about to be written.
+    auto victim = index_.end();
+    for (auto it = index_.begin(); it != index_.end(); ++it) {
+      if (it->first == rel || pins_.contains(it->first)) continue;
+      if (victim == index_.end() || it->second.last_use < victim->second.last_use) victim = it;
+    }
+    if (victim == index_.end()) {
+      if (over_limit)
+        return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes; the cache holds " +
+                                            std::to_string(bytes_) + " of its " + std::to_string(limit_) +
+                                            " bytes in files that are open (nothing can be evicted)");
+      return {};  // the engine's free-space check reports the filesystem's shortage
+    }
+    const std::string name = victim->first;
+    const uint64_t bytes = victim->second.bytes;
+    bytes_ -= bytes;
+    index_.erase(victim);
+    ++evictions_;
+    evicted_bytes_ += bytes;
+    lk.unlock();
+    unlink_rel(name);
+    spdlog::info("evicted {} ({} bytes, least recently used) to make room for {}", name, bytes, rel);
+    lk.lock();
+  }
+}
+
+stage::Status NodeCache::evict(const std::string& rel) {
+  std::unique_lock lk(m_);
+  if (pins_.contains(rel)) return stage::sys_error(EBUSY, "evict: the file is open on this node", rel);
+  auto it = index_.find(rel);
+  if (it == index_.end()) return stage::sys_error(ENOENT, "evict: not in the cache", rel);
+  bytes_ -= it->second.bytes;
+  ++evictions_;
+  evicted_bytes_ += it->second.bytes;
+  index_.erase(it);
+  lk.unlock();
+  unlink_rel(rel);
+  spdlog::info("evicted {} (asked)", rel);
+  return {};
 }
 
 std::string NodeCache::store_root() const {
@@ -230,8 +392,14 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
   return std::move(fd.value());
 }
 
-bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) const {
+bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) {
   if (open_current(rel, src)) return false;
+  const bool removed = unlink_rel(rel);
+  if (removed) added(rel);  // drops it from the index
+  return removed;
+}
+
+bool NodeCache::unlink_rel(const std::string& rel) const {
   auto parent = open_beneath(data_.get(), stage::parent_dir(rel) == "." ? "" : stage::parent_dir(rel),
                              O_PATH | O_DIRECTORY);
   if (!parent) return false;
@@ -241,12 +409,9 @@ bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) con
   return ::unlinkat(parent->get(), base.c_str(), 0) == 0;
 }
 
-void NodeCache::remove(const std::string& rel) const {
-  auto parent = open_beneath(data_.get(), stage::parent_dir(rel) == "." ? "" : stage::parent_dir(rel),
-                             O_PATH | O_DIRECTORY);
-  if (!parent) return;
-  const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
-  ::unlinkat(parent->get(), base.c_str(), 0);
+void NodeCache::remove(const std::string& rel) {
+  unlink_rel(rel);
+  added(rel);  // drops it from the index
 }
 
 }  // namespace stagefs

@@ -21,16 +21,28 @@
 //   - open_current() is the validity rule: the copy at rel (resolved beneath data_fd, no
 //     symlinks) is a regular file owned by us with one link whose recorded origin matches the
 //     source's size, mtime, ctime and inode.
-// Thread-safe after open(): all methods only read the held descriptors.
+//   - The index (issue 10): every copy with its allocated bytes and last use (the copy's
+//     atime, set on each hit, so the order survives restarts), and pins (files open on
+//     this node or being written). make_room() evicts least recently used, unpinned copies
+//     until a new copy fits under --cache-size and in the filesystem's free space. store()
+//     is the LocalStore handed to the engine: PosixStore, except that free_bytes() is what
+//     the limit leaves, so the engine's collective free-space check (every node agrees
+//     before a byte moves) counts the limit and what eviction freed on each node.
+// Thread-safe after open(): the index has its own mutex; the rest only reads the held
+// descriptors.
 #pragma once
 
 #include <sys/stat.h>
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "bcast/error.h"
 #include "bcast/fd.h"
+#include "bcast/store.h"
 
 namespace stagefs {
 
@@ -39,10 +51,21 @@ struct SweepCounts {
   int untrusted = 0;  // entries the daemon did not write (removed)
 };
 
+struct CacheUsage {
+  uint64_t bytes = 0;  // allocated bytes of the indexed copies
+  uint64_t limit = 0;  // 0: no limit beyond the filesystem's free space
+  uint64_t files = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+};
+
 class NodeCache {
  public:
   // Creates or checks CACHE, locks it, sweeps CACHE/data. Returns a message on refusal.
-  static stage::Result<std::unique_ptr<NodeCache>> open(const std::string& dir);
+  static stage::Result<std::unique_ptr<NodeCache>> open(const std::string& dir,
+                                                        stage::StoreOptions store_opt = {.direct_io = false,
+                                                                                         .parent_mode = 0700});
+  ~NodeCache();
 
   [[nodiscard]] const std::string& dir() const { return dir_; }  // canonical CACHE
   [[nodiscard]] int data_fd() const { return data_.get(); }
@@ -55,12 +78,44 @@ class NodeCache {
   [[nodiscard]] stage::Result<stage::Fd> open_current(const std::string& rel, const struct stat& src) const;
   // Removes a copy of rel that is not current for src (old holders keep their descriptor:
   // the file is unlinked, never overwritten). Returns true if something was removed.
-  bool remove_stale(const std::string& rel, const struct stat& src) const;
+  bool remove_stale(const std::string& rel, const struct stat& src);
   // Removes the copy of rel (a corrupted one).
-  void remove(const std::string& rel) const;
+  void remove(const std::string& rel);
+
+  // ---- index, capacity, pins
+  void set_limit(uint64_t bytes) { std::lock_guard lk(m_); limit_ = bytes; }
+  [[nodiscard]] CacheUsage usage() const;
+  void touch(const std::string& rel, int fd);  // a cache hit: most recently used now
+  void added(const std::string& rel);          // a copy of rel was published (or replaced)
+  void pin(const std::string& rel);
+  void unpin(const std::string& rel);
+  // Evicts LRU unpinned copies (never `rel` itself) until need more bytes fit under the
+  // limit and in the filesystem. Error (ENOSPC, with both sizes) when they cannot.
+  stage::Status make_room(const std::string& rel, uint64_t need);
+  // Removes rel's copy unless it is pinned (EBUSY) or absent (ENOENT).
+  stage::Status evict(const std::string& rel);
+  [[nodiscard]] stage::LocalStore& store() { return *store_; }
+  [[nodiscard]] uint64_t fs_free() const;
 
  private:
+  class LimitedStore;
+  struct Entry {
+    uint64_t bytes = 0;
+    int64_t last_use = 0;  // ns since the epoch
+  };
   NodeCache() = default;
+  void index_tree(int dirfd, const std::string& prefix);
+  bool unlink_rel(const std::string& rel) const;
+
+  mutable std::mutex m_;  // guards the index below
+  std::map<std::string, Entry> index_;
+  std::map<std::string, int> pins_;
+  uint64_t bytes_ = 0;
+  uint64_t limit_ = 0;
+  uint64_t evictions_ = 0;
+  uint64_t evicted_bytes_ = 0;
+  std::unique_ptr<stage::PosixStore> base_;
+  std::unique_ptr<stage::LocalStore> store_;
   std::string dir_;
   stage::Fd root_;  // CACHE (O_DIRECTORY)
   stage::Fd data_;  // CACHE/data (O_DIRECTORY)

@@ -66,7 +66,7 @@ stage::Status Materializer::materialize(const std::string& rel) {
   return f.get();
 }
 
-StageFsCore::StageFsCore(CoreConfig cfg, const NodeCache& cache, Materializer& mat, stage::Fd root)
+StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
 }
@@ -115,7 +115,7 @@ Error StageFsCore::read_only(const char* op) {
   return stage::sys_error(EROFS, op, "(read-only mount)");
 }
 
-Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, const NodeCache& cache,
+Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCache& cache,
                                                          Materializer& mat) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
@@ -362,7 +362,7 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
 }
 
 Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
-  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false};
+  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
@@ -370,7 +370,7 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
     if (fd) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
-      return OpenFile{std::move(fd.value()), false, true};
+      return OpenFile{std::move(fd.value()), false, true, {}};
     }
   }
   ++counters_.open_errors;
@@ -378,8 +378,17 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
   return stage::stage_error(stage::Errc::checksum_mismatch, "no valid copy after materializing", rel);
 }
 
-void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
+void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done_) {
   ++counters_.opens;
+  // Every copy handed out is pinned (not evicted) until its handle is released.
+  auto pinned = std::make_shared<std::string>();
+  OpenDone done = [this, pinned, done_ = std::move(done_)](Result<OpenFile> r) {
+    if (r && !r->from_source && !pinned->empty()) {
+      r->pinned = *pinned;
+      cache_.pin(*pinned);
+    }
+    done_(std::move(r));
+  };
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
     return done(read_only("open for writing"));
   stage::FileMeta version;
@@ -391,6 +400,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     rel = it->second.rel;
     version = it->second.version;
   }
+  *pinned = rel;
   auto st = stat_rel(rel);
   if (!st) return done(st.error());
   if (!S_ISREG(st->st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
@@ -411,13 +421,15 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     }
     if (verified) {
       ++counters_.cache_hits;
-      return done(OpenFile{std::move(fd.value()), true, false});
+      cache_.touch(rel, fd->get());
+      return done(OpenFile{std::move(fd.value()), true, false, {}});
     }
   }
   post([this, rel, src = *st, done = std::move(done)]() mutable {
     if (auto fd = open_verified(rel, src, false)) {
       ++counters_.cache_hits;
-      return done(OpenFile{std::move(fd.value()), true, false});
+      cache_.touch(rel, fd->get());
+      return done(OpenFile{std::move(fd.value()), true, false, {}});
     }
     if (auto alive = cache_.alive(); !alive) {
       ++counters_.open_errors;
@@ -431,6 +443,30 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
       });
     });
   });
+}
+
+void StageFsCore::release(const std::string& pinned) {
+  if (!pinned.empty()) cache_.unpin(pinned);
+}
+
+void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
+  ++counters_.prefetches;
+  open_async(id, O_RDONLY, who, [this, done = std::move(done)](Result<OpenFile> r) {
+    if (!r) return done(r.error());
+    release(r->pinned);
+    done({});
+  });
+}
+
+stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {
+  auto rel = path_of(id);
+  if (!rel) return rel.error();
+  auto st = stat_rel(*rel);
+  if (!st) return st.error();
+  if (!S_ISREG(st->st_mode)) return stage::stage_error(stage::Errc::unsupported, "evict", *rel);
+  if (who.uid != 0 && who.uid != st->st_uid)
+    return stage::sys_error(EPERM, "evict: only root or the file's owner may evict it", *rel);
+  return cache_.evict(*rel);
 }
 
 Result<OpenFile> StageFsCore::open(uint64_t id, int flags, const Caller& who) {

@@ -85,6 +85,7 @@ struct OpenFile {
   stage::Fd fd;
   bool cache_hit = false;    // served from a copy that was already there
   bool from_source = false;  // stall fallback: reads go to the shared source
+  std::string pinned;        // the cache copy held while this file is open: pass to release()
 };
 
 struct DirEntry {
@@ -96,13 +97,13 @@ using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
 
 struct CoreCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
-  std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0};
+  std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
 };
 
 class StageFsCore {
  public:
   static constexpr uint64_t kRootId = 1;
-  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, const NodeCache& cache,
+  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
                                                             Materializer& mat);
   ~StageFsCore();
 
@@ -121,6 +122,14 @@ class StageFsCore {
   // else later from the completion pool.
   void open_async(uint64_t id, int flags, const Caller& who, OpenDone done);
   stage::Result<OpenFile> open(uint64_t id, int flags, const Caller& who = {});  // blocking form
+  // The handle of an open is gone: its copy may be evicted again.
+  void release(const std::string& pinned);
+  // stagectl: start the materialization of a file the caller may read (as an open would);
+  // done when it is in the cache (or failed).
+  void prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done);
+  // stagectl: remove a file's copy from this node's cache (root or the source file's owner;
+  // EBUSY while it is open on this node).
+  stage::Status evict(uint64_t id, const Caller& who);
   // Finishes the completion pool (pending work runs first). Called before the edge goes away.
   void stop();
   // Any change to the tree: always EROFS.
@@ -136,7 +145,7 @@ class StageFsCore {
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, const NodeCache& cache, Materializer& mat, stage::Fd root);
+  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Status check_access(const std::string& rel, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
@@ -151,7 +160,7 @@ class StageFsCore {
     stage::FileMeta version;  // regular files: the source version this id stands for
   };
   CoreConfig cfg_;
-  const NodeCache& cache_;
+  NodeCache& cache_;
   Materializer& mat_;
   stage::Fd root_;
   // Copies (dev, inode, mtime) whose CRC matched in this mount.

@@ -18,6 +18,8 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
+#include "fusefs/metrics.h"
+#include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
 
@@ -90,12 +92,13 @@ namespace {
 class Daemon {
  public:
   Daemon(DaemonConfig cfg)
-      : cfg_(std::move(cfg)), store_(stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700}) {}
+      : cfg_(std::move(cfg)) {}
   int run(int* argc, char*** argv);
 
  private:
   std::string setup_local();
   std::optional<std::string> control_xattr(const std::string& name) const;
+  MountStatus status() const;
   const char* state_name() const;
   void supervise();
   void trigger_shutdown(const char* why);
@@ -107,7 +110,7 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
-  stage::PosixStore store_;
+  std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
   std::unique_ptr<StageFsCore> core_;
   std::unique_ptr<FuseMount> mount_;
@@ -127,7 +130,7 @@ std::string Daemon::setup_local() {
   cfg_.mount.mountpoint = cfg_.mountpoint;
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
   // Copies are readable only through the mount.
-  auto cache = NodeCache::open(cache_as_given);
+  auto cache = NodeCache::open(cache_as_given, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700});
   if (!cache) return cache.error().message;
   cache_ = std::move(cache.value());
   if (cache_->swept().temps > 0)
@@ -140,11 +143,29 @@ std::string Daemon::setup_local() {
   GroupConfig g;
   g.source_dir = cfg_.source_dir;
   g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
+  if (cfg_.cache_size_percent > 0) {
+    struct statvfs sv {};
+    if (::fstatvfs(cache_->data_fd(), &sv) == 0)
+      cfg_.cache_size = static_cast<uint64_t>(static_cast<double>(sv.f_blocks) * static_cast<double>(sv.f_frsize) *
+                                              cfg_.cache_size_percent / 100.0);
+  }
+  cache_->set_limit(cfg_.cache_size);
+  if (cfg_.cache_size > 0)
+    spdlog::info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size, cache_->usage().files,
+                 cache_->usage().bytes);
+  // Before a transfer, on every node: an outdated copy goes (its space counts as free), then
+  // least recently used copies until the new one fits (cache.h).
   g.before_transfer = [this](const std::string& rel) {
     auto fd = open_beneath(source_root_.get(), rel, O_PATH);
     struct stat st {};
-    if (fd && ::fstat(fd->get(), &st) == 0 && cache_->remove_stale(rel, st))
-      spdlog::debug("removed the outdated cached copy of {}", rel);
+    if (!fd || ::fstat(fd->get(), &st) != 0) return;
+    if (cache_->remove_stale(rel, st)) spdlog::debug("removed the outdated cached copy of {}", rel);
+    if (auto room = cache_->make_room(rel, stage::allocated_from_stat(st)); !room)
+      spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
+  };
+  g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
+    cache_->added(rel);
+    if (metrics_) metrics_->observe_transfer(secs, ok);
   };
   g.cancelled = [this] {
     std::lock_guard lk(m_);
@@ -158,7 +179,7 @@ std::string Daemon::setup_local() {
     return std::string(mount_->passthrough().active() ? "kernel passthrough"
                                                       : read_path_name(ReadPath::splice));
   };
-  group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, store_, g);
+  group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g);
   auto core = StageFsCore::create(CoreConfig{cfg_.source_dir, cfg_.on_stall, cfg_.verify}, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
@@ -175,30 +196,47 @@ const char* Daemon::state_name() const {
   return state_.load();
 }
 
+MountStatus Daemon::status() const {
+  MountStatus s;
+  s.host = stage::host_name();
+  s.rank = data_->rank();
+  s.ranks = data_->size();
+  s.pid = static_cast<int>(::getpid());
+  s.state = state_name();
+  s.mountpoint = cfg_.mountpoint;
+  s.source = cfg_.source_dir;
+  s.cache_dir = cache_->dir();
+  s.read_path = mount_ ? read_path_name(mount_->read_path()) : "-";
+  const CoreCounters& c = core_->counters();
+  s.opens = c.opens;
+  s.cache_hits = c.cache_hits;
+  s.materializations = c.materializations;
+  s.source_fallbacks = c.source_fallbacks;
+  s.open_errors = c.open_errors;
+  s.verified = c.verified;
+  s.corrupt = c.corrupt;
+  s.stale_opens = c.stale_opens;
+  s.denied = c.denied;
+  s.prefetches = c.prefetches;
+  const GroupStats g = group_->stats();
+  s.transfers = g.transfers;
+  s.local_writes = g.local_writes;
+  s.bytes_broadcast = g.bytes_broadcast;
+  s.transfer_failures = g.failures;
+  s.requests = g.requests_sent;
+  s.waiting = g.waiting;
+  s.current = g.current;
+  s.current_done = g.current_done;
+  s.current_total = g.current_total;
+  s.current_seconds = g.current_seconds;
+  s.cache = cache_->usage();
+  return s;
+}
+
 std::optional<std::string> Daemon::control_xattr(const std::string& name) const {
   if (name == kStateXattr) return std::string(state_name());
-  if (name != "user.stagefs.stats") return std::nullopt;
-  const GroupStats g = group_->stats();
-  const CoreCounters& c = core_->counters();
-  char buf[1024];
-  std::snprintf(
-      buf, sizeof buf,
-      "{\"host\":\"%s\",\"rank\":%d,\"ranks\":%d,\"pid\":%d,\"state\":\"%s\",\"read_path\":\"%s\","
-      "\"opens\":%llu,\"cache_hits\":%llu,\"materializations\":%llu,\"source_fallbacks\":%llu,"
-      "\"open_errors\":%llu,\"transfers\":%llu,\"local_writes\":%llu,\"bytes_broadcast\":%llu,"
-      "\"transfer_failures\":%llu,\"requests\":%llu,\"verified\":%llu,\"corrupt\":%llu,"
-      "\"stale_opens\":%llu,\"denied\":%llu}",
-      stage::host_name().c_str(), data_->rank(), data_->size(), static_cast<int>(::getpid()), state_name(),
-      read_path_name(mount_->read_path()), static_cast<unsigned long long>(c.opens.load()),
-      static_cast<unsigned long long>(c.cache_hits.load()),
-      static_cast<unsigned long long>(c.materializations.load()),
-      static_cast<unsigned long long>(c.source_fallbacks.load()),
-      static_cast<unsigned long long>(c.open_errors.load()), static_cast<unsigned long long>(g.transfers),
-      static_cast<unsigned long long>(g.local_writes), static_cast<unsigned long long>(g.bytes_broadcast),
-      static_cast<unsigned long long>(g.failures), static_cast<unsigned long long>(g.requests_sent),
-      static_cast<unsigned long long>(c.verified.load()), static_cast<unsigned long long>(c.corrupt.load()),
-      static_cast<unsigned long long>(c.stale_opens.load()), static_cast<unsigned long long>(c.denied.load()));
-  return std::string(buf);
+  if (name == "user.stagefs.stats" || name == "user.stagefs.status") return to_json(status());
+  return std::nullopt;
 }
 
 void Daemon::trigger_shutdown(const char* why) {
@@ -284,6 +322,9 @@ int Daemon::run(int* argc, char*** argv) {
     return 1;
   }
   state_ = "ready";
+  if (!cfg_.metrics_file.empty())
+    metrics_ = std::make_unique<MetricsFile>(cfg_.metrics_file, cfg_.metrics_interval, cfg_.mountpoint,
+                                             [this] { return status(); });
   spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
                data_->size());
 
@@ -297,7 +338,8 @@ int Daemon::run(int* argc, char*** argv) {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
-  core_->stop();  // opens answered late by the completion pool are done (or dropped) now
+  core_->stop();
+  metrics_.reset();  // a last write, with the final counters  // opens answered late by the completion pool are done (or dropped) now
   if (group_->state() != GroupState::broken) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.

@@ -18,6 +18,7 @@
 #include "bcast/chunk.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
+#include "fusefs/status.h"
 
 namespace stagefs {
 
@@ -35,6 +36,10 @@ struct DaemonConfig {
   // direct, though direct materialized faster and with a sixth of the CPU).
   bool direct_io = false;
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
+  uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
+  double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
+  std::string metrics_file;         // --metrics-file (empty: none)
+  double metrics_interval = 10;     // seconds between rewrites
   MountOptions mount;
 };
 

@@ -39,6 +39,7 @@ struct FileHandle {
   stage::Fd fd;
   uint64_t node = 0;
   bool passthrough = false;
+  std::string pinned;  // the cache copy kept from eviction while this handle is open
 };
 
 struct DirHandle {
@@ -198,6 +199,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(r->fd);
   h->node = ino;
+  h->pinned = std::move(r->pinned);
   const int id = r->from_source ? -1 : m.acquire_backing(ino, h->fd.get());
   if (id >= 0) {
     h->passthrough = true;
@@ -213,9 +215,11 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   Passthrough::disarm();
   if (rc == 0) {
     (void)h.release();
-  } else if (h->passthrough) {  // interrupted: the kernel will not send RELEASE
-    m.release_backing(ino);
+    return;
   }
+  // interrupted: the kernel will not send RELEASE
+  if (h->passthrough) m.release_backing(ino);
+  m.core().release(h->pinned);
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
@@ -239,6 +243,7 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
 void op_release(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
   auto* h = reinterpret_cast<FileHandle*>(fi->fh);
   if (h->passthrough) fm(req).release_backing(h->node);
+  fm(req).core().release(h->pinned);
   delete h;
   fuse_reply_err(req, 0);
 }
@@ -260,8 +265,44 @@ void reply_xattr_value(fuse_req_t req, const std::string& v, size_t size) {
     fuse_reply_buf(req, v.data(), v.size());
 }
 
+// stagectl's requests on a file: prefetch (answered when the copy is there, or at once with
+// .nowait) and evict. An attribute read is the channel: it reaches the daemon with the
+// caller's credentials through the mount, and nothing else (no socket) has to be secured.
+bool control_request(fuse_req_t req, fuse_ino_t ino, const std::string& name, size_t size) {
+  auto& core = fm(req).core();
+  if (name == "user.stagefs.prefetch" || name == "user.stagefs.prefetch.nowait") {
+    const bool wait = name == "user.stagefs.prefetch";
+    auto reply = [req, size](const stage::Status& st) {
+      guarded(req, [&] {
+        const auto live = fm(req).reply_guard();
+        if (!live) return;
+        if (!st) return reply_err(req, st.error());
+        reply_xattr_value(req, "ok", size);
+      });
+    };
+    if (!wait) {
+      core.prefetch_async(ino, caller(req, true), [](const stage::Status&) {});
+      reply({});
+    } else {
+      core.prefetch_async(ino, caller(req, true), reply);
+    }
+    return true;
+  }
+  if (name == "user.stagefs.evict") {
+    auto st = core.evict(ino, caller(req, false));
+    if (!st) {
+      reply_err(req, st.error());
+    } else {
+      reply_xattr_value(req, "ok", size);
+    }
+    return true;
+  }
+  return false;
+}
+
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   guarded(req, [&] {
+    if (control_request(req, ino, name, size)) return;
     auto r = fm(req).core().getxattr(ino, name, caller(req, false));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);

@@ -99,7 +99,10 @@ GroupState GroupService::state() const {
 
 GroupStats GroupService::stats() const {
   std::lock_guard lk(m_);
-  return stats_;
+  GroupStats s = stats_;
+  s.waiting = waits_.size();
+  if (!s.current.empty()) s.current_seconds = std::chrono::duration<double>(Clock::now() - current_start_).count();
+  return s;
 }
 
 void GroupService::mark_progress() {
@@ -143,11 +146,23 @@ void GroupService::run_transfer(const Message& a) {
   opt.cancelled = cfg_.cancelled;
   if (cfg_.before_transfer) cfg_.before_transfer(a.path);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
-  auto report =
-      stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t, uint64_t) { mark_progress(); });
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   {
     std::lock_guard lk(m_);
+    stats_.current = a.path;
+    stats_.current_done = stats_.current_total = 0;
+    current_start_ = t0;
+  }
+  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t done, uint64_t total) {
+    std::lock_guard lk(m_);
+    last_progress_ = Clock::now();
+    stats_.current_done = done;
+    stats_.current_total = total;
+  });
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);
+  {
+    std::lock_guard lk(m_);
+    stats_.current.clear();
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
     if (report.ok && report.this_node_wrote) ++stats_.local_writes;

@@ -54,6 +54,8 @@ struct GroupConfig {
   std::function<void(const std::string&)> before_transfer;
   // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
   std::function<bool()> cancelled;
+  // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).
+  std::function<void(const std::string& rel, bool ok, double seconds, uint64_t bytes)> after_transfer;
 };
 
 struct GroupStats {
@@ -62,6 +64,11 @@ struct GroupStats {
   uint64_t bytes_broadcast = 0;
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
+  uint64_t waiting = 0;        // files this node waits for
+  // The transfer in flight, if any.
+  std::string current;
+  uint64_t current_done = 0, current_total = 0;
+  double current_seconds = 0;
 };
 
 enum class GroupState { running, broken, shut_down };
@@ -113,6 +120,7 @@ class GroupService final : public Materializer {
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;
   GroupStats stats_;
+  Clock::time_point current_start_;
   bool stop_watchdog_ = false;
   std::condition_variable watchdog_cv_;
   std::thread watchdog_;

@@ -7,6 +7,8 @@ pkgs=(
   libfuse3-dev fuse3                                 # the mount
   libopenmpi-dev openmpi-bin libpmix-dev             # MPI (pmix for srun --mpi=pmix)
   libisal-dev libspdlog-dev libcli11-dev libgtest-dev  # CRC, logs, options, tests
+  nlohmann-json3-dev prometheus-cpp-dev              # status JSON, metrics exposition
+  python3-prometheus-client                          # tests: parse the metrics file
   squashfs-tools squashfuse                          # tests: a real image consumer
   slurm-wlm munge                                    # tests: a real Slurm on simulated nodes
   iproute2 util-linux procps                         # tests: namespaces, nsenter, pgrep

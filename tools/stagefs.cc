@@ -37,7 +37,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", on_stall = "eio", direct_io = "off", verify = "crc", wait_for;
+  std::string chunk = "16M", on_stall = "eio", direct_io = "off", verify = "crc", cache_size, wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -88,6 +88,16 @@ int main(int argc, char** argv) {
                  "and copied again. none: trust size, mtime, ctime and inode")
       ->capture_default_str()
       ->check(CLI::IsMember({"crc", "none"}));
+  app.add_option("--cache-size", cache_size,
+                 "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
+                 "recently used copies not open on the node are evicted to make room (default: no "
+                 "limit beyond the filesystem's free space)");
+  app.add_option("--metrics-file", cfg.metrics_file,
+                 "write the counters in Prometheus text format to this file (atomically, every "
+                 "--metrics-interval seconds), e.g. for node_exporter's textfile collector");
+  app.add_option("--metrics-interval", cfg.metrics_interval, "seconds between metrics file rewrites")
+      ->capture_default_str()
+      ->check(seconds(0.1, 86400));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -125,6 +135,19 @@ int main(int argc, char** argv) {
   if (!c) return usage("--chunk-size: not a size: '" + chunk + "'");
   if (auto why = stage::check_chunk_size(*c)) return usage("--chunk-size: " + *why);
   cfg.chunk_size = *c;
+  if (!cache_size.empty()) {
+    if (cache_size.back() == '%') {
+      char* end = nullptr;
+      const double pct = std::strtod(cache_size.c_str(), &end);
+      if (end != cache_size.c_str() + cache_size.size() - 1 || !(pct > 0 && pct <= 100))
+        return usage("--cache-size: not a percentage in (0, 100]: '" + cache_size + "'");
+      cfg.cache_size_percent = pct;
+    } else {
+      const auto n = stage::parse_size(cache_size);
+      if (!n || *n == 0) return usage("--cache-size: not a size: '" + cache_size + "'");
+      cfg.cache_size = *n;
+    }
+  }
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;

@@ -1,0 +1,48 @@
+#include "fusefs/status.h"
+
+#include <nlohmann/json.hpp>
+
+namespace stagefs {
+
+std::string to_json(const MountStatus& s) {
+  nlohmann::json j;
+  j["host"] = s.host;
+  j["rank"] = s.rank;
+  j["ranks"] = s.ranks;
+  j["pid"] = s.pid;
+  j["state"] = s.state;
+  j["mountpoint"] = s.mountpoint;
+  j["source"] = s.source;
+  j["read_path"] = s.read_path;
+  j["opens"] = s.opens;
+  j["cache_hits"] = s.cache_hits;
+  j["cache_misses"] = s.materializations;
+  j["materializations"] = s.materializations;
+  j["source_fallbacks"] = s.source_fallbacks;
+  j["open_errors"] = s.open_errors;
+  j["verified"] = s.verified;
+  j["corrupt"] = s.corrupt;
+  j["stale_opens"] = s.stale_opens;
+  j["denied"] = s.denied;
+  j["prefetches"] = s.prefetches;
+  j["transfers"] = s.transfers;
+  j["local_writes"] = s.local_writes;
+  j["bytes_broadcast"] = s.bytes_broadcast;
+  j["transfer_failures"] = s.transfer_failures;
+  j["requests"] = s.requests;
+  j["waiting"] = s.waiting;
+  j["cache"] = {{"dir", s.cache_dir},          {"bytes", s.cache.bytes},
+                {"limit", s.cache.limit},      {"files", s.cache.files},
+                {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes}};
+  if (!s.current.empty()) {
+    const double rate = s.current_seconds > 0 ? static_cast<double>(s.current_done) / s.current_seconds : 0;
+    const double eta = rate > 0 ? static_cast<double>(s.current_total - s.current_done) / rate : -1;
+    j["transfer"] = {{"path", s.current},     {"bytes_done", s.current_done}, {"bytes_total", s.current_total},
+                     {"seconds", s.current_seconds}, {"bytes_per_second", rate},     {"eta_seconds", eta}};
+  } else {
+    j["transfer"] = nullptr;
+  }
+  return j.dump();
+}
+
+}  // namespace stagefs
