@@ -220,6 +220,13 @@ Status Transfer::decide() {
         fail_local(ls.error());
         continue;
       }
+      if (ls->special != nullptr) {  // a rename would replace /dev/null, a FIFO, a socket
+        fail_local(sys_error(
+            EEXIST,
+            std::string("destination is a ") + ls->special + ", not a regular file: refusing to replace",
+            path));
+        continue;
+      }
       if (e.type == EntryType::symlink) {
         if (ls->link_target != e.link_target || opt_.overwrite) {
           if (auto st = store_.make_symlink(path, e.link_target); !st) fail_local(st.error());
