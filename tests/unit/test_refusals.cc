@@ -1,5 +1,6 @@
 // What the tools and the engine refuse (issue 8, items 9-11): path relations, pseudo
-// filesystems, special files as destinations, sources that read longer than their size.
+// filesystems, special files as destinations, sources that read longer than their size,
+// and how fuse.conf is read.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 
 #include "bcast/engine.h"
 #include "bcast/paths.h"
+#include "fusefs/privilege.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
 
@@ -67,6 +69,30 @@ TEST_F(PathsTest, SpecialFileKinds) {
   EXPECT_EQ(special_file_kind(S_IFLNK | 0777), nullptr);
   EXPECT_STREQ(special_file_kind(S_IFBLK | 0660), "block device");
   EXPECT_STREQ(special_file_kind(S_IFSOCK | 0755), "socket");
+}
+
+// ---- fuse.conf ----------------------------------------------------------------------------
+
+TEST(FuseConf, UserAllowOtherAsFusermount3ReadsIt) {
+  EXPECT_FALSE(stagefs::fuse_conf_allows_other(""));
+  EXPECT_FALSE(stagefs::fuse_conf_allows_other("#user_allow_other\n"));  // Debian's stock file
+  EXPECT_FALSE(stagefs::fuse_conf_allows_other("# user_allow_other - Using the allow_other ...\n"));
+  EXPECT_FALSE(stagefs::fuse_conf_allows_other("user_allow_other_not\nmount_max = 10\n"));
+  EXPECT_TRUE(stagefs::fuse_conf_allows_other("user_allow_other"));
+  EXPECT_TRUE(stagefs::fuse_conf_allows_other("mount_max = 10\n  user_allow_other \t\n"));
+  EXPECT_TRUE(stagefs::fuse_conf_allows_other("user_allow_other # shared mounts\r\n"));
+}
+
+TEST(FuseConf, WhoMayAskForAllowOther) {
+  stagefs::Privileges p;
+  p.uid = 0;
+  EXPECT_TRUE(p.may_allow_other());
+  p.uid = 1000;
+  EXPECT_FALSE(p.may_allow_other());
+  p.cap_sys_admin = true;  // fusermount3 looks at the real uid, not at capabilities
+  EXPECT_FALSE(p.may_allow_other());
+  p.user_allow_other = true;
+  EXPECT_TRUE(p.may_allow_other());
 }
 
 // ---- the engine -------------------------------------------------------------------------
