@@ -59,7 +59,9 @@ int sweep_temps(const std::string& dir) {
 std::string check_paths(DaemonConfig& cfg) {
   if (cfg.source_dir.empty() || cfg.mountpoint.empty() || cfg.cache_dir.empty())
     return "SOURCE_DIR, MOUNTPOINT and --cache are required";
-  const std::string given_src = cfg.source_dir, given_mnt = cfg.mountpoint, given_cache = cfg.cache_dir;
+  const std::string given_src = cfg.source_dir;
+  const std::string given_mnt = cfg.mountpoint;
+  const std::string given_cache = cfg.cache_dir;
   cfg.source_dir = absolute(cfg.source_dir);
   cfg.mountpoint = absolute(cfg.mountpoint);
   cfg.cache_dir = absolute(cfg.cache_dir);

@@ -63,7 +63,7 @@ Privileges probe_privileges(const char* fuse_conf) {
 }
 
 std::string find_fusermount3() {
-  const std::string first = std::string(kFusermountDir) + "/fusermount3";
+  std::string first = std::string(kFusermountDir) + "/fusermount3";
   if (::access(first.c_str(), X_OK) == 0) return first;
   const char* path = std::getenv("PATH");
   std::string_view rest = path != nullptr ? path : "";
@@ -72,7 +72,7 @@ std::string find_fusermount3() {
     const std::string dir(rest.substr(0, colon));
     rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
     if (dir.empty()) continue;
-    const std::string cand = dir + "/fusermount3";
+    std::string cand = dir + "/fusermount3";
     if (::access(cand.c_str(), X_OK) == 0) return cand;
   }
   return {};
