@@ -19,7 +19,8 @@ without useradd/userdel/setpriv)
   StagefsPaths   MOUNTPOINT inside --cache (also through a symlink), MOUNTPOINT inside
                  SOURCE_DIR through a symlink, --cache inside SOURCE_DIR, SOURCE_DIR inside
                  --cache, SOURCE_DIR on /proc: exit 2, the message names both paths,
-                 nothing mounted, no cache created.
+                 nothing mounted, no cache created. A /proc file bound into SOURCE_DIR: its
+                 open fails with EIO ("longer than its size" in the log), nothing cached.
   Unprivileged   a real second user mounts (fusermount3 is setuid) with a fuse.conf without
                  user_allow_other: the mount works for that user, the log says "mounted for
                  uid N only" and never claims kernel passthrough; root gets EACCES. With
@@ -266,6 +267,29 @@ class StagefsPaths(h.MountTestCase):
                     self.assertFalse(os.path.exists(fresh), "%s: the refused run created %s" % (case, fresh))
         self.assertEqual(os.listdir(cache), ["mnt"], "the refused run wrote into the cache")
         self.assertEqual(sorted(os.listdir(w.src)), ["f", "sub"])
+
+
+    def test_pseudo_file_in_source_fails_the_open(self):
+        """A /proc file bound into SOURCE_DIR (0 bytes by stat, text by read): the open fails, no
+        empty copy is served or cached; a regular file beside it still works."""
+        w = self.work
+        with open(os.path.join(w.src, "f"), "w") as f:
+            f.write("regular\n")
+        status = os.path.join(w.src, "status")
+        open(status, "w").close()
+        bind("/proc/%d/status" % os.getpid(), status)
+        self.addCleanup(h.run, ["umount", status], check=False)
+        cache = w.file("cache")
+        d = self.daemon(cache).wait_ready()
+        with self.assertRaises(OSError) as ctx:
+            with open(os.path.join(w.mnt, "status"), "rb") as f:
+                h.log("read %d bytes through the mount" % len(f.read()))
+        self.assertEqual(ctx.exception.errno, errno.EIO, ctx.exception)
+        self.assertFalse(os.path.lexists(os.path.join(cache, "data", "status")), "a copy was cached")
+        with open(os.path.join(w.mnt, "f")) as f:
+            self.assertEqual(f.read(), "regular\n")
+        self.assertEqual(d.stop(), 0)
+        self.assertIn("longer than its size", d.output()[1])
 
 
 # ---- unprivileged mounts ------------------------------------------------------------------
