@@ -92,6 +92,7 @@ class Transfer {
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
   Status share_root_status(std::optional<Error>& err);
+  std::optional<Error> check_source_end(SourceFile& f, const Entry& e) const;
   void collect_errors();
 
   Comm& comm_;
@@ -128,6 +129,24 @@ Status Transfer::share_root_status(std::optional<Error>& err) {
   if (auto st = bcast_string(comm_, msg, opt_.root); !st) return st;
   if (!is_root()) err = Error{make_error_code(Errc::peer_failed), msg};
   return {};
+}
+
+// After a file's last byte: is it still the file the scan saw (size, mtime, ctime, inode),
+// and does it really end there? A read past its recorded size that returns data means the
+// copy would be truncated: a pseudo file whose stat size is not its content, or a file that
+// grew without its mtime telling (yet). Either way nothing is published.
+std::optional<Error> Transfer::check_source_end(SourceFile& f, const Entry& e) const {
+  const std::string path = join_path(ep_.source, e.path);
+  auto now = f.stat_now();
+  if (!now) return now.error();
+  if (*now != e.meta) return stage_error(Errc::source_changed, "source", path);
+  auto more = f.data_past(e.meta.size);
+  if (!more) return more.error();
+  if (!*more) return std::nullopt;
+  Error err = stage_error(Errc::source_changed, "source", path);
+  err.message += " (it is longer than its size of " + std::to_string(e.meta.size) +
+                 " bytes: it grew, or it is a pseudo file whose size does not describe its content)";
+  return err;
 }
 
 Status Transfer::share_manifest() {
@@ -218,6 +237,13 @@ Status Transfer::decide() {
       auto ls = store_.inspect(path);
       if (!ls) {
         fail_local(ls.error());
+        continue;
+      }
+      if (ls->special != nullptr) {  // a rename would replace /dev/null, a FIFO, a socket
+        fail_local(sys_error(
+            EEXIST,
+            std::string("destination is a ") + ls->special + ", not a regular file: refusing to replace",
+            path));
         continue;
       }
       if (e.type == EntryType::symlink) {
@@ -314,6 +340,23 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   std::unique_ptr<SourceFile> file;
   size_t open_seg = SIZE_MAX;
   reader_file_crc_.assign(layout.segments().size(), 0);
+  // Empty files have no piece in any chunk, so no end of file below: check them first (a
+  // /proc file is empty by stat and full of text by read).
+  for (const Segment& seg : layout.segments()) {
+    if (seg.size != 0) continue;
+    const Entry& e = m_.entries[seg.entry];
+    auto f = src_->open(ep_.source, e);
+    source_err_ = f ? check_source_end(**f, e) : std::optional<Error>(f.error());
+    if (source_err_) break;
+  }
+  if (source_err_) {
+    if (nchunks == 0) return;  // the trailer carries the error
+    auto b = free_q.pop();
+    if (!b) return;
+    (*b)->hdr = ChunkHeader{0, chunk_range(layout.bytes(), opt_.chunk_size, 0).length, 0, kChunkAbort, 0};
+    full_q.push(std::move(*b));
+    return;
+  }
   for (uint64_t i = 0; i < nchunks; ++i) {
     auto t_wait = Clock::now();
     auto b = free_q.pop();
@@ -360,11 +403,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       crc = crc64_combine(crc, piece_crc, p.length);
       reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
       if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
-        auto now = file->stat_now();
-        if (!now)
-          source_err_ = now.error();
-        else if (*now != e.meta)
-          source_err_ = stage_error(Errc::source_changed, "source", join_path(ep_.source, e.path));
+        source_err_ = check_source_end(*file, e);
         if (source_err_) break;
       }
     }

@@ -63,6 +63,15 @@ class PosixSourceFile final : public SourceFile {
     return meta_from_stat(st);
   }
 
+  Result<bool> data_past(uint64_t size) override {
+    std::byte b{};
+    for (;;) {
+      const ssize_t n = ::pread(fd_.get(), &b, 1, static_cast<off_t>(size));
+      if (n >= 0) return n > 0;
+      if (errno != EINTR) return sys_error(errno, "read source", path_);
+    }
+  }
+
  private:
   Fd fd_;
   std::string path_;

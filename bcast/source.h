@@ -28,6 +28,10 @@ class SourceFile {
   virtual bool has_data(uint64_t off, uint64_t len) = 0;
   // The file's identity now (for "changed during the transfer" checks).
   virtual Result<FileMeta> stat_now() = 0;
+  // True when a read at `size` (the size the scan recorded) still returns data: the file grew,
+  // or it is a pseudo file whose stat size is not its content (/proc reports 0 bytes). The
+  // engine asks once per file, after its last byte. Readers that cannot tell say false.
+  virtual Result<bool> data_past(uint64_t /*size*/) { return false; }
 };
 
 class SourceReader {

@@ -17,6 +17,7 @@
 
 #include "bcast/crc.h"
 #include "bcast/fd.h"
+#include "bcast/paths.h"
 
 namespace stage {
 
@@ -306,6 +307,7 @@ Result<LocalState> PosixStore::inspect(const std::string& path) {
   ls.exists = true;
   ls.regular = S_ISREG(st.st_mode);
   ls.is_dir = S_ISDIR(st.st_mode);
+  ls.special = special_file_kind(st.st_mode);
   ls.size = static_cast<uint64_t>(st.st_size);
   ls.mtime_ns = to_ns(st.st_mtim);
   if (S_ISLNK(st.st_mode)) {

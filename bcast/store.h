@@ -41,8 +41,9 @@ struct LocalState {
   bool is_dir = false;
   uint64_t size = 0;
   int64_t mtime_ns = 0;
-  std::optional<Origin> origin;  // from the xattr, when present and well-formed
-  std::string link_target;       // when the local entry is a symlink
+  std::optional<Origin> origin;   // from the xattr, when present and well-formed
+  std::string link_target;        // when the local entry is a symlink
+  const char* special = nullptr;  // "character device", "FIFO"...: never replaced by a copy
 };
 
 class Txn {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bcast/comm_mpi.h"
+#include "bcast/paths.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
@@ -44,22 +45,44 @@ std::string absolute(const std::string& p) {
 
 }  // namespace
 
-std::string validate_config(DaemonConfig& cfg) {
+std::string check_paths(DaemonConfig& cfg) {
   if (cfg.source_dir.empty() || cfg.mountpoint.empty() || cfg.cache_dir.empty())
     return "SOURCE_DIR, MOUNTPOINT and --cache are required";
+  const std::string given_src = cfg.source_dir;
+  const std::string given_mnt = cfg.mountpoint;
+  const std::string given_cache = cfg.cache_dir;
   cfg.source_dir = absolute(cfg.source_dir);
   cfg.mountpoint = absolute(cfg.mountpoint);
   cfg.cache_dir = absolute(cfg.cache_dir);
+  // Both paths as given and as resolved (symlinks of their existing prefixes followed).
+  auto both = [](const char* what, const std::string& given, const std::string& abs) {
+    return std::string(what) + " " + given + (given == abs ? std::string() : " (" + abs + ")");
+  };
+  const std::string src = both("SOURCE_DIR", given_src, cfg.source_dir);
+  const std::string mnt = both("MOUNTPOINT", given_mnt, cfg.mountpoint);
+  const std::string cache = both("--cache", given_cache, cfg.cache_dir);
+  if (cfg.source_dir == cfg.mountpoint) return src + " and " + mnt + " are the same directory";
+  if (inside(cfg.mountpoint, cfg.source_dir))
+    return mnt + " lies inside " + src + ": the mount would hide part of its own source";
+  if (inside(cfg.cache_dir, cfg.mountpoint))
+    return cache + " lies inside " + mnt + ": the copies would be hidden under the mount";
+  if (inside(cfg.cache_dir, cfg.source_dir))
+    return cache + " lies inside " + src + ": the copies would show up in the source they mirror";
+  if (inside(cfg.source_dir, cfg.cache_dir))
+    return src + " lies inside " + cache + ": the cache would write into the source it mirrors";
+  if (inside(cfg.mountpoint, cfg.cache_dir))
+    return mnt + " lies inside " + cache + ": the cache would be written through its own read-only mount";
+  if (const char* fs = stage::pseudo_fs_of(cfg.source_dir))
+    return src + " is on " + fs + ", a pseudo filesystem whose file sizes do not describe their contents";
+  return {};
+}
+
+std::string validate_config(DaemonConfig& cfg) {
+  if (auto why = check_paths(cfg); !why.empty()) return why;
   struct stat st {};
   if (::stat(cfg.source_dir.c_str(), &st) != 0)
     return "SOURCE_DIR " + cfg.source_dir + ": " + std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return "SOURCE_DIR " + cfg.source_dir + " is not a directory";
-  if (cfg.source_dir == cfg.mountpoint) return "SOURCE_DIR and MOUNTPOINT are the same directory";
-  if (inside(cfg.mountpoint, cfg.source_dir))
-    return "MOUNTPOINT " + cfg.mountpoint + " lies inside SOURCE_DIR";
-  if (inside(cfg.cache_dir, cfg.mountpoint)) return "--cache " + cfg.cache_dir + " lies inside MOUNTPOINT";
-  if (inside(cfg.cache_dir, cfg.source_dir)) return "--cache " + cfg.cache_dir + " lies inside SOURCE_DIR";
-  if (inside(cfg.source_dir, cfg.cache_dir)) return "SOURCE_DIR lies inside --cache " + cfg.cache_dir;
   if (cfg.stall_timeout <= 0) return "--stall-timeout must be positive";
   return check_mountpoint(cfg.mountpoint);
 }
@@ -120,12 +143,17 @@ class Daemon {
   std::condition_variable cv_;
   bool main_done_ = false;      // guarded by m_
   bool shutting_down_ = false;  // guarded by m_
+  bool usage_error_ = false;    // setup_local refused the paths: exit status 2
 };
 
 std::string Daemon::setup_local() {
   // The cache path as given (made absolute, not resolved): a symlink in it is the cache's
   // check to refuse, not something to follow.
   const std::string cache_as_given = fs::absolute(cfg_.cache_dir).lexically_normal().string();
+  if (auto why = check_paths(cfg_); !why.empty()) {
+    usage_error_ = true;
+    return why;
+  }
   if (auto why = validate_config(cfg_); !why.empty()) return why;
   cfg_.mount.mountpoint = cfg_.mountpoint;
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
@@ -314,12 +342,13 @@ int Daemon::run(int* argc, char*** argv) {
   // Set up locally, then agree: either every node is mounted, or none stays mounted.
   const std::string err = setup_local();
   if (!err.empty()) spdlog::error("{}", err);
-  auto failed = stage::allreduce_max(*data_, err.empty() ? 0 : 1);
+  // 2 (usage: the paths contradict each other) wins over 1, so every rank exits alike.
+  auto failed = stage::allreduce_max(*data_, err.empty() ? 0 : usage_error_ ? 2 : 1);
   if (!failed || *failed != 0) {
     if (err.empty()) spdlog::error("another node failed to mount; unmounting");
     mount_.reset();
     (void)ctl_->close();  // complete the posted announcement so MPI can finalize
-    return 1;
+    return failed && *failed == 2 ? 2 : 1;
   }
   state_ = "ready";
   if (!cfg_.metrics_file.empty())

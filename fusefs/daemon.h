@@ -51,5 +51,11 @@ int wait_ready(const std::string& mountpoint, double timeout_s);
 
 // Checks the configuration before anything is mounted; an explanation, or empty.
 std::string validate_config(DaemonConfig& cfg);
+// The part of validate_config that is a usage error (exit status 2): the three paths made
+// absolute with symlinks resolved (cfg is updated), then refused when one lies inside another
+// (MOUNTPOINT in SOURCE_DIR or in --cache, --cache in SOURCE_DIR or MOUNTPOINT, SOURCE_DIR in
+// --cache, SOURCE_DIR = MOUNTPOINT) or SOURCE_DIR is on a pseudo filesystem (/proc, /sys...).
+// The message names both paths.
+std::string check_paths(DaemonConfig& cfg);
 
 }  // namespace stagefs

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "fusefs/mount.h"
+#include "fusefs/privilege.h"
 
 namespace stagefs {
 
@@ -483,11 +484,20 @@ std::string check_mountpoint(const std::string& path) {
 
 stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, const MountOptions& opt) {
   if (auto why = check_mountpoint(opt.mountpoint); !why.empty()) return stage::sys_error(EBUSY, why);
-  auto m = std::unique_ptr<FuseMount>(new FuseMount(core, opt));
+  // What this caller may ask for (privilege.h): allow_other only where fusermount3 grants it,
+  // passthrough only with the capability its backing files need. Whatever blocks the mount
+  // itself is named now, not guessed at after fusermount3 failed.
+  const Privileges priv = probe_privileges();
+  if (auto why = mount_obstacle(opt.mountpoint, priv); !why.empty())
+    return stage::sys_error(EPERM, "cannot mount at " + opt.mountpoint + ": " + why);
+  MountOptions eff = opt;
+  eff.allow_other = opt.allow_other && priv.may_allow_other();
+  eff.passthrough = opt.passthrough && priv.cap_sys_admin;
+  auto m = std::unique_ptr<FuseMount>(new FuseMount(core, eff));
   // auto_unmount: fusermount3 watches the session and unmounts if the daemon dies (kill -9),
   // so a crash never leaves a stale mount behind.
   std::string o = "default_permissions,ro,fsname=stagefs,subtype=stagefs,auto_unmount";
-  if (opt.allow_other) o += ",allow_other";
+  if (eff.allow_other) o += ",allow_other";
   std::vector<const char*> argv{"stagefs", "-o", o.c_str()};
   if (opt.debug) argv.push_back("-d");
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
@@ -496,9 +506,20 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
   if (fuse_session_mount(m->se_, opt.mountpoint.c_str()) != 0) {
     fuse_session_destroy(m->se_);
     m->se_ = nullptr;
-    return stage::sys_error(EPERM, "mount failed (is /dev/fuse there, and fusermount3 installed?)",
-                            opt.mountpoint);
+    std::string why = mount_obstacle(opt.mountpoint, priv);  // changed meanwhile?
+    if (why.empty())
+      why = "fusermount3 refused it (its message is above: mount_max in " + std::string(kFuseConf) +
+            "? a nosuid filesystem?)";
+    return stage::sys_error(EPERM, "mount at " + opt.mountpoint + " failed: " + why);
   }
+  if (opt.allow_other && !eff.allow_other)
+    spdlog::info(
+        "mounted for uid {} only: other users (root included) cannot enter {}; to share it, add "
+        "user_allow_other to {} or run stagefs as root",
+        priv.uid, opt.mountpoint, kFuseConf);
+  if (opt.passthrough && !eff.passthrough)
+    spdlog::info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",
+                 read_path_name(ReadPath::splice));
   m->fuse_fd_ = fuse_session_fd(m->se_);
   const fuse_custom_io io{io_writev, io_read, nullptr, io_splice_send};
   if (fuse_session_custom_io(m->se_, &io, m->fuse_fd_) != 0)
@@ -586,8 +607,8 @@ void FuseMount::note_read_path(ReadPath p) {
   if (old != p) spdlog::info("reads are served by {}", read_path_name(p));
   if (p == ReadPath::splice && opt_.passthrough && pt_.active() && !logged_fallback_.exchange(true))
     spdlog::warn(
-        "kernel passthrough refused for a file (needs CAP_SYS_ADMIN; cache not on a stacked fs): "
-        "falling back to splice");
+        "kernel passthrough refused for a file (the cache on a stacked filesystem?): falling back to "
+        "splice");
 }
 
 }  // namespace stagefs

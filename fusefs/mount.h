@@ -5,7 +5,8 @@
 //
 // Life cycle (thread-safe where noted):
 //   FuseMount::create()  mount at the mount point (fails with a clear message on a stale or
-//                        busy mount point); installs the passthrough hooks
+//                        busy mount point, or naming what blocks a non-root mount); installs
+//                        the passthrough hooks
 //   loop()               serve requests on worker threads until unmounted (blocking; one
 //                        thread calls it)
 //   unmount()            thread-safe, idempotent: leave the loop and detach the mount
@@ -27,8 +28,9 @@ struct MountOptions {
   std::string mountpoint;
   double attr_timeout = 3600;   // seconds the kernel may cache attributes
   double entry_timeout = 3600;  // ... and name lookups
-  bool passthrough = true;      // try kernel passthrough
-  bool allow_other = true;      // let every user reach the mount (permissions still apply)
+  bool passthrough = true;      // try kernel passthrough (only with CAP_SYS_ADMIN: privilege.h)
+  bool allow_other = true;      // let every user reach the mount (permissions still apply), where
+                                // fusermount3 grants it (root, user_allow_other): privilege.h
   int max_threads = 16;
   bool debug = false;
 };

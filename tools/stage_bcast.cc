@@ -4,17 +4,21 @@
 // transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "bcast/comm_mpi.h"
 #include "bcast/engine.h"
+#include "bcast/paths.h"
 #include "tools/report.h"
 
 namespace {
@@ -74,6 +78,70 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
+// What this rank finds wrong with the paths it will use, or empty (issue 8): a source on a
+// pseudo filesystem (a /proc file is 0 bytes by stat and text by read: the copy would be
+// empty), a destination that is a device, FIFO or socket (the copy is renamed over it: --dest
+// /dev/null would replace /dev/null) or a directory without -r, a destination that is the
+// source or, with -r, overlaps the source tree (the tree would be staged into itself).
+// Symlinks are resolved first. The source rank checks the source, each writer its own
+// destination. The engine refuses special destinations again when it reaches them (and files
+// that read longer than their size), with status 1; these checks give the usage status 2
+// before anything is created.
+std::string check_paths(const Cli& c, const std::string& dest, bool reads_source, bool writes) {
+  if (reads_source) {
+    if (const char* fs = stage::pseudo_fs_of(c.source))
+      return "--source " + c.source + " is on " + fs +
+             ", a pseudo filesystem whose file sizes do not describe their contents: refusing it "
+             "(copy it to a regular file first)";
+  }
+  if (!writes) return {};
+  struct stat st {};
+  if (::lstat(dest.c_str(), &st) == 0) {
+    if (const char* kind = stage::special_file_kind(st.st_mode))
+      return "--dest " + dest + " is a " + kind +
+             ": refusing to replace it (give the path of a regular file, or of one that does not exist)";
+    if (S_ISDIR(st.st_mode) && !c.recursive)
+      return "--dest " + dest +
+             " is a directory: give the destination file's path (or --recursive for a tree)";
+  }
+  const std::string src = stage::resolve_path(c.source);
+  const std::string dst = stage::resolve_path(dest);
+  if (dst == src) return "--dest " + dest + " is the source " + c.source + " itself (" + dst + ")";
+  if (c.recursive && stage::path_within(dst, src))
+    return "--dest " + dest + " lies inside --source " + c.source + " (" + dst + " in " + src +
+           "): the tree would be staged into itself";
+  if (c.recursive && stage::path_within(src, dst))
+    return "--source " + c.source + " lies inside --dest " + dest + " (" + src + " in " + dst +
+           "): the copy would be written over the source tree";
+  return {};
+}
+
+// Every rank learns whether any rank refused its paths; the first rank prints each distinct
+// message once. Returns the exit status (2), or 0 when every rank is fine, 1 if MPI failed.
+int agree_on_paths(stage::Comm& world, const std::string& why) {
+  auto bad = stage::allreduce_max(world, why.empty() ? 0 : 1);
+  if (!bad) {
+    std::fprintf(stderr, "stage-bcast: %s\n", bad.error().message.c_str());
+    return 1;
+  }
+  if (*bad == 0) return 0;
+  auto all = world.gather(why, 0);
+  if (!all) {
+    std::fprintf(stderr, "stage-bcast: %s\n", all.error().message.c_str());
+    return 1;
+  }
+  if (world.rank() == 0) {
+    std::vector<std::string> seen;
+    for (const auto& m : *all) {
+      if (m.empty() || std::find(seen.begin(), seen.end(), m) != seen.end()) continue;
+      seen.push_back(m);
+      std::fprintf(stderr, "stage-bcast: %s\n", m.c_str());
+    }
+    std::fputs("Try 'stage-bcast --help'.\n", stderr);
+  }
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,12 +151,21 @@ int main(int argc, char** argv) {
       "the chunks travel by MPI broadcast, each node writes them to a temporary file, checks every\n"
       "chunk's CRC-64, fsyncs and renames it into place. Nodes that already hold a valid copy write\n"
       "nothing. Run one rank per node:  srun --mpi=pmix stage-bcast --source F --dest D\n"
-      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage.",
+      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage.\n"
+      "Refused as usage errors: a --dest that is a device, FIFO or socket (or a directory without\n"
+      "--recursive), a --source on a pseudo filesystem (/proc, /sys, ...: sizes there are not\n"
+      "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
+      "that reads longer than its size fails the copy (1); nothing is published.",
       "stage-bcast"};
   app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
-  app.add_option("--source", c.source, "file (or directory, with --recursive) on shared storage")->required();
+  app.add_option("--source", c.source,
+                 "file (or directory, with --recursive) on shared storage; not on /proc, /sys or "
+                 "another pseudo filesystem")
+      ->required();
   app.add_option("--dest", c.dest,
-                 "destination path on each node; %r, %n, %h expand to rank, node index, host name")
+                 "destination path on each node; %r, %n, %h expand to rank, node index, host name. "
+                 "A regular file or a path that does not exist (a directory with --recursive), "
+                 "never a device, FIFO or socket")
       ->required();
   app.add_option("--pre-validate", c.pre,
                  "when a node's existing copy counts as current: size (size and mtime match), "
@@ -204,6 +281,9 @@ int main(int argc, char** argv) {
   ep.source = c.source;
   ep.dest = expand_dest(c.dest, world->rank(), node, stage::host_name());
   ep.writer = writer;
+  if (const int rc = agree_on_paths(*world, check_paths(c, ep.dest, world->rank() == opt.root, writer));
+      rc != 0)
+    return rc;
   stage::PosixSource source;
   stage::PosixStore store(stage::StoreOptions{.direct_io = c.direct_io == "auto"});
   const bool is_root = world->rank() == opt.root;

@@ -50,12 +50,18 @@ int main(int argc, char** argv) {
       "  srun --container-image=/stage/pytorch.sqsh ...\n\n"
       "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
       "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
-      "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.",
+      "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
+      "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
+      "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...\n"
+      "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
+      "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).",
       "stagefs"};
   app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
-  app.add_option("--cache", cfg.cache_dir, "node-local directory for the copies (created 0700)");
+  app.add_option("--cache", cfg.cache_dir,
+                 "node-local directory for the copies (created 0700); not inside SOURCE_DIR or "
+                 "MOUNTPOINT, nor containing either");
   app.add_option("--wait", wait_for, "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
   app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")

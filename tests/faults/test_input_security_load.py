@@ -439,9 +439,11 @@ class Input(h.MountTestCase):
             ("MOUNTPOINT not empty", w.src, full, c(), ["mount point", full, "not empty"], True),
             ("cache a regular file", w.src, w.mnt, regular, ["cache", regular, "Not a directory"], False),
         ]
+        # Paths that contradict each other are a usage error (2, issue 8); the rest is refused at start (1).
         for case, src, mnt, cache, words, fresh in cases:
             with self.subTest(case=case):
-                self.assert_refused(case, [src, mnt, "--cache", cache], 1, words, cache=cache if fresh else None)
+                status = 2 if " = MOUNTPOINT" in case or " inside " in case else 1
+                self.assert_refused(case, [src, mnt, "--cache", cache], status, words, cache=cache if fresh else None)
         self.assertEqual(os.listdir(w.mnt), [])
         self.assertEqual(os.listdir(w.src), ["f"])
 
