@@ -11,6 +11,8 @@ pkgs=(
   slurm-wlm munge                                    # tests: a real Slurm on simulated nodes
   iproute2 util-linux procps                         # tests: namespaces, nsenter, pgrep
   clang libclang-rt-14-dev                           # tests: libFuzzer and sanitizers
+  help2man man-db rpm                                # man pages from --help; .rpm (rpmbuild); man
+  charliecloud-runtime busybox-static                # tests: ch-run from /stage, a tiny image
 )
 missing=()
 for p in "${pkgs[@]}"; do
