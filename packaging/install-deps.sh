@@ -12,7 +12,7 @@ pkgs=(
   iproute2 util-linux procps                         # tests: namespaces, nsenter, pgrep
   clang libclang-rt-14-dev                           # tests: libFuzzer and sanitizers
   help2man man-db rpm                                # man pages from --help; .rpm (rpmbuild); man
-  charliecloud-runtime busybox-static                # tests: ch-run from /stage, a tiny image
+  charliecloud-runtime busybox-static attr           # tests: ch-run from /stage, a tiny image, getfattr
 )
 missing=()
 for p in "${pkgs[@]}"; do
