@@ -9,6 +9,7 @@
 # (logs/HEAD in the worktree's git dir) grows on every commit, checkout, reset or rebase, so it
 # is a configure dependency. "-dirty" reflects the tree at the last configure.
 if(DEFINED STAGEFS_GIT_REVISION)
+  message(STATUS "stagefs ${PROJECT_VERSION}, git revision ${STAGEFS_GIT_REVISION} (given)")
   return()
 endif()
 set(STAGEFS_GIT_REVISION unknown)
