@@ -120,6 +120,7 @@ submit() {
     if ((SECONDS >= deadline)); then
       echo "    job $JOBID still ${STATE:-unknown} after ${JOB_TIMEOUT}s: cancelling it"
       timeout 15 scancel "$JOBID"
+      STATE="TIMEOUT ${STATE:-unknown}"
       break
     fi
     sleep 0.5
@@ -129,7 +130,7 @@ submit() {
   show "$WORK/job.out" 60
   JOB_SECS=$((SECONDS - js))
 }
-job_ok() { [[ $STATE == "COMPLETED 0:0" ]]; }
+job_ok() { [[ $STATE == "COMPLETED 0:0" ]]; } # and not cancelled at JOB_TIMEOUT
 
 # per_node SNIPPET: "HOST VALUE" from every node, sorted (SNIPPET runs under sh there)
 per_node() { timeout 60 srun -N"$NODES" --ntasks-per-node=1 sh -c "$1" | sort; }
@@ -149,11 +150,14 @@ counter() {
   sed -n 's/^stagefs counters: //p' "$WORK/job.out" | tail -1 |
     python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1" 2>/dev/null
 }
-# nothing of stagefs left on any node: no process in the node's mount namespace, no mount
+# nothing of stagefs left on any node: no process in the node's mount namespace, no stagefs
+# mount (live or stale) on /stage. Only /stage: the node namespaces start as copies of the
+# host's mount table, which may hold stagefs mounts of other people's tests.
 # shellcheck disable=SC2016  # expanded by each node's sh
 LEFT='me=$(readlink /proc/self/ns/mnt); n=0
   for p in $(pgrep -x stagefs); do [ "$(readlink /proc/$p/ns/mnt 2>/dev/null)" = "$me" ] && n=$((n + 1)); done
-  echo "$(hostname) procs=$n mounts=$(grep -c " - fuse\.stagefs " /proc/self/mountinfo)"'
+  m=$(awk '"'"'$5 == "/stage" && / - fuse\.stagefs / { n++ } END { print n + 0 }'"'"' /proc/self/mountinfo)
+  echo "$(hostname) procs=$n mounts=$m"'
 stopped_cleanly() {
   ! grep -q '^stagefs step exit status' "$WORK/job.out" || { echo "    the stagefs step did not exit 0"; return 1; }
   all_equal "$(per_node "$LEFT")" "procs=0 mounts=0"
@@ -218,7 +222,7 @@ dataset)
   ;;
 *) echo "usage: $0 BUILD_DIR stage-image|container|dataset" >&2; exit 2 ;;
 esac
-check "the job took at most ${JOB_TIMEOUT}s" test "${JOB_SECS:-999}" -le "$JOB_TIMEOUT"
+echo "    the job took ${JOB_SECS:-?}s (limit ${JOB_TIMEOUT}s)"
 
 echo "---- total time $((SECONDS - t0))s (cluster up + job + checks)"
 finish
