@@ -57,12 +57,17 @@ for b in stagefs stage-bcast; do
 done
 
 WORK='' JOBID=''
+# ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed: removed at
+# the end if this test created it (and it is empty)
+CH_MNT=/var/tmp/${USER:-root}.ch/mnt
+[[ -e ${CH_MNT%/mnt} ]] && CH_MNT=''
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   [[ -n $JOBID ]] && timeout 15 scancel "$JOBID" >/dev/null 2>&1
   "$HARNESS" down >/dev/null 2>&1 || echo "warning: simslurm down failed" >&2
   [[ -n $WORK && -d $WORK ]] && rm -rf "$WORK"
+  [[ -n $CH_MNT ]] && rmdir "$CH_MNT" "${CH_MNT%/mnt}" 2>/dev/null
   exit "$rc"
 }
 trap cleanup EXIT
@@ -72,7 +77,10 @@ trap 'exit 143' TERM
 t0=$SECONDS
 info "bringing up $NODES fresh simulated nodes"
 "$HARNESS" down >/dev/null 2>&1 || true
-"$HARNESS" up "$NODES" >/dev/null 2>&1 || { fail "simulated cluster comes up"; finish; exit 1; }
+if ! "$HARNESS" up "$NODES" >/tmp/example-test-up.$$ 2>&1; then
+  fail "simulated cluster comes up"; show /tmp/example-test-up.$$ 30; rm -f /tmp/example-test-up.$$; finish; exit 1
+fi
+rm -f /tmp/example-test-up.$$
 eval "$("$HARNESS" env)"
 echo "    cluster up after $((SECONDS - t0))s"
 # what a user's environment has: the commands on PATH, USER (ch-run wants it)
