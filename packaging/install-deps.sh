@@ -13,6 +13,9 @@ pkgs=(
   slurm-wlm munge                                    # tests: a real Slurm on simulated nodes
   iproute2 util-linux procps                         # tests: namespaces, nsenter, pgrep
   clang libclang-rt-14-dev                           # tests: libFuzzer and sanitizers
+  help2man man-db rpm                                # man pages from --help; .rpm (rpmbuild); man
+  charliecloud-runtime busybox-static attr           # tests: ch-run from /stage, a tiny image, getfattr
+  debootstrap                                        # packaging/check-clean-install.sh (manual)
 )
 missing=()
 for p in "${pkgs[@]}"; do

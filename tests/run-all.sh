@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is missing, builds
-# (warnings are errors), and runs every ctest label (unit, mpi, mount, slurm, netns), then the
+# (warnings are errors), and runs every ctest label (unit, mpi, mount, slurm, netns, packaging:
+# `-LE unit` below selects every label but unit, so a new label is run without listing it), then the
 # unit and MPI tests again under AddressSanitizer+UBSan and the concurrency tests under
 # ThreadSanitizer. Any sanitizer report fails the run.
 set -euo pipefail

@@ -298,10 +298,23 @@ nodes_ready() {
   [[ $ready -eq $n ]]
 }
 
+# starting_or_alive PID COMM: PID is COMM, or still on its way there. A node's recorded pid
+# goes setsid -> unshare -> sh -> slurmd by exec; on a loaded machine the first check can
+# come before the last exec, and a node caught as "sh" must not count as dead.
+starting_or_alive() {
+  local c
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  c=$(cat "/proc/$1/comm" 2>/dev/null) || return 1
+  [[ $c == "$2" || $c == setsid || $c == unshare || $c == sh ]]
+}
+
 # used while waiting: fail fast if a daemon died
 ready_or_dead() {
-  local n=$1
-  if ! daemons_alive "$n"; then DAEMON_DIED=1; return 0; fi
+  local n=$1 i
+  pid_is "$(ctld_pid)" slurmctld || { DAEMON_DIED=1; return 0; }
+  for ((i = 1; i <= n; i++)); do
+    starting_or_alive "$(node_pid "n$i")" slurmd || { DAEMON_DIED=1; return 0; }
+  done
   nodes_ready "$n"
 }
 

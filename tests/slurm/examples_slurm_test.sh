@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# examples_slurm_test.sh BUILD_DIR EXAMPLE      EXAMPLE: stage-image | container | dataset
+#
+# Runs one job script of packaging/examples/ as it is, with sbatch on a simulated 4-node
+# Slurm cluster (tests/harness/simslurm.sh; each node with its own hostname, /tmp, /nvme,
+# /stage and mount namespace), the build's stagefs and stage-bcast first on PATH. The
+# container image is a SquashFS made here from busybox-static (tiny: /bin/busybox, a data
+# file, /etc/motd); the runtime is Charliecloud's ch-run.
+#
+# Checks (every example): the job completes (COMPLETED, exit 0) within JOB_TIMEOUT (60 s).
+#   stage-image  ch-run ran on 4 distinct nodes and read the image's data file correctly;
+#                every node's /nvme/app.sqsh equals the shared image
+#   container    ch-run ran on 4 distinct nodes from /stage/app.sqsh and read the data file
+#                correctly; the coordinator counted 1 transfer of the image's size (4 first
+#                opens, one broadcast); every node's cache holds the image; stagefs stopped
+#                cleanly (exit 0, no stagefs process or mount left on any node)
+#   dataset      16 readers (4 per node, 4 nodes) each read every file of a 12-file dataset
+#                and saw the source's contents; 12 transfers for 16 x 12 opens, bytes
+#                broadcast = the dataset's size; every node's cache holds every file;
+#                stagefs stopped cleanly
+#
+# Exit: 0 all passed, 1 some check failed, 77 skipped (not root, or slurmd, munge, ch-run,
+# busybox-static, mksquashfs or /dev/fuse missing). The cluster is brought up fresh and torn
+# down on exit.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HARNESS=$HERE/../harness/simslurm.sh
+EXAMPLES=$HERE/../../packaging/examples
+NODES=4
+JOB_TIMEOUT=${JOB_TIMEOUT:-60}
+# shellcheck source=checks.sh
+source "$HERE/checks.sh" # NAME is read by its finish
+
+(($# == 2)) || { echo "usage: $0 BUILD_DIR stage-image|container|dataset" >&2; exit 2; }
+BUILD_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: build dir '$1' not found"; exit 1; }
+EXAMPLE=$2
+export NAME=example_$EXAMPLE
+SCRIPT=$EXAMPLES/$EXAMPLE.sbatch
+[[ -f $SCRIPT ]] || { echo "FAIL: no $SCRIPT"; exit 1; }
+
+[[ $(id -u) == 0 ]] || skip "needs root (simulated Slurm uses mount/UTS namespaces)"
+for tool in slurmd slurmctld srun sbatch munged mksquashfs getfattr; do
+  command -v "$tool" >/dev/null 2>&1 || skip "$tool not installed"
+done
+if [[ $EXAMPLE != stage-image ]]; then
+  if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then skip "/dev/fuse or fusermount3 missing"; fi
+fi
+if [[ $EXAMPLE != dataset ]]; then
+  command -v ch-run >/dev/null || skip "ch-run not installed (apt-get install charliecloud-runtime)"
+  if ! file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; then
+    skip "a static /bin/busybox is needed for the test image (apt-get install busybox-static)"
+  fi
+fi
+for b in stagefs stage-bcast; do
+  [[ -x $BUILD_DIR/tools/$b ]] || { echo "FAIL: $BUILD_DIR/tools/$b missing"; exit 1; }
+done
+
+WORK='' JOBID=''
+# ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed: removed at
+# the end if this test created it (and it is empty)
+CH_MNT=/var/tmp/${USER:-root}.ch/mnt
+[[ -e ${CH_MNT%/mnt} ]] && CH_MNT=''
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [[ -n $JOBID ]] && timeout 15 scancel "$JOBID" >/dev/null 2>&1
+  "$HARNESS" down >/dev/null 2>&1 || echo "warning: simslurm down failed" >&2
+  [[ -n $WORK && -d $WORK ]] && rm -rf "$WORK"
+  [[ -n $CH_MNT ]] && rmdir "$CH_MNT" "${CH_MNT%/mnt}" 2>/dev/null
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+t0=$SECONDS
+info "bringing up $NODES fresh simulated nodes"
+"$HARNESS" down >/dev/null 2>&1 || true
+if ! "$HARNESS" up "$NODES" >/tmp/example-test-up.$$ 2>&1; then
+  fail "simulated cluster comes up"; show /tmp/example-test-up.$$ 30; rm -f /tmp/example-test-up.$$; finish; exit 1
+fi
+rm -f /tmp/example-test-up.$$
+eval "$("$HARNESS" env)"
+echo "    cluster up after $((SECONDS - t0))s"
+# what a user's environment has: the commands on PATH, USER (ch-run wants it)
+export PATH=$BUILD_DIR/tools:$PATH USER=${USER:-root}
+
+WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/example-test.XXXXXX")
+chmod 0755 "$WORK"
+SHARED=$WORK/shared
+mkdir -p "$SHARED"
+sum() { sha256sum "$1" | cut -d' ' -f1; }
+
+# the test image: busybox, a 4 MiB data file, /etc/motd, and what ch-run binds over
+make_image() {
+  local img=$WORK/img c
+  mkdir -p "$img"/{bin,dev,proc,sys,tmp,etc,home,root,mnt,usr,var,run}
+  cp /bin/busybox "$img/bin/"
+  for c in sh cat cut sha256sum hostname ls; do ln -s busybox "$img/bin/$c"; done
+  touch "$img"/etc/{passwd,group,hosts,resolv.conf}
+  echo "hello-from-the-image" >"$img/etc/motd"
+  head -c $((4 << 20)) /dev/urandom >"$img/data.bin"
+  DATA_SUM=$(sum "$img/data.bin")
+  mksquashfs "$img" "$SHARED/app.sqsh" -noappend -quiet -no-progress >"$WORK/mksquashfs.log" 2>&1
+}
+# what the container runs: one line per node
+# shellcheck disable=SC2016  # expanded inside the container
+IN_CONTAINER=(sh -c 'echo "CONTAINER $(hostname) $(sha256sum /data.bin | cut -d" " -f1) $(cat /etc/motd)"')
+
+# submit SBATCH_ARGS... -- SCRIPT_ARGS...: sbatch the example, poll until it ends; sets
+# JOBID, STATE ("COMPLETED 0:0"), output in $WORK/job.out
+submit() {
+  local sargs=() rc=0 deadline
+  while (($#)) && [[ $1 != -- ]]; do sargs+=("$1"); shift; done
+  shift
+  info "sbatch -N$NODES ${sargs[*]} $(basename "$SCRIPT") $*"
+  local js=$SECONDS
+  JOBID=$(timeout 30 sbatch -N"$NODES" "${sargs[@]}" --time=5 --chdir="$WORK" --parsable \
+    -o "$WORK/job.out" "$SCRIPT" "$@" 2>"$WORK/sbatch.err") || rc=$?
+  JOBID=${JOBID%%;*}
+  STATE=
+  if ((rc != 0)) || [[ ! $JOBID =~ ^[0-9]+$ ]]; then show "$WORK/sbatch.err"; return 1; fi
+  deadline=$((SECONDS + JOB_TIMEOUT))
+  while STATE=$(timeout 15 scontrol show job -o "$JOBID" 2>/dev/null |
+    sed -nE 's/.* JobState=([A-Z_]+) .* ExitCode=([0-9]+:[0-9]+) .*/\1 \2/p')
+  [[ $STATE == "" || $STATE == PENDING* || $STATE == RUNNING* || $STATE == COMPLETING* ]]; do
+    if ((SECONDS >= deadline)); then
+      echo "    job $JOBID still ${STATE:-unknown} after ${JOB_TIMEOUT}s: cancelling it"
+      timeout 15 scancel "$JOBID"
+      STATE="TIMEOUT ${STATE:-unknown}"
+      break
+    fi
+    sleep 0.5
+  done
+  echo "    job $JOBID: ${STATE:-no state} after $((SECONDS - js))s; output:"
+  touch "$WORK/job.out"
+  show "$WORK/job.out" 60
+  JOB_SECS=$((SECONDS - js))
+}
+job_ok() { [[ $STATE == "COMPLETED 0:0" ]]; } # and not cancelled at JOB_TIMEOUT
+
+# per_node SNIPPET: "HOST VALUE" from every node, sorted (SNIPPET runs under sh there)
+per_node() { timeout 60 srun -N"$NODES" --ntasks-per-node=1 sh -c "$1" | sort; }
+# all_equal LINES VALUE: NODES lines, NODES distinct hosts, every value VALUE
+all_equal() {
+  local out=$1 want=$2
+  [[ $(awk 'NF' <<<"$out" | wc -l) -eq $NODES ]] || { echo "    expected $NODES lines, got:"; show <(echo "$out"); return 1; }
+  [[ $(cut -d' ' -f1 <<<"$out" | sort -u | wc -l) -eq $NODES ]] || { echo "    expected $NODES distinct hosts"; return 1; }
+  [[ -z $(awk -v w="$want" '{ h = $1; $1 = ""; sub(/^ /, ""); if ($0 != w) print h ": " $0 }' <<<"$out") ]] ||
+    { echo "    differs:"; awk -v w="$want" '{ h = $1; $1 = ""; sub(/^ /, ""); if ($0 != w) print "    | " h ": " $0 }' <<<"$out"; return 1; }
+}
+containers_ok() {
+  all_equal "$(sed -n 's/^CONTAINER //p' "$WORK/job.out" | sort)" "$DATA_SUM hello-from-the-image"
+}
+# counters: the JSON the job printed ("stagefs counters: {...}"), one key
+counter() {
+  sed -n 's/^stagefs counters: //p' "$WORK/job.out" | tail -1 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1" 2>/dev/null
+}
+# nothing of stagefs left on any node: no process in the node's mount namespace, no stagefs
+# mount (live or stale) on /stage. Only /stage: the node namespaces start as copies of the
+# host's mount table, which may hold stagefs mounts of other people's tests.
+# shellcheck disable=SC2016  # expanded by each node's sh
+LEFT='me=$(readlink /proc/self/ns/mnt); n=0
+  for p in $(pgrep -x stagefs); do [ "$(readlink /proc/$p/ns/mnt 2>/dev/null)" = "$me" ] && n=$((n + 1)); done
+  m=$(awk '"'"'$5 == "/stage" && / - fuse\.stagefs / { n++ } END { print n + 0 }'"'"' /proc/self/mountinfo)
+  echo "$(hostname) procs=$n mounts=$m"'
+stopped_cleanly() {
+  ! grep -q '^stagefs step exit status' "$WORK/job.out" || { echo "    the stagefs step did not exit 0"; return 1; }
+  all_equal "$(per_node "$LEFT")" "procs=0 mounts=0"
+}
+
+case $EXAMPLE in
+stage-image)
+  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; finish; exit 1; }
+  IMG_SUM=$(sum "$SHARED/app.sqsh")
+  per_node 'rm -f /nvme/app.sqsh' >/dev/null
+  submit -- "$SHARED/app.sqsh" "${IN_CONTAINER[@]}"
+  check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
+  check "ch-run ran on $NODES distinct nodes from the local copy and read the image's data correctly" containers_ok
+  # shellcheck disable=SC2016
+  check "every node's /nvme/app.sqsh equals the shared image" \
+    all_equal "$(per_node 'echo "$(hostname) $(sha256sum /nvme/app.sqsh | cut -d" " -f1)"')" "$IMG_SUM"
+  ;;
+container)
+  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; finish; exit 1; }
+  IMG_SUM=$(sum "$SHARED/app.sqsh") IMG_SIZE=$(stat -c %s "$SHARED/app.sqsh")
+  submit -- "$SHARED" app.sqsh "${IN_CONTAINER[@]}"
+  check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
+  check "ch-run ran on $NODES distinct nodes from /stage/app.sqsh and read the image's data correctly" containers_ok
+  check "4 nodes' first opens of the image: 1 transfer of $IMG_SIZE bytes" \
+    test "$(counter transfers) $(counter bytes_broadcast)" = "1 $IMG_SIZE"
+  # shellcheck disable=SC2016
+  check "every node's cache holds the image" \
+    all_equal "$(per_node 'echo "$(hostname) $(sha256sum /nvme/stagefs/data/app.sqsh | cut -d" " -f1)"')" "$IMG_SUM"
+  check "stagefs stopped cleanly: exit 0, no stagefs process or mount left on any node" stopped_cleanly
+  ;;
+dataset)
+  NFILES=12 READERS=4
+  for i in $(seq 1 $NFILES); do
+    mkdir -p "$SHARED/part$((i % 3))"
+    head -c $(((i % 4 + 1) << 19)) /dev/urandom >"$SHARED/part$((i % 3))/shard-$i.bin"
+  done
+  (cd "$SHARED" && find . -type f -exec sha256sum {} + | awk '{ print $1, $2 }' | sort -k2) >"$WORK/expected"
+  TOTAL=$(find "$SHARED" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+  # the simulated nodes have nproc CPUs (2 here): a job of 2 tasks per node, 4 readers each
+  export READERS_PER_NODE=$READERS
+  submit --ntasks-per-node=$(($(nproc) < READERS ? $(nproc) : READERS)) -- "$SHARED"
+  check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
+  readers_ok() {
+    local r lines bad=0 hosts
+    hosts=$(awk '$1 == "READER" { print $2, $3 }' "$WORK/job.out" | sort -u | awk '{ print $2 }' | sort | uniq -c)
+    [[ $(awk -v want="$READERS" '$1 == want { n++ } END { print n + 0 }' <<<"$hosts") -eq $NODES ]] ||
+      { echo "    readers per host:"; show <(echo "$hosts"); return 1; }
+    for ((r = 0; r < NODES * READERS; r++)); do
+      lines=$(awk -v r=$r '$1 == "READER" && $2 == r { print $4, $5 }' "$WORK/job.out" | sort -k2)
+      [[ $lines == "$(cat "$WORK/expected")" ]] || { echo "    reader $r saw something else"; bad=1; }
+    done
+    ((bad == 0))
+  }
+  check "$((NODES * READERS)) readers ($READERS on each of $NODES nodes) each read all $NFILES files correctly" readers_ok
+  check "$((NODES * READERS * NFILES)) opens: $NFILES transfers, $TOTAL bytes broadcast" \
+    test "$(counter transfers) $(counter bytes_broadcast)" = "$NFILES $TOTAL"
+  # shellcheck disable=SC2016
+  check "every node's cache holds every file" \
+    all_equal "$(per_node 'cd /nvme/stagefs/data && echo "$(hostname) $(find . -type f -exec sha256sum {} + | awk "{ print \$1, \$2 }" | sort -k2 | sha256sum | cut -d" " -f1)"')" \
+    "$(sha256sum <"$WORK/expected" | cut -d' ' -f1)"
+  check "stagefs stopped cleanly: exit 0, no stagefs process or mount left on any node" stopped_cleanly
+  ;;
+*) echo "usage: $0 BUILD_DIR stage-image|container|dataset" >&2; exit 2 ;;
+esac
+echo "    the job took ${JOB_SECS:-?}s (limit ${JOB_TIMEOUT}s)"
+
+echo "---- total time $((SECONDS - t0))s (cluster up + job + checks)"
+finish
