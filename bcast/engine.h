@@ -29,6 +29,7 @@
 
 #include "bcast/chunk.h"
 #include "bcast/comm.h"
+#include "bcast/pipeline.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 
@@ -47,6 +48,10 @@ struct StageOptions {
   bool recursive = false;
   int root = 0;
   int pipeline_depth = 4;
+  // How each chunk's data travels (bcast/pipeline.h); headers, manifest and outcomes always
+  // go through the Comm's own collectives.
+  BcastAlgorithm bcast_algorithm = BcastAlgorithm::automatic;
+  PipelineOptions pipeline;
 };
 
 struct StageEndpoint {
