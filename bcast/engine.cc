@@ -580,6 +580,7 @@ StageReport Transfer::run() {
   // A collective failure (MPI error, malformed message) ends the transfer here: no further
   // collectives are attempted, every temporary file is removed by the Txn destructors.
   auto comm_broke = [&](const Status& st) {
+    r_.comm_broken = true;
     r_.errors.push_back(st.error().message);
     spdlog::error("{}", st.error().message);
     return finish_report(false);

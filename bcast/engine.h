@@ -94,6 +94,10 @@ struct StageReport {
   std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
+  // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
+  // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then
+  // holds this rank's own message, on every rank).
+  bool comm_broken = false;
 };
 
 // Called on every rank, from the thread that called stage_transfer, after each chunk

@@ -243,6 +243,15 @@ int main(int argc, char** argv) {
                  : report.this_node_wrote ? "wrote"
                                           : "already had a current copy of",
                  ep.dest);
+  if (report.comm_broken) {
+    // Some ranks may be stuck inside MPI (a lost node or link): MPI_Finalize would wait for
+    // them forever. Leave without it; the launcher sees a rank end without finalizing and
+    // ends the others (mpirun and srun both do), so every rank's command returns.
+    for (const auto& e : report.errors)
+      std::fprintf(stderr, "stage-bcast: rank %d: error: %s\n", world->rank(), e.c_str());
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   if (is_root) {
     if (c.json)
       std::fputs(stage::report_json(report, c.source, c.dest, world->size()).c_str(), stdout);
