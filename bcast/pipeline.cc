@@ -93,7 +93,7 @@ Links links_of(BcastAlgorithm shape, const std::vector<int>& order, int rank) {
 }
 
 uint64_t segment_for(uint64_t bytes) {
-  return std::clamp<uint64_t>(bytes / 128, 64 * 1024, kMiB);
+  return std::max<uint64_t>(1, std::min(bytes, kDefaultSegment));
 }
 
 BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes) {

@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}))
       ->capture_default_str();
   app.add_option("--bcast-segment", c.segment,
-                 "chain/tree message size, 4K..64M (default: chunk/128 within 64K..1M)");
+                 "chain/tree message size, 4K..64M (default 60K: under Open MPI's TCP eager limit)");
   app.add_option("--stall-timeout", c.stall_timeout,
                  "chain/tree: seconds without progress (a node or link gone) before the transfer "
                  "fails; 0 waits forever")
