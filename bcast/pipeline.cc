@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <ctime>
+#include <deque>
 #include <numeric>
 #include <utility>
 
@@ -148,28 +149,28 @@ class Op {
   uint64_t seg_;
 };
 
-// Polls each op; removes the completed ones and calls done(seg) for each. Returns whether any
-// completed, or the first error.
+// Polls the ops in the order they were started, up to the first one still pending: removes the
+// completed ones and calls done(seg) for each. Returns whether any completed, or the first
+// error. (In order, because messages on one link complete in order, and because each test is
+// a trip through the MPI progress engine, often a system call: testing all 64 requests of a
+// window at every poll cost more CPU than the transfer itself on a loaded node.)
 template <class F>
-Result<bool> poll_all(std::vector<Op>& ops, F&& done) {
+Result<bool> poll_in_order(std::deque<Op>& ops, F&& done) {
   bool any = false;
-  for (size_t i = 0; i < ops.size();) {
-    auto r = ops[i].poll();
+  while (!ops.empty()) {
+    auto r = ops.front().poll();
     if (!r) return r.error();
-    if (!*r) {
-      ++i;
-      continue;
-    }
-    done(ops[i].seg());
-    ops[i] = std::move(ops.back());
-    ops.pop_back();
+    if (!*r) break;
+    done(ops.front().seg());
+    ops.pop_front();
     any = true;
   }
   return any;
 }
 
 // MPI_Test-driven waiting without a spinning core: a short burst of polls, then sleeps that
-// double from 10 us to 500 us until something progresses.
+// double from 20 us to 1 ms until something progresses. (A window of segments in flight
+// covers the sleeps: the sockets keep moving data while the rank sleeps.)
 class Backoff {
  public:
   void reset() {
@@ -177,8 +178,8 @@ class Backoff {
     sleep_ns_ = 0;
   }
   void wait() {
-    constexpr int kSpins = 100;
-    constexpr long kFirstNs = 10'000, kMaxNs = 500'000;
+    constexpr int kSpins = 20;
+    constexpr long kFirstNs = 20'000, kMaxNs = 1'000'000;
     if (spins_ < kSpins) {
       ++spins_;
       return;
@@ -197,8 +198,8 @@ struct Child {
   int rank = -1;
   uint64_t next = 0;  // next segment to send
   uint64_t sent = 0;  // sends completed
-  std::vector<Op> sends;
-  std::vector<Op> ack;  // the acknowledgement receive (one, until it completes)
+  std::deque<Op> sends;
+  std::deque<Op> ack;  // the acknowledgement receive (one, until it completes)
   std::byte ack_byte{};
 };
 
@@ -224,26 +225,49 @@ Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, Bca
   std::vector<char> have(nseg, is_root ? 1 : 0);
   uint64_t next_recv = is_root ? nseg : 0;  // next segment to post a receive for
   uint64_t received = is_root ? nseg : 0;
-  std::vector<Op> recvs;
+  std::deque<Op> recvs;
   std::vector<Child> kids(links.children.size());
-  for (size_t k = 0; k < kids.size(); ++k) {
-    kids[k].rank = links.children[k];
-    auto id = p2p.irecv(std::span(&kids[k].ack_byte, 1), kids[k].rank, kAckTag);
+  for (size_t k = 0; k < kids.size(); ++k) kids[k].rank = links.children[k];
+
+  // Completion, so that a rank returns OK only once every rank holds the buffer and a lost
+  // link fails every rank (within one stall timeout) instead of leaving some in a later call:
+  //   chain: the last rank tells every other rank directly that it has everything (the data
+  //          passed through each rank on its way there): one hop of latency, not N-1;
+  //   tree:  acknowledgements climb to the root (each rank's subtree is complete), then the
+  //          root's release descends: 2 x log2(N) hops.
+  const bool chain = shape != BcastAlgorithm::tree;
+  const int tail = order.back();
+  const bool is_tail = p2p.rank() == tail;
+  std::byte flag_out{1}, flag_in{};
+  std::deque<Op> confirm_recv, confirm_sends;            // chain: from / by the last rank
+  std::deque<Op> ack_send, release_recv, release_sends;  // tree
+  if (chain && !is_tail) {
+    auto id = p2p.irecv(std::span(&flag_in, 1), tail, kAckTag);
     if (!id) return id.error();
-    kids[k].ack.emplace_back(p2p, *id, 0);
+    confirm_recv.emplace_back(p2p, *id, 0);
   }
-  // The tree's release wave: a rank returns once the root has heard from every subtree, so a
-  // lost link fails the ranks of the other subtrees too (in a chain every rank is above or
-  // below the break and fails anyway).
-  const bool release = shape == BcastAlgorithm::tree;
-  std::byte ack_out{1}, release_in{}, release_out{1};
-  std::vector<Op> ack_send, release_recv, release_sends;
-  if (release && !is_root) {
-    auto id = p2p.irecv(std::span(&release_in, 1), links.parent, kReleaseTag);
-    if (!id) return id.error();
-    release_recv.emplace_back(p2p, *id, 0);
+  if (!chain) {
+    for (Child& c : kids) {
+      auto id = p2p.irecv(std::span(&c.ack_byte, 1), c.rank, kAckTag);
+      if (!id) return id.error();
+      c.ack.emplace_back(p2p, *id, 0);
+    }
+    if (!is_root) {
+      auto id = p2p.irecv(std::span(&flag_in, 1), links.parent, kReleaseTag);
+      if (!id) return id.error();
+      release_recv.emplace_back(p2p, *id, 0);
+    }
   }
-  bool ack_posted = false, release_posted = false;
+  bool confirm_posted = false, ack_posted = false, release_posted = false;
+  // Posts a 1-byte flag to each of `to`, into `ops`.
+  auto post_flags = [&](const std::vector<int>& to, int flag_tag, std::deque<Op>& ops) -> Status {
+    for (int r : to) {
+      auto id = p2p.isend(std::span<const std::byte>(&flag_out, 1), r, flag_tag);
+      if (!id) return id.error();
+      ops.emplace_back(p2p, *id, 0);
+    }
+    return {};
+  };
 
   Backoff backoff;
   auto last_progress = Clock::now();
@@ -254,7 +278,7 @@ Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, Bca
       if (!id) return id.error();
       recvs.emplace_back(p2p, *id, next_recv++);
     }
-    auto got = poll_all(recvs, [&](uint64_t s) {
+    auto got = poll_in_order(recvs, [&](uint64_t s) {
       have[s] = 1;
       ++received;
     });
@@ -269,39 +293,39 @@ Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, Bca
         c.sends.emplace_back(p2p, *id, c.next++);
         progress = true;
       }
-      auto sent = poll_all(c.sends, [&](uint64_t) { ++c.sent; });
+      auto sent = poll_in_order(c.sends, [&](uint64_t) { ++c.sent; });
       if (!sent) return sent.error();
       progress = progress || *sent;
-      auto acked = poll_all(c.ack, [](uint64_t) {});
+      auto acked = poll_in_order(c.ack, [](uint64_t) {});
       if (!acked) return acked.error();
       progress = progress || *acked;
       all_sent = all_sent && c.sent == nseg;
       all_acked = all_acked && c.ack.empty();
     }
-    const bool subtree_done = received == nseg && all_sent && all_acked;
-    if (subtree_done && !is_root && !ack_posted) {
-      auto id = p2p.isend(std::span<const std::byte>(&ack_out, 1), links.parent, kAckTag);
-      if (!id) return id.error();
-      ack_send.emplace_back(p2p, *id, 0);
-      ack_posted = true;
-      progress = true;
+    const bool local_done = received == nseg && all_sent && all_acked;
+    if (chain && is_tail && local_done && !confirm_posted) {
+      std::vector<int> others;
+      for (int r = 0; r < n; ++r)
+        if (r != tail) others.push_back(r);
+      if (auto st = post_flags(others, kAckTag, confirm_sends); !st) return st;
+      confirm_posted = progress = true;
     }
-    for (auto* ops : {&ack_send, &release_recv, &release_sends}) {
-      auto done = poll_all(*ops, [](uint64_t) {});
+    if (!chain && local_done && !is_root && !ack_posted) {
+      if (auto st = post_flags({links.parent}, kAckTag, ack_send); !st) return st;
+      ack_posted = progress = true;
+    }
+    for (auto* ops : {&confirm_recv, &confirm_sends, &ack_send, &release_recv, &release_sends}) {
+      auto done = poll_in_order(*ops, [](uint64_t) {});
       if (!done) return done.error();
       progress = progress || *done;
     }
-    const bool up_done = subtree_done && (is_root || (ack_posted && ack_send.empty()));
+    const bool confirmed = is_tail ? confirm_posted && confirm_sends.empty() : confirm_recv.empty();
+    if (chain && local_done && confirmed) return {};
+    const bool up_done = local_done && (is_root || (ack_posted && ack_send.empty()));
     const bool released = is_root || release_recv.empty();
-    if (up_done && !release) return {};
-    if (up_done && released && !release_posted) {
-      for (const Child& c : kids) {
-        auto id = p2p.isend(std::span<const std::byte>(&release_out, 1), c.rank, kReleaseTag);
-        if (!id) return id.error();
-        release_sends.emplace_back(p2p, *id, 0);
-      }
-      release_posted = true;
-      progress = true;
+    if (!chain && up_done && released && !release_posted) {
+      if (auto st = post_flags(links.children, kReleaseTag, release_sends); !st) return st;
+      release_posted = progress = true;
     }
     if (release_posted && release_sends.empty()) return {};
     if (progress) {
@@ -310,12 +334,14 @@ Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, Bca
       continue;
     }
     if (opt.stall_timeout.count() > 0 && Clock::now() - last_progress > opt.stall_timeout) {
-      const std::string what = received < nseg ? "data from rank " + std::to_string(links.parent)
-                               : !all_sent     ? "its sends to the next rank(s) to complete"
-                               : !all_acked    ? "the acknowledgement of the rank(s) below"
-                               : !up_done      ? "its acknowledgement to rank " + std::to_string(links.parent)
-                               : !released     ? "the release from rank " + std::to_string(links.parent)
-                                               : "its releases to the rank(s) below";
+      const std::string what = received < nseg    ? "data from rank " + std::to_string(links.parent)
+                               : !all_sent        ? "its sends to the next rank(s) to complete"
+                               : chain && is_tail ? "its confirmations to the other ranks"
+                               : chain      ? "the confirmation of the last rank, " + std::to_string(tail)
+                               : !all_acked ? "the acknowledgement of the rank(s) below"
+                               : !up_done   ? "its acknowledgement to rank " + std::to_string(links.parent)
+                               : !released  ? "the release from rank " + std::to_string(links.parent)
+                                            : "its releases to the rank(s) below";
       return stage_error(Errc::timed_out, "rank " + std::to_string(p2p.rank()) + ": " + to_string(shape) +
                                               " broadcast stalled for " +
                                               std::to_string(opt.stall_timeout.count()) + " ms waiting for " +

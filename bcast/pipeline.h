@@ -12,17 +12,17 @@
 // sorted by placement so neighbours share a node or a switch):
 //   - keep up to `window` segments of receives posted from the parent (never on the root),
 //   - as each segment arrives, send it to each child (up to `window` sends in flight per child),
-//   - once everything is received and sent, wait for each child's acknowledgement (a child
-//     acknowledges once its whole subtree has the buffer), then acknowledge to the parent;
-//   - tree only: wait for the root's release (sent down once every subtree acknowledged) and
-//     pass it on.
-//   So a call returns OK on a rank only when every rank below it (chain) or every rank (tree)
-//   holds the data. The extra cost is one tiny message per link and call: depth x latency.
+//   - then confirm completion: in the chain the last rank sends every other rank a 1-byte
+//     "I have it all" (the data passed through each of them first); in the tree each rank
+//     acknowledges to its parent once its subtree is complete and waits for the root's
+//     release, passed down. So a call returns OK on a rank only when every rank holds the
+//     data. Cost per call: one hop (chain) or 2 x log2(N) hops (tree) of latency, and N-1 tiny
+//     messages from the chain's last rank.
 // Waiting: MPI_Test-style polling with a back-off to short sleeps (no core spins at any N).
 // Failure: an error from a request, or no request progressing for `stall_timeout`, ends the
 // call with an error; the pending requests are cancelled by their RAII owners. A cut link
 // thus returns an error on every rank within about one stall timeout: the ranks below it
-// wait for data, the ranks above it for an acknowledgement.
+// wait for data, the ranks above it for the confirmation (chain) or the release (tree).
 // Collective over the PointToPoint's ranks (all call with the same length, root and options);
 // called by the thread that owns it.
 #pragma once
