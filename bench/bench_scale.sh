@@ -17,11 +17,15 @@
 #               shaped link (an NFS-like server with one link; a parallel filesystem with k
 #               servers behaves like k of these).
 # Page caches are not dropped: the source is read from memory, so the network is measured.
+# RAM=1 (default) puts the cluster's root (the nodes' "local disks" and the source) on a tmpfs
+# of its own: the simulated nodes share one real disk, and 16 copies written and fsynced to it
+# at once measure that disk, not the broadcast.
 # Each copy is compared with the source after the run.
 #
 # Env: NODES ("1 2 4 8 16") ALGOS ("mpi chain tree") SIZE_MB (64) RATE (100mbit) CHUNK (16M)
 #      STAGEFS (1) STAGEFS_ALGOS ("mpi chain") BASELINE (1) TIMEOUT (300 s per run)
-#      NETNS_SIM_ROOT (/var/tmp/stagefs-scale) NETNS_SIM_NET (10.78.0): a cluster of its own
+#      RAM (1) NETNS_SIM_ROOT (WORK_ROOT/scale-ram/netns with RAM=1, else /var/tmp/stagefs-scale)
+#      NETNS_SIM_NET (10.78.0): a cluster of its own
 # Output: bench/results/bench_scale.raw.csv and bench_scale.md (tables by bench/scale_table.py).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -37,7 +41,16 @@ STAGEFS=${STAGEFS:-1}
 STAGEFS_ALGOS=${STAGEFS_ALGOS:-"mpi chain"}
 BASELINE=${BASELINE:-1}
 TIMEOUT=${TIMEOUT:-300}
-export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-scale}
+RAM=${RAM:-1}
+RAMDIR=$WORK_ROOT/scale-ram
+max_n=0; for n in $NODES; do ((n > max_n)) && max_n=$n; done
+if [ "$RAM" = 1 ]; then
+  mkdir -p "$RAMDIR"
+  mountpoint -q "$RAMDIR" || mount -t tmpfs -o size=$((SIZE_MB * (max_n + 4) + 256))m stagefs-scale "$RAMDIR"
+  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-$RAMDIR/netns}
+else
+  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-scale}
+fi
 export NETNS_SIM_NET=${NETNS_SIM_NET:-10.78.0}
 ROOT=${NETNS_SIM_ROOT%/}
 H=$TOP/tests/harness/netns-cluster.sh
@@ -55,6 +68,7 @@ cleanup() {
   [ -n "$mpirun_pid" ] && kill_tree "$mpirun_pid"
   [ -n "$server_pid" ] && kill_tree "$server_pid"
   "$H" down >>"$LOG/harness.log" 2>&1
+  [ "$RAM" = 1 ] && mountpoint -q "$RAMDIR" && umount "$RAMDIR"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
