@@ -46,7 +46,7 @@ RAMDIR=$WORK_ROOT/scale-ram
 max_n=0; for n in $NODES; do ((n > max_n)) && max_n=$n; done
 if [ "$RAM" = 1 ]; then
   mkdir -p "$RAMDIR"
-  mountpoint -q "$RAMDIR" || mount -t tmpfs -o size=$((SIZE_MB * (max_n + 4) + 256))m stagefs-scale "$RAMDIR"
+  mountpoint -q "$RAMDIR" || mount -t tmpfs -o size=$((SIZE_MB * (2 * max_n + 4) + 256))m stagefs-scale "$RAMDIR"
   export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-$RAMDIR/netns}
 else
   export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-scale}
@@ -86,7 +86,14 @@ SRC=$ROOT/shared/scale/img
 make_random_file "$SRC" "$SIZE_MB"
 FILE_BYTES=$(stat -c %s "$SRC")
 
-raw_init "$NAME" "variant,nodes,rate,bytes,wall_s,tool_total_s,tool_copy_s,src_sent_x,max_sent_x,sum_sent_x,cpu_src_s,cpu_max_s,cpu_mean_s,ok,loadavg"
+# APPEND=1: add to the existing raw file (re-running some N or variants; the table keeps the
+# last row of each variant and N)
+if [ "${APPEND:-0}" = 1 ] && [ -f "$RESULTS/$NAME.raw.csv" ]; then
+  RAW=$RESULTS/$NAME.raw.csv MD=$RESULTS/$NAME.md
+  echo "# appended $(date -Is) git=$(git -C "$TOP" rev-parse --short HEAD)" >>"$RAW"
+else
+  raw_init "$NAME" "variant,nodes,rate,bytes,wall_s,tool_total_s,tool_copy_s,src_sent_x,max_sent_x,sum_sent_x,cpu_src_s,cpu_max_s,cpu_mean_s,ok,loadavg"
+fi
 
 tx_of() { "$H" exec "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 tx_all() { local k; for ((k = 1; k <= N; k++)); do tx_of "$k"; done; }
@@ -163,7 +170,7 @@ with u.urlopen(sys.argv[1]) as r, open(sys.argv[2], 'wb') as f: shutil.copyfileo
 
 run_fs() {  # ALGO
   local a=$1 k t0 t1 tx0 tx1 ok=1 pids=() mnt=$ROOT/view/stage
-  for ((k = 1; k <= N; k++)); do rm -rf "$ROOT/nodes/node$k/nvme/cache"; done
+  for ((k = 1; k <= N; k++)); do rm -rf "$ROOT/nodes/node$k/nvme/cache" "$ROOT/nodes/node$k/nvme/img"; done
   nice -n 10 "$H" mpirun "$FS" "$ROOT/shared/scale" "$mnt" --cache "$ROOT/view/nvme/cache" \
     --bcast-algorithm "$a" --chunk-size "$CHUNK" --stall-timeout 60 </dev/null >"$LOG/fs-$a.n$N.log" 2>&1 &
   mpirun_pid=$!
