@@ -11,6 +11,9 @@
 // rank has to forward data for others). A large bcast on a larger communicator stays a
 // blocking MPI_Bcast: Open MPI's pipelined trees need every rank inside MPI to forward the
 // segments at once, and a sleeping forwarder would stall its subtree.
+// Chunk data no longer takes that path by default: the engine sends it through
+// bcast/pipeline.h over MpiPointToPoint (below), which waits politely at every size;
+// MpiComm::bcast carries it only with --bcast-algorithm mpi.
 // Thread level: the caller asks for what it uses (FUNNELED: only the thread that initialized
 // MPI calls it) and MpiEnv reports what it got.
 #pragma once
