@@ -37,7 +37,7 @@ FAILED=0 PASSED=0
 pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
 
-cleanup() { "$H" down >>"$LOG/harness.log" 2>&1 || echo "WARNING: harness down reported leftovers"; rm -rf "$ROOT/shared/bytes" "$ROOT/bin"; }
+cleanup() { "$H" down >>"$LOG/harness.log" 2>&1 || echo "WARNING: harness down reported leftovers"; rm -rf "$ROOT/shared/bytes" "$ROOT/bin" "$ROOT"/nodes/node*/nvme/img; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 rm -rf "$LOG"
