@@ -5,6 +5,11 @@
 // Every method is COLLECTIVE over the communicator (all ranks call it, in the same order) and
 // none is thread-safe: one thread owns a Comm. Buffers may exceed INT_MAX bytes; the MPI side
 // splits them. A failed call returns Errc::comm_failed; no implementation ever aborts.
+//
+// PointToPoint (below) is the data path's seam: nonblocking sends and receives that
+// bcast/pipeline.h builds its pipelined chain and tree broadcasts from. A Comm may offer one
+// over the same ranks (point_to_point()); MpiComm does, SelfComm and the plain ThreadComm do
+// not (the engine then uses Comm::bcast).
 #pragma once
 
 #include <cstddef>
@@ -16,6 +21,38 @@
 #include "bcast/error.h"
 
 namespace stage {
+
+// Nonblocking point-to-point messages between the ranks of a Comm. NOT collective, NOT
+// thread-safe: the thread that owns the Comm owns this too. A request is an id returned by
+// isend/irecv; it lives until test() reports it complete or failed, or cancel() drops it.
+// The buffer of a live request belongs to the implementation: keep it valid and untouched
+// (a cancelled send may still be read by the MPI library; see MpiPointToPoint). Messages
+// between one pair of ranks with one tag are matched in the order they were started (MPI's
+// non-overtaking rule); a receive must be exactly the size of the message.
+class PointToPoint {
+ public:
+  using Request = int;
+  static constexpr int kMaxTag = 32767;  // the smallest MPI_TAG_UB the standard allows
+
+  PointToPoint() = default;
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+  virtual ~PointToPoint() = default;
+
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual int size() const = 0;
+  // Where each rank sits, one key per rank (SLURM_TOPOLOGY_ADDR, else the host name): ranks
+  // with equal or neighbouring keys share a node or a switch. Known to every rank.
+  [[nodiscard]] virtual const std::vector<std::string>& placement() const = 0;
+
+  virtual Result<Request> isend(std::span<const std::byte> buf, int dest, int tag) = 0;
+  virtual Result<Request> irecv(std::span<std::byte> buf, int source, int tag) = 0;
+  // true: complete (the id is released); false: still pending; an error: the request failed
+  // (the id is released).
+  virtual Result<bool> test(Request r) = 0;
+  // Drops a pending request (best effort: a receive is cancelled; a send may not be).
+  virtual void cancel(Request r) noexcept = 0;
+};
 
 class Comm {
  public:
@@ -34,6 +71,10 @@ class Comm {
   // Every rank's string, in rank order, on root (empty vector elsewhere).
   virtual Result<std::vector<std::string>> gather(const std::string& mine, int root) = 0;
   virtual Status barrier() = 0;
+
+  // Point-to-point messages over the same ranks, or nullptr if this Comm has none. Owned by
+  // the Comm; not collective.
+  virtual PointToPoint* point_to_point() { return nullptr; }
 };
 
 // Convenience wrappers (collective, like the calls they wrap).

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <numeric>
 
 #include "bcast/chunk.h"
@@ -64,7 +65,7 @@ Result<std::unique_ptr<MpiComm>> MpiComm::dup(MPI_Comm base) {
     MPI_Comm_free(&c);
     return st.error();
   }
-  return std::unique_ptr<MpiComm>(new MpiComm(c));
+  return make(c);
 }
 
 Result<std::unique_ptr<MpiComm>> MpiComm::split_node() const {
@@ -77,10 +78,104 @@ Result<std::unique_ptr<MpiComm>> MpiComm::split_node() const {
     MPI_Comm_free(&c);
     return st.error();
   }
-  return std::unique_ptr<MpiComm>(new MpiComm(c));
+  return make(c);
+}
+
+std::string placement_key() {
+  if (const char* t = std::getenv("SLURM_TOPOLOGY_ADDR"); t != nullptr && *t != '\0') return t;
+  return host_name();
+}
+
+Result<std::unique_ptr<MpiComm>> MpiComm::make(MPI_Comm c) {
+  auto comm = std::unique_ptr<MpiComm>(new MpiComm(c));  // frees c if we fail below
+  constexpr size_t kKey = 256;                           // a fixed-size slot per rank
+  std::array<char, kKey> mine{};
+  const std::string key = placement_key();
+  std::copy_n(key.data(), std::min(key.size(), kKey - 1), mine.begin());
+  std::vector<char> all(kKey * static_cast<size_t>(comm->size_));
+  if (auto st = check_mpi(MPI_Allgather(mine.data(), static_cast<int>(kKey), MPI_CHAR, all.data(),
+                                        static_cast<int>(kKey), MPI_CHAR, c),
+                          "MPI_Allgather (placement)");
+      !st)
+    return st.error();
+  std::vector<std::string> placement;
+  for (int r = 0; r < comm->size_; ++r) placement.emplace_back(all.data() + kKey * static_cast<size_t>(r));
+  comm->p2p_ = std::make_unique<MpiPointToPoint>(c, comm->rank_, comm->size_, std::move(placement));
+  return comm;
+}
+
+MpiPointToPoint::~MpiPointToPoint() {
+  for (Request r = 0; r < static_cast<Request>(reqs_.size()); ++r) cancel(r);
+}
+
+PointToPoint::Request MpiPointToPoint::slot() {
+  for (size_t i = 0; i < reqs_.size(); ++i)
+    if (reqs_[i] == MPI_REQUEST_NULL) return static_cast<Request>(i);
+  reqs_.push_back(MPI_REQUEST_NULL);
+  return static_cast<Request>(reqs_.size() - 1);
+}
+
+Result<PointToPoint::Request> MpiPointToPoint::isend(std::span<const std::byte> buf, int dest, int tag) {
+  if (buf.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    return stage_error(Errc::bad_message, "MPI_Isend: message too large");
+  const Request r = slot();
+  auto& req = reqs_[static_cast<size_t>(r)];
+  // MPI_Isend takes a const buffer since MPI-3.
+  if (auto st = check_mpi(
+          MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, dest, tag, comm_, &req), "MPI_Isend");
+      !st) {
+    req = MPI_REQUEST_NULL;
+    return st.error();
+  }
+  return r;
+}
+
+Result<PointToPoint::Request> MpiPointToPoint::irecv(std::span<std::byte> buf, int source, int tag) {
+  if (buf.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    return stage_error(Errc::bad_message, "MPI_Irecv: message too large");
+  const Request r = slot();
+  auto& req = reqs_[static_cast<size_t>(r)];
+  if (auto st =
+          check_mpi(MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, source, tag, comm_, &req),
+                    "MPI_Irecv");
+      !st) {
+    req = MPI_REQUEST_NULL;
+    return st.error();
+  }
+  return r;
+}
+
+Result<bool> MpiPointToPoint::test(Request r) {
+  if (r < 0 || static_cast<size_t>(r) >= reqs_.size() || reqs_[static_cast<size_t>(r)] == MPI_REQUEST_NULL)
+    return stage_error(Errc::bad_message, "MPI_Test: no such request");
+  auto& req = reqs_[static_cast<size_t>(r)];
+  int done = 0;
+  const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {  // the request completed in error and is freed, or the comm broke
+    if (req != MPI_REQUEST_NULL) cancel(r);
+    req = MPI_REQUEST_NULL;
+    return check_mpi(rc, "MPI_Test (point-to-point)").error();
+  }
+  if (done == 0) return false;
+  req = MPI_REQUEST_NULL;  // MPI_Test set it already; kept explicit
+  return true;
+}
+
+void MpiPointToPoint::cancel(Request r) noexcept {
+  if (r < 0 || static_cast<size_t>(r) >= reqs_.size()) return;
+  auto& req = reqs_[static_cast<size_t>(r)];
+  if (req == MPI_REQUEST_NULL) return;
+  int finalized = 0;
+  if (MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0) {
+    // Errors ignored: this is the give-up path; MPI_Request_free lets MPI finish it later.
+    (void)MPI_Cancel(&req);
+    (void)MPI_Request_free(&req);
+  }
+  req = MPI_REQUEST_NULL;
 }
 
 MpiComm::~MpiComm() {
+  p2p_.reset();  // its requests go before the communicator
   int finalized = 0;
   if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF &&
       MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0)

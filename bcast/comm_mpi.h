@@ -11,6 +11,9 @@
 // rank has to forward data for others). A large bcast on a larger communicator stays a
 // blocking MPI_Bcast: Open MPI's pipelined trees need every rank inside MPI to forward the
 // segments at once, and a sleeping forwarder would stall its subtree.
+// Chunk data no longer takes that path by default: the engine sends it through
+// bcast/pipeline.h over MpiPointToPoint (below), which waits politely at every size;
+// MpiComm::bcast carries it only with --bcast-algorithm mpi.
 // Thread level: the caller asks for what it uses (FUNNELED: only the thread that initialized
 // MPI calls it) and MpiEnv reports what it got.
 #pragma once
@@ -19,6 +22,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "bcast/comm.h"
 
@@ -41,6 +46,36 @@ class MpiEnv {
   int provided_;
 };
 
+// Nonblocking point-to-point on an MpiComm's communicator (owned by the MpiComm; same thread
+// rules). Requests live in a table indexed by PointToPoint::Request. cancel() cancels and frees
+// the request: a receive is gone, but Open MPI cannot cancel a send, so a send's buffer may
+// still be read until MPI completes it: after a cancelled send the communicator is to be
+// treated as broken (the engine gives up the transfer and every later collective).
+class MpiPointToPoint final : public PointToPoint {
+ public:
+  MpiPointToPoint(MPI_Comm comm, int rank, int size, std::vector<std::string> placement)
+      : comm_(comm), rank_(rank), size_(size), placement_(std::move(placement)) {}
+  ~MpiPointToPoint() override;
+  [[nodiscard]] int rank() const override { return rank_; }
+  [[nodiscard]] int size() const override { return size_; }
+  [[nodiscard]] const std::vector<std::string>& placement() const override { return placement_; }
+  Result<Request> isend(std::span<const std::byte> buf, int dest, int tag) override;
+  Result<Request> irecv(std::span<std::byte> buf, int source, int tag) override;
+  Result<bool> test(Request r) override;
+  void cancel(Request r) noexcept override;
+
+ private:
+  Request slot();
+  MPI_Comm comm_;
+  int rank_, size_;
+  std::vector<std::string> placement_;
+  std::vector<MPI_Request> reqs_;  // MPI_REQUEST_NULL: free slot
+};
+
+// This process's placement key: SLURM_TOPOLOGY_ADDR when the launcher sets it (switch path
+// and node, e.g. "s0.s3.node17"), else the host name.
+std::string placement_key();
+
 class MpiComm final : public Comm {
  public:
   // Duplicates `base` (never frees WORLD/SELF themselves).
@@ -58,6 +93,7 @@ class MpiComm final : public Comm {
   Status allreduce_sum(std::span<int64_t> inout) override;
   Result<std::vector<std::string>> gather(const std::string& mine, int root) override;
   Status barrier() override;
+  PointToPoint* point_to_point() override { return p2p_.get(); }
 
   // Whether a bcast of `bytes` is completed by polite polling rather than a blocking call.
   [[nodiscard]] bool polite_bcast(uint64_t bytes) const;
@@ -66,7 +102,10 @@ class MpiComm final : public Comm {
 
  private:
   explicit MpiComm(MPI_Comm c);
+  // Collective: every rank's placement key (an allgather), for the point-to-point seam.
+  static Result<std::unique_ptr<MpiComm>> make(MPI_Comm c);
   MPI_Comm comm_;
+  std::unique_ptr<MpiPointToPoint> p2p_;
   int rank_ = 0;
   int size_ = 1;
 };

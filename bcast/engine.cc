@@ -504,7 +504,9 @@ Status Transfer::copy() {
       break;  // every rank sees the same header and leaves the loop at the same chunk
     }
     if ((h.flags & kChunkZero) == 0) {
-      if (comm_status = comm_.bcast(std::span(buf.mem->data(), h.length), opt_.root); !comm_status) break;
+      comm_status = data_bcast(comm_, std::span(buf.mem->data(), h.length), opt_.root, opt_.bcast_algorithm,
+                               opt_.pipeline);
+      if (!comm_status) break;
       r_.bytes_streamed += h.length;
     }
     ++r_.chunks;
@@ -623,6 +625,7 @@ StageReport Transfer::run() {
   // A collective failure (MPI error, malformed message) ends the transfer here: no further
   // collectives are attempted, every temporary file is removed by the Txn destructors.
   auto comm_broke = [&](const Status& st) {
+    r_.comm_broken = true;
     r_.errors.push_back(st.error().message);
     spdlog::error("{}", st.error().message);
     return finish_report(false);

@@ -29,6 +29,7 @@
 
 #include "bcast/chunk.h"
 #include "bcast/comm.h"
+#include "bcast/pipeline.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 
@@ -50,6 +51,10 @@ struct StageOptions {
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
   std::function<bool()> cancelled;
+  // How each chunk's data travels (bcast/pipeline.h); headers, manifest and outcomes always
+  // go through the Comm's own collectives.
+  BcastAlgorithm bcast_algorithm = BcastAlgorithm::automatic;
+  PipelineOptions pipeline;
 };
 
 struct StageEndpoint {
@@ -92,6 +97,10 @@ struct StageReport {
   std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
+  // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
+  // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then
+  // holds this rank's own message, on every rank).
+  bool comm_broken = false;
 };
 
 // Called on every rank, from the thread that called stage_transfer, after each chunk

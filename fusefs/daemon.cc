@@ -201,6 +201,8 @@ std::string Daemon::setup_local() {
   };
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
+  g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
+  g.bcast.pipeline.stall_timeout = g.stall_timeout;  // a chunk's data path gives up as the opens do
   g.read_path = [this] {
     if (!mount_) return std::string("-");
     if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "bcast/chunk.h"
+#include "bcast/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
 #include "fusefs/status.h"
@@ -27,6 +28,7 @@ struct DaemonConfig {
   std::string mountpoint;
   std::string cache_dir;
   uint64_t chunk_size = stage::kDefaultChunk;
+  stage::BcastAlgorithm bcast_algorithm = stage::BcastAlgorithm::automatic;  // chunk data path
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
   StallPolicy on_stall = StallPolicy::eio;

@@ -27,7 +27,8 @@ using stage::Validate;
 
 struct Cli {
   std::string source, dest;
-  std::string pre = "size", post = "none", chunk = "16M", direct_io = "auto";
+  std::string pre = "size", post = "none", chunk = "16M", direct_io = "auto", algorithm = "auto", segment;
+  double stall_timeout = 120;
   bool overwrite = false, verbose = false, json = false, recursive = false, ranks_as_nodes = false;
   int source_rank = 0;
 };
@@ -181,6 +182,20 @@ int main(int argc, char** argv) {
   app.add_option("--source-rank", c.source_rank, "rank that reads the source")->capture_default_str();
   app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")
       ->capture_default_str();
+  app.add_option("--bcast-algorithm", c.algorithm,
+                 "how chunk data travels: chain (pipelined chain of segments over point-to-point "
+                 "messages: the source sends each byte once, time nearly flat in the node count), "
+                 "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast), auto (chain for "
+                 "chunks over 64 KiB)")
+      ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--bcast-segment", c.segment,
+                 "chain/tree message size, 4K..64M (default 60K: under Open MPI's TCP eager limit)");
+  app.add_option("--stall-timeout", c.stall_timeout,
+                 "chain/tree: seconds without progress (a node or link gone) before the transfer "
+                 "fails; 0 waits forever")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--direct-io", c.direct_io,
                  "auto: write each copy with O_DIRECT where the destination filesystem accepts it (no "
                  "page-cache copy, no cache pollution; unaligned parts go buffered), off: buffered writes")
@@ -221,6 +236,14 @@ int main(int argc, char** argv) {
   opt.overwrite = c.overwrite;
   opt.recursive = c.recursive;
   opt.root = c.source_rank;
+  opt.bcast_algorithm = *stage::parse_bcast_algorithm(c.algorithm);  // checked by CLI11 above
+  opt.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.stall_timeout * 1000));
+  if (!c.segment.empty()) {
+    const auto seg = stage::parse_size(c.segment);
+    if (!seg || *seg < 4096 || *seg > 64 * stage::kMiB)
+      return usage_error("--bcast-segment: give a size from 4K to 64M: '" + c.segment + "'");
+    opt.pipeline.segment = *seg;
+  }
 
   spdlog::set_default_logger(spdlog::stderr_logger_mt("stage-bcast"));
   spdlog::set_pattern("[%l] %v");
@@ -300,6 +323,15 @@ int main(int argc, char** argv) {
                  : report.this_node_wrote ? "wrote"
                                           : "already had a current copy of",
                  ep.dest);
+  if (report.comm_broken) {
+    // Some ranks may be stuck inside MPI (a lost node or link): MPI_Finalize would wait for
+    // them forever. Leave without it; the launcher sees a rank end without finalizing and
+    // ends the others (mpirun and srun both do), so every rank's command returns.
+    for (const auto& e : report.errors)
+      std::fprintf(stderr, "stage-bcast: rank %d: error: %s\n", world->rank(), e.c_str());
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   if (is_root) {
     if (c.json)
       std::fputs(stage::report_json(report, c.source, c.dest, world->size()).c_str(), stdout);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "bcast/chunk.h"
+#include "bcast/pipeline.h"
 #include "fusefs/daemon.h"
 
 namespace {
@@ -37,7 +38,8 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", on_stall = "eio", direct_io = "off", verify = "crc", cache_size, wait_for;
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", cache_size,
+      wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -68,6 +70,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(seconds(0.001, 1e6));
   app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
+  app.add_option("--bcast-algorithm", bcast_algorithm,
+                 "how chunk data travels: chain (pipelined chain of segments, the source sends each "
+                 "byte once; time nearly flat in the node count), tree (pipelined binary tree), mpi "
+                 "(the MPI library's MPI_Bcast), auto (chain for chunks over 64 KiB)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}));
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
       ->capture_default_str()
       ->check(seconds(0, 1e9));
@@ -154,6 +162,7 @@ int main(int argc, char** argv) {
       cfg.cache_size = *n;
     }
   }
+  cfg.bcast_algorithm = *stage::parse_bcast_algorithm(bcast_algorithm);  // checked by CLI11 above
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;

@@ -71,6 +71,9 @@ class ThreadComm final : public Comm {
     w_.bar().arrive_and_wait();
     return {};
   }
+  // The point-to-point seam for the data path: none unless a test attaches one (FakeP2P).
+  PointToPoint* point_to_point() override { return p2p_; }
+  void attach(PointToPoint* p) { p2p_ = p; }
 
  private:
   Status reduce(std::span<int64_t> v, const std::function<int64_t(int64_t, int64_t)>& op) {
@@ -88,6 +91,7 @@ class ThreadComm final : public Comm {
   World& w_;
   int rank_;
   int big_bcasts_ = 0;
+  PointToPoint* p2p_ = nullptr;
 };
 
 // Runs fn(comm) on n threads, one per rank, and waits for all.
