@@ -49,7 +49,9 @@ class Coordinator {
 
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
-  [[nodiscard]] size_t queued() const { return queue_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0); }
+  [[nodiscard]] size_t queued() const {
+    return queue_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
+  }
   [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
 
  private:

@@ -108,7 +108,6 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
-
 void GroupService::complete(const std::string& rel, const stage::Status& st) {
   std::vector<Done> cbs;
   {

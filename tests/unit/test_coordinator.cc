@@ -171,7 +171,8 @@ class Group {
     }
     for (size_t i = 0; i < log_.size(); ++i) {
       if (log_[i].type == MsgType::materialize) {
-        EXPECT_GE(answers_[i], 1U) << "transfer of " << log_[i].path << " (id " << log_[i].id << ") answered nobody";
+        EXPECT_GE(answers_[i], 1U) << "transfer of " << log_[i].path << " (id " << log_[i].id
+                                   << ") answered nobody";
       }
     }
     EXPECT_FALSE(coord_.outstanding());
