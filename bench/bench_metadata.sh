@@ -14,7 +14,10 @@
 # as NFS is for security.*): there getxattr answers EOPNOTSUPP, which ls remembers per device,
 # on the source and through the mount alike.
 #
-# Env: N (100000) RUNS (5) SOURCE_FS (the WORK_ROOT filesystem, or ramfs) WORK_ROOT BIN RESULTS KEEP=1
+# BIN2=DIR adds a variant "base": the same listing through a second mount run by DIR/stagefs
+# (an older build), interleaved with the others.
+#
+# Env: N (100000) RUNS (5) BIN2 SOURCE_FS (the WORK_ROOT filesystem, or ramfs) WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
@@ -27,11 +30,15 @@ CACHE=$WORK/cache
 SOURCE_FS=${SOURCE_FS:-}
 NAME=bench_metadata${SOURCE_FS:+_$SOURCE_FS}
 
+MNT2=$WORK/mnt2
 daemon_pid=
+daemon2_pid=
 cleanup() {
   set +e
   unmount_if "$MNT"
+  unmount_if "$MNT2"
   [ -n "$daemon_pid" ] && kill_tree "$daemon_pid"
+  [ -n "$daemon2_pid" ] && kill_tree "$daemon2_pid"
   [ -n "$SOURCE_FS" ] && umount "$SRC" 2>/dev/null
   [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
@@ -55,6 +62,15 @@ LOGF=$WORK/daemon.log
 "$BIN/stagefs" "$SRC" "$MNT" --cache "$CACHE" 2> "$LOGF" &
 daemon_pid=$!
 "$BIN/stagefs" --wait "$MNT" --wait-timeout 60 || die "mount not ready: $(cat "$LOGF")"
+variants="mount source"
+if [ -n "${BIN2:-}" ]; then
+  mkdir -p "$MNT2"
+  rm -rf "$CACHE.2"
+  "$BIN2/stagefs" "$SRC" "$MNT2" --cache "$CACHE.2" 2> "$WORK/daemon2.log" &
+  daemon2_pid=$!
+  "$BIN2/stagefs" --wait "$MNT2" --wait-timeout 60 || die "base mount not ready: $(cat "$WORK/daemon2.log")"
+  variants="mount source base"
+fi
 
 ls_time() {  # seconds of one `ls -l DIR`
   local t0 t1
@@ -63,12 +79,18 @@ ls_time() {  # seconds of one `ls -l DIR`
   t1=$(now)
   elapsed "$t0" "$t1"
 }
-dir_of() { if [ "$1" = mount ]; then echo "$MNT/big"; else echo "$SRC/big"; fi; }
+dir_of() {
+  case $1 in
+    mount) echo "$MNT/big" ;;
+    base) echo "$MNT2/big" ;;
+    *) echo "$SRC/big" ;;
+  esac
+}
 
 raw_init "$NAME" "round,variant,loadavg,secs"
-for what in source mount; do ls_time "$(dir_of $what)" > /dev/null; done  # warm-up, untimed
+for what in $variants; do ls_time "$(dir_of $what)" > /dev/null; done  # warm-up, untimed
 for ((r = 1; r <= RUNS; r++)); do
-  if ((r % 2)); then order="mount source"; else order="source mount"; fi
+  if ((r % 2)); then order=$variants; else order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' '); fi
   for what in $order; do
     la=$(loadavg)
     raw "$r,$what,$la,$(ls_time "$(dir_of $what)")"
@@ -80,8 +102,14 @@ log "daemon stats: $stats"
 fusermount3 -u "$MNT" 2>/dev/null || true
 wait "$daemon_pid" 2>/dev/null || true
 daemon_pid=
+if [ -n "$daemon2_pid" ]; then
+  fusermount3 -u "$MNT2" 2>/dev/null || true
+  wait "$daemon2_pid" 2>/dev/null || true
+  daemon2_pid=
+fi
 
 "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric secs \
   --title "metadata: ls -l of a directory of $N entries, warm, through a standalone mount vs the source (${SOURCE_FS:-$(df -PT "$WORK_ROOT" | awk 'NR==2 {print $2}')})" \
   --ratio "ls -l warm=mount/source" --target "ls -l warm<=1.5" \
+  ${BIN2:+--ratio "base build=base/source" --ratio "this build vs base=mount/base"} \
   --note "Every entry costs lstat + getxattr(security.selinux) + getxattr(system.posix_acl_access); through the mount each getxattr is one FUSE round trip to the daemon."
