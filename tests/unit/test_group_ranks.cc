@@ -4,6 +4,7 @@
 // waiting opens), which the MPI tests only reach through real mounts.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 
 #include <condition_variable>
 #include <filesystem>
@@ -73,6 +74,9 @@ class GroupRanksTest : public TmpDirTest {
  protected:
   void SetUp() override {
     TmpDirTest::SetUp();
+    // spdlog's registry is a lazily built static of an uninstrumented library: build it here,
+    // before the ranks' threads log at once (as the daemon does in main), or TSan reports it.
+    spdlog::default_logger_raw();
     for (size_t i = 0; i < files_.size(); ++i) {
       data_.push_back(random_bytes(i * 70001, static_cast<uint32_t>(i + 1)));  // 0 to 280 KB
       write_file(path("src/" + files_[i]), data_.back());
