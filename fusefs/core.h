@@ -176,7 +176,7 @@ class StageFsCore {
   uint64_t next_id_ = kRootId + 1;
   CoreCounters counters_;
   std::function<std::optional<std::string>(const std::string&)> control_xattr_;
-  XattrCache xattrs_;  // per node id; its own lock, taken after m_ is released
+  XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
 
 }  // namespace stagefs
