@@ -154,15 +154,20 @@ Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, co
   auto st = stat_rel(rel);
   if (!st) return st.error();
   const stage::FileMeta version = S_ISREG(st->st_mode) ? stage::meta_from_stat(*st) : stage::FileMeta{};
-  std::lock_guard lk(m_);
-  auto it = ids_.find(rel);
-  if (it == ids_.end() || nodes_[it->second].version != version) {
-    // New name, or a new version of the file: a new id (the old one stays for its holders).
-    it = ids_.insert_or_assign(rel, next_id_).first;
-    nodes_[next_id_++] = Node{rel, 0, version};
+  uint64_t id = 0;
+  {
+    std::lock_guard lk(m_);
+    auto it = ids_.find(rel);
+    if (it == ids_.end() || nodes_[it->second].version != version) {
+      // New name, or a new version of the file: a new id (the old one stays for its holders).
+      it = ids_.insert_or_assign(rel, next_id_).first;
+      nodes_[next_id_++] = Node{rel, 0, version};
+    }
+    ++nodes_[it->second].nlookup;
+    id = it->second;
   }
-  ++nodes_[it->second].nlookup;
-  return std::pair{it->second, *st};
+  xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
+  return std::pair{id, *st};
 }
 
 void StageFsCore::forget(uint64_t id, uint64_t n) {
@@ -174,13 +179,16 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
   if (it->second.nlookup == 0) {
     if (auto by = ids_.find(it->second.rel); by != ids_.end() && by->second == it->first) ids_.erase(by);
     nodes_.erase(it);
+    xattrs_.forget(id);
   }
 }
 
 Result<struct stat> StageFsCore::getattr(uint64_t id) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  return stat_rel(*rel);
+  auto st = stat_rel(*rel);
+  if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
+  return st;
 }
 
 Result<std::string> StageFsCore::readlink(uint64_t id) {
@@ -281,6 +289,8 @@ static Result<std::string> xattr_call(int root, const std::string& rel, const ch
   return buf;
 }
 
+// Both answered through xattrs_: the source is asked once per node (and version), and
+// absent names (what `ls -l` asks of every entry) cost no syscall.
 Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, const Caller& who) {
   if (is_hidden_xattr(name, who)) return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
   if (id == kRootId && name.rfind(kControlPrefix, 0) == 0 && control_xattr_) {
@@ -288,19 +298,33 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, 
   }
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto r = xattr_call(root_.get(), *rel, "getxattr",
-                      [&](const char* p, char* b, size_t n) { return ::getxattr(p, name.c_str(), b, n); });
-  if (!r && (r.error().to_errno() == ENODATA || r.error().to_errno() == ENOTSUP))
-    return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};  // expected: not logged
+  auto r = xattrs_.get(
+      id, name, [&] { return list_source_xattrs(*rel); },
+      [&] {
+        return xattr_call(root_.get(), *rel, "getxattr",
+                          [&](const char* p, char* b, size_t n) { return ::getxattr(p, name.c_str(), b, n); });
+      });
+  if (r) return r;
+  // Expected answers, not logged. The kernel fails permission checks on an ACL read that
+  // answers EOPNOTSUPP: ACL names are ENODATA then; other names pass the source's answer.
+  const int err = r.error().to_errno();
+  if (err == ENODATA || (err == EOPNOTSUPP && name.rfind("system.posix_acl_", 0) == 0))
+    return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
+  if (err == EOPNOTSUPP) return stage::Error{std::error_code(EOPNOTSUPP, std::generic_category()), ""};
+  return r;
+}
+
+Result<std::string> StageFsCore::list_source_xattrs(const std::string& rel) const {
+  auto r = xattr_call(root_.get(), rel, "listxattr",
+                      [](const char* p, char* b, size_t n) { return ::listxattr(p, b, n); });
+  if (!r && r.error().to_errno() == ENOTSUP) return std::string();
   return r;
 }
 
 Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto r = xattr_call(root_.get(), *rel, "listxattr",
-                      [](const char* p, char* b, size_t n) { return ::listxattr(p, b, n); });
-  if (!r && r.error().to_errno() == ENOTSUP) return std::string();
+  auto r = xattrs_.list(id, [&] { return list_source_xattrs(*rel); });
   if (!r) return r;
   std::string out;
   for (size_t i = 0; i < r->size();) {

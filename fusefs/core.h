@@ -48,6 +48,7 @@
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
+#include "fusefs/xattr_cache.h"
 
 namespace stagefs {
 
@@ -141,12 +142,14 @@ class StageFsCore {
   }
   [[nodiscard]] int root_fd() const { return root_.get(); }
   [[nodiscard]] const CoreCounters& counters() const { return counters_; }
+  [[nodiscard]] XattrCache::Stats xattr_stats() const { return xattrs_.stats(); }
   [[nodiscard]] size_t node_count() const;
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
+  stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   stage::Status check_access(const std::string& rel, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
@@ -182,6 +185,7 @@ class StageFsCore {
   uint64_t next_id_ = kRootId + 1;
   CoreCounters counters_;
   std::function<std::optional<std::string>(const std::string&)> control_xattr_;
+  XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
 
 }  // namespace stagefs

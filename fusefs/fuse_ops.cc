@@ -69,7 +69,7 @@ Caller caller(fuse_req_t req, bool with_groups) {
 
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
-  if (err == ENOENT || err == ENODATA || err == EROFS || err == ENAMETOOLONG || err == ESTALE)
+  if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG || err == ESTALE)
     spdlog::debug("{}", e.message);
   else
     spdlog::warn("{}", e.message);

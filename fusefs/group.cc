@@ -9,6 +9,7 @@ namespace stagefs {
 GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src,
                            stage::LocalStore& store, GroupConfig cfg)
     : data_(data), ctl_(ctl), src_(src), store_(store), cfg_(std::move(cfg)), last_progress_(Clock::now()) {
+  if (ctl_.is_coordinator()) coord_.emplace();
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
@@ -110,7 +111,6 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
-
 void GroupService::complete(const std::string& rel, const stage::Status& st) {
   std::vector<Done> cbs;
   {
@@ -121,18 +121,6 @@ void GroupService::complete(const std::string& rel, const stage::Status& st) {
     waits_.erase(it);
   }
   for (auto& cb : cbs) cb(st);
-}
-
-void GroupService::enqueue(const Message& m) {
-  if (m.type == MsgType::shutdown) {
-    if (!shutdown_sent_) queue_.push_front(m);  // before any further transfer
-    shutdown_sent_ = true;
-    return;
-  }
-  if (auto it = announced_id_.find(m.path); it != announced_id_.end() && m.id < it->second)
-    return;                                    // sent before its node saw the transfer that answers it
-  if (!queued_.insert(m.path).second) return;  // already queued: merge
-  queue_.push_back(m);
 }
 
 void GroupService::run_transfer(const Message& a) {
@@ -185,78 +173,81 @@ void GroupService::run_transfer(const Message& a) {
   }
 }
 
+stage::Status GroupService::control_failed(const stage::Error& e) {
+  spdlog::error("{}: control plane failed: {}", stage::host_name(), e.message);
+  Ready ready;
+  {
+    std::lock_guard lk(m_);
+    state_ = GroupState::broken;
+    ready = fail_all_locked(e);
+  }
+  run_ready(ready);
+  return e;
+}
+
+// This node's new first opens (and its shutdown) go to the coordinator: through the control
+// plane, or straight into the Coordinator on its own node.
+stage::Result<bool> GroupService::forward_local() {
+  std::deque<std::string> out;
+  bool want_shutdown = false;
+  {
+    std::lock_guard lk(m_);
+    for (auto& rel : outbox_)  // skip opens a transfer already answered
+      if (waits_.contains(rel)) out.push_back(std::move(rel));
+    outbox_.clear();
+    want_shutdown = shutdown_requested_ && !shutdown_sent_;
+  }
+  std::vector<Message> msgs;
+  for (auto& rel : out) msgs.push_back(Message{MsgType::materialize, last_seen_id_, std::move(rel)});
+  if (want_shutdown) msgs.push_back(Message{MsgType::shutdown, 0, {}});
+  for (const auto& m : msgs) {
+    if (coord_)
+      coord_->on_request(m);
+    else if (auto st = ctl_.send_request(m); !st)
+      return st.error();
+  }
+  shutdown_sent_ = shutdown_sent_ || want_shutdown;
+  return !msgs.empty();
+}
+
+// Coordinator's node: every rank's requests into the Coordinator, its next decision out.
+stage::Result<bool> GroupService::coordinate() {
+  bool busy = false;
+  for (;;) {
+    auto r = ctl_.poll_request();
+    if (!r) {
+      spdlog::warn("{}", r.error().message);  // malformed request: dropped
+      continue;
+    }
+    if (!r->has_value()) break;
+    busy = true;
+    coord_->on_request(**r);
+  }
+  if (auto next = coord_->next_announcement()) {
+    if (auto st = ctl_.announce(*next); !st) return st.error();
+    busy = true;
+  }
+  return busy;
+}
+
 stage::Status GroupService::run() {
   auto idle = std::chrono::milliseconds(1);
   for (;;) {
-    bool busy = false;
-    std::deque<std::string> out;
-    bool want_shutdown = false;
-    {
-      std::lock_guard lk(m_);
-      for (auto& rel : outbox_)  // skip opens a transfer already answered
-        if (waits_.contains(rel)) out.push_back(std::move(rel));
-      outbox_.clear();
-      want_shutdown = shutdown_requested_ && !shutdown_sent_;
-    }
-    auto broken = [&](const stage::Error& e) {
-      spdlog::error("{}: control plane failed: {}", stage::host_name(), e.message);
-      Ready ready;
-      {
-        std::lock_guard lk(m_);
-        state_ = GroupState::broken;
-        ready = fail_all_locked(e);
-      }
-      run_ready(ready);
-      return stage::Status(e);
-    };
-    for (auto& rel : out) {
-      busy = true;
-      const Message m{MsgType::materialize, last_seen_id_, rel};
-      if (ctl_.is_coordinator())
-        enqueue(m);
-      else if (auto st = ctl_.send_request(m); !st)
-        return broken(st.error());
-    }
-    if (want_shutdown) {
-      busy = true;
-      const Message m{MsgType::shutdown, 0, {}};
-      if (ctl_.is_coordinator())
-        enqueue(m);
-      else if (auto st = ctl_.send_request(m); !st)
-        return broken(st.error());
-      shutdown_sent_ = true;
-    }
-    if (ctl_.is_coordinator()) {
-      for (;;) {
-        auto r = ctl_.poll_request();
-        if (!r) {
-          spdlog::warn("{}", r.error().message);  // malformed request: dropped
-          continue;
-        }
-        if (!r->has_value()) break;
-        busy = true;
-        enqueue(**r);
-      }
-      if (!announcing_ && !queue_.empty()) {
-        Message m = queue_.front();
-        queue_.pop_front();
-        if (m.type == MsgType::materialize) {
-          queued_.erase(m.path);
-          m.id = next_id_++;
-          announced_id_[m.path] = m.id;
-        }
-        if (auto st = ctl_.announce(m); !st) return broken(st.error());
-        announcing_ = true;
-        busy = true;
-      }
+    auto fwd = forward_local();
+    if (!fwd) return control_failed(fwd.error());
+    bool busy = *fwd;
+    if (coord_) {
+      auto c = coordinate();
+      if (!c) return control_failed(c.error());
+      busy = busy || *c;
     }
     auto a = ctl_.poll_announcement();
-    if (!a) return broken(a.error());
+    if (!a) return control_failed(a.error());
     if (a->has_value()) {
       busy = true;
-      announcing_ = false;
       mark_progress();
       const Message& m = **a;
+      if (coord_) coord_->on_announced(m);
       last_seen_id_ = std::max(last_seen_id_, m.id);
       if (m.type == MsgType::shutdown) {
         Ready ready;

@@ -1,8 +1,9 @@
 // GroupService: one node's member of a mount group. FUSE threads call materialize(); the
 // service thread (the one that owns MPI) runs run(), which
 //   - forwards this node's first-open requests to the coordinator (rank 0),
-//   - on the coordinator: merges requests from every node (one transfer per file, however
-//     many threads and nodes open it at once) and announces them one at a time, in order,
+//   - on the coordinator: hands every node's requests to a Coordinator (coordinator.h: the
+//     pure decisions, one transfer per file however many threads and nodes open it at once)
+//     and broadcasts its announcements one at a time, in order,
 //   - on every rank: runs each announced transfer through the bcast engine into the cache
 //     (nodes whose cache already holds a valid copy take part without writing),
 //   - wakes the waiting opens with the outcome.
@@ -28,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -35,6 +37,7 @@
 
 #include "bcast/engine.h"
 #include "fusefs/control.h"
+#include "fusefs/coordinator.h"
 #include "fusefs/core.h"
 
 namespace stagefs {
@@ -99,12 +102,14 @@ class GroupService final : public Materializer {
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
 
   void run_transfer(const Message& a);
+  stage::Result<bool> forward_local();  // true if it sent anything
+  stage::Result<bool> coordinate();     // coordinator's node; true if anything happened
+  stage::Status control_failed(const stage::Error& e);
   void complete(const std::string& rel, const stage::Status& st);
   Ready fail_all_locked(const stage::Error& e);
   static void run_ready(Ready& r);
   void watchdog();
   void mark_progress();
-  void enqueue(const Message& m);  // coordinator, service thread
 
   stage::Comm& data_;
   ControlPlane& ctl_;
@@ -126,16 +131,9 @@ class GroupService final : public Materializer {
   std::thread watchdog_;
 
   // service thread only
-  std::deque<Message> queue_;  // coordinator: decided but not yet announced
-  std::set<std::string> queued_;
-  // coordinator: the id of the latest announcement of each path. A request that was sent
-  // before its node saw that announcement is already answered by it and is dropped, so a
-  // burst of opens across the nodes costs one transfer.
-  std::map<std::string, uint64_t> announced_id_;
-  uint64_t last_seen_id_ = 0;  // the latest announcement this node processed
-  bool announcing_ = false;
-  bool shutdown_sent_ = false;
-  uint64_t next_id_ = 1;
+  std::optional<Coordinator> coord_;  // on the coordinator's node
+  uint64_t last_seen_id_ = 0;         // the latest announcement this node processed
+  bool shutdown_sent_ = false;        // this node asked the group to shut down
 };
 
 }  // namespace stagefs

@@ -1,0 +1,69 @@
+// Coordinator: the decisions of a mount group's coordinator (rank 0), as a pure state
+// machine: requests in, announcements out. No MPI, no threads, no clocks: GroupService feeds
+// it what its control plane received and broadcasts what it decides; the unit tests feed it
+// N simulated ranks (tests/unit/test_coordinator.cc).
+//
+// Rules (the same order on every rank comes from the control plane: at most one announcement
+// outstanding, each one started after the previous completed):
+//   - Merge: a path already queued is not queued again, so however many threads and nodes
+//     open one file at once, it costs one transfer.
+//   - Answered already: a request carries the id of the latest announcement its node had
+//     seen. If the path was announced later than that (announced id > request id), the node
+//     will see that announcement and it answers the request: the request is dropped.
+//   - Shutdown: the first shutdown request jumps the queue; it is the last announcement.
+//     Requests after it are dropped (their nodes fail their opens with ESHUTDOWN when they
+//     see it), and nothing is announced after it.
+// Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
+// announcement a node has seen.
+//
+// Not thread-safe: owned by the service thread of the coordinator's node.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "fusefs/control.h"
+
+namespace stagefs {
+
+struct CoordinatorStats {
+  uint64_t requests = 0;
+  uint64_t merged = 0;            // path already queued
+  uint64_t already_answered = 0;  // announced after the node's last seen id
+  uint64_t announced = 0;         // transfers (shutdown not counted)
+};
+
+class Coordinator {
+ public:
+  // A request from any rank (the coordinator's own node included).
+  void on_request(const Message& m);
+  // The next announcement to broadcast, if one may start now: none is outstanding and one is
+  // queued. The caller must broadcast it, then report its completion with on_announced().
+  std::optional<Message> next_announcement();
+  // The outstanding announcement completed (the coordinator's own poll returned it).
+  void on_announced(const Message& m);
+
+  [[nodiscard]] bool outstanding() const { return outstanding_; }
+  [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
+  [[nodiscard]] size_t queued() const {
+    return queue_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
+  }
+  [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
+
+ private:
+  std::deque<std::string> queue_;  // paths decided but not yet announced, in request order
+  std::set<std::string> queued_;
+  // The id of the latest announcement of each path.
+  std::map<std::string, uint64_t> announced_id_;
+  bool shutdown_queued_ = false;
+  bool shutdown_announced_ = false;
+  bool outstanding_ = false;
+  uint64_t next_id_ = 1;
+  CoordinatorStats stats_;
+};
+
+}  // namespace stagefs

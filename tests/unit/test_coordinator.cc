@@ -1,0 +1,325 @@
+// The coordinator's decisions with N in-process ranks and no MPI: a simulated group delivers
+// requests (FIFO per rank, as MPI point-to-point between two ranks) and announcements (the
+// same sequence to every rank, each rank at its own pace, at most one outstanding) in random
+// interleavings, and checks the group's promises against a reference model (a plain, slow
+// restatement of the rules, as mountpoint-s3's reftests):
+//   - every wait (a node's first open of a path) is answered exactly once: by a transfer of
+//     its path announced after the node sent it, or by the shutdown;
+//   - every transfer announcement answers at least one wait (no transfer twice for one need);
+//   - every rank sees the same announcements in the same order, ids increasing;
+//   - a shutdown goes before any further transfer and is the last announcement.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusefs/coordinator.h"
+
+namespace stagefs {
+namespace {
+
+Message req(const std::string& path, uint64_t seen) {
+  return Message{MsgType::materialize, seen, path};
+}
+Message shutdown_req() {
+  return Message{MsgType::shutdown, 0, {}};
+}
+
+// The reference: the rules restated with linear scans over the whole history.
+class ReferenceCoordinator {
+ public:
+  void on_request(const Message& m) {
+    if (std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }) || done_)
+      return;
+    if (m.type == MsgType::shutdown) {
+      queue_.insert(queue_.begin(), m);
+      return;
+    }
+    for (auto it = history_.rbegin(); it != history_.rend(); ++it)
+      if (it->path == m.path) {
+        if (m.id < it->id) return;  // its node will see *it
+        break;
+      }
+    if (std::ranges::any_of(queue_, [&](const Message& q) { return q.path == m.path; })) return;
+    queue_.push_back(m);
+  }
+  std::optional<Message> next() {
+    if (outstanding_ || done_ || queue_.empty()) return std::nullopt;
+    Message m = queue_.front();
+    queue_.erase(queue_.begin());
+    m.id = history_.size() + 1;
+    if (m.type == MsgType::shutdown) {
+      done_ = true;
+      queue_.clear();
+    }
+    history_.push_back(m);
+    outstanding_ = true;
+    return m;
+  }
+  void announced() { outstanding_ = false; }
+
+ private:
+  std::vector<Message> queue_;
+  std::vector<Message> history_;
+  bool outstanding_ = false;
+  bool done_ = false;
+};
+
+// One simulated node: its waits and how far it has read the announcements.
+struct SimRank {
+  uint64_t last_seen = 0;
+  std::map<std::string, uint64_t> waiting;  // path -> id it had seen when it sent the request
+  std::deque<Message> in_flight;            // requests not yet received by the coordinator
+  size_t delivered = 0;                     // announcements processed
+  bool stopped = false;
+  bool shutdown_sent = false;
+  uint64_t waits = 0, answered = 0, failed = 0;
+};
+
+class Group {
+ public:
+  explicit Group(int n) : ranks_(static_cast<size_t>(n)) {}
+
+  void open(int r, const std::string& path) {
+    auto& k = rank(r);
+    if (k.stopped || k.shutdown_sent || k.waiting.contains(path)) return;  // merged on the node
+    k.waiting[path] = k.last_seen;
+    ++k.waits;
+    send(r, req(path, k.last_seen));
+  }
+  void request_shutdown(int r) {
+    auto& k = rank(r);
+    if (k.stopped || k.shutdown_sent) return;
+    k.shutdown_sent = true;
+    send(r, shutdown_req());
+  }
+  // The coordinator receives rank r's oldest request in flight.
+  bool deliver_request(int r) {
+    auto& k = rank(r);
+    if (k.in_flight.empty()) return false;
+    receive(k.in_flight.front());
+    k.in_flight.pop_front();
+    return true;
+  }
+  // The coordinator starts its next broadcast, if it may.
+  bool step_coordinator() {
+    auto a = coord_.next_announcement();
+    auto b = ref_.next();
+    EXPECT_EQ(a, b) << "coordinator and reference disagree";
+    if (!a) return false;
+    EXPECT_TRUE(log_.empty() || a->id > log_.back().id);
+    if (shutdown_received_) {
+      EXPECT_EQ(a->type, MsgType::shutdown) << "a transfer after a shutdown request";
+    }
+    if (!log_.empty()) {
+      EXPECT_NE(log_.back().type, MsgType::shutdown) << "an announcement after the shutdown";
+    }
+    EXPECT_LE(log_.size(), rank(0).delivered) << "two announcements outstanding";
+    log_.push_back(*a);
+    answers_.push_back(0);
+    return true;
+  }
+  // Rank r processes its next announcement, as GroupService does.
+  bool deliver_announcement(int r) {
+    auto& k = rank(r);
+    if (k.stopped || k.delivered == log_.size()) return false;
+    const size_t i = k.delivered++;
+    const Message& m = log_[i];
+    if (r == 0) {
+      coord_.on_announced(m);
+      ref_.announced();
+    }
+    EXPECT_GT(m.id, k.last_seen);
+    k.last_seen = m.id;
+    if (m.type == MsgType::shutdown) {
+      k.failed += k.waiting.size();
+      k.waiting.clear();
+      k.stopped = true;
+      return true;
+    }
+    if (auto it = k.waiting.find(m.path); it != k.waiting.end()) {
+      EXPECT_GT(m.id, it->second);  // announced after the node asked
+      k.waiting.erase(it);
+      ++k.answered;
+      ++answers_[i];
+    }
+    return true;
+  }
+  // Everything in flight delivered, everything queued announced and seen.
+  void drain() {
+    for (bool any = true; any;) {
+      any = false;
+      for (int r = 0; r < size(); ++r)
+        while (deliver_request(r)) any = true;
+      any = step_coordinator() || any;
+      for (int r = 0; r < size(); ++r)
+        while (deliver_announcement(r)) any = true;
+    }
+  }
+  // The promises, once drained.
+  void check_quiescent() const {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const auto& k = ranks_[r];
+      EXPECT_TRUE(k.waiting.empty()) << "rank " << r << " still waits for " << k.waiting.begin()->first;
+      EXPECT_EQ(k.answered + k.failed, k.waits) << "rank " << r;
+      EXPECT_EQ(k.delivered, log_.size()) << "rank " << r;
+    }
+    for (size_t i = 0; i < log_.size(); ++i) {
+      if (log_[i].type == MsgType::materialize) {
+        EXPECT_GE(answers_[i], 1U) << "transfer of " << log_[i].path << " (id " << log_[i].id
+                                   << ") answered nobody";
+      }
+    }
+    EXPECT_FALSE(coord_.outstanding());
+  }
+
+  [[nodiscard]] int size() const { return static_cast<int>(ranks_.size()); }
+  SimRank& rank(int r) { return ranks_[static_cast<size_t>(r)]; }
+  [[nodiscard]] const std::vector<Message>& log() const { return log_; }
+  [[nodiscard]] const Coordinator& coordinator() const { return coord_; }
+  [[nodiscard]] bool stopped(int r) const { return ranks_[static_cast<size_t>(r)].stopped; }
+
+ private:
+  void send(int r, const Message& m) {
+    if (r == 0)
+      receive(m);  // the coordinator's own node: no network
+    else
+      rank(r).in_flight.push_back(m);
+  }
+  void receive(const Message& m) {
+    if (m.type == MsgType::shutdown) shutdown_received_ = true;
+    coord_.on_request(m);
+    ref_.on_request(m);
+  }
+
+  Coordinator coord_;
+  ReferenceCoordinator ref_;
+  std::vector<SimRank> ranks_;
+  std::vector<Message> log_;       // every announcement, in order
+  std::vector<uint64_t> answers_;  // waits each announcement answered
+  bool shutdown_received_ = false;
+};
+
+TEST(CoordinatorTest, ABurstOfOpensOnEveryRankCostsOneTransfer) {
+  Group g(4);
+  for (int r = 0; r < 4; ++r) g.open(r, "img.sqsh");
+  g.drain();
+  ASSERT_EQ(g.log().size(), 1U);
+  EXPECT_EQ(g.log()[0], (Message{MsgType::materialize, 1, "img.sqsh"}));
+  EXPECT_EQ(g.coordinator().stats().merged, 3U);
+  g.check_quiescent();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(g.rank(r).answered, 1U);
+}
+
+TEST(CoordinatorTest, ARequestThatRacedWithItsAnnouncementIsDropped) {
+  Group g(2);
+  g.open(0, "a");
+  ASSERT_TRUE(g.step_coordinator());  // "a" announced (id 1); rank 1 has not seen it...
+  g.open(1, "a");                     // ...and asks with last seen id 0
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_EQ(g.coordinator().stats().already_answered, 1U);
+  g.drain();
+  EXPECT_EQ(g.log().size(), 1U);  // announcement 1 answers rank 1 too
+  g.check_quiescent();
+  EXPECT_EQ(g.rank(1).answered, 1U);
+}
+
+TEST(CoordinatorTest, AnOpenAfterSeeingTheTransferGetsANewOne) {
+  Group g(2);
+  g.open(1, "a");
+  g.drain();
+  g.open(1, "a");  // e.g. the source changed: the node needs it again, having seen id 1
+  g.drain();
+  ASSERT_EQ(g.log().size(), 2U);
+  EXPECT_EQ(g.log()[1], (Message{MsgType::materialize, 2, "a"}));
+  g.check_quiescent();
+}
+
+TEST(CoordinatorTest, OneAnnouncementOutstandingAtATime) {
+  Group g(3);
+  g.open(0, "a");
+  g.open(0, "b");
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_FALSE(g.step_coordinator());  // rank 0 has not completed "a"
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.step_coordinator());
+  g.drain();
+  g.check_quiescent();
+}
+
+TEST(CoordinatorTest, ShutdownJumpsTheQueueAndIsLast) {
+  Group g(3);
+  for (const char* p : {"a", "b", "c"}) g.open(1, p);
+  ASSERT_TRUE(g.deliver_request(1));
+  ASSERT_TRUE(g.step_coordinator());  // "a" outstanding
+  while (g.deliver_request(1)) {
+  }
+  g.request_shutdown(2);
+  g.request_shutdown(1);
+  g.drain();
+  ASSERT_EQ(g.log().size(), 2U);
+  EXPECT_EQ(g.log()[1].type, MsgType::shutdown);
+  EXPECT_TRUE(g.coordinator().shut_down());
+  g.open(2, "d");  // too late: stopped
+  g.check_quiescent();
+  EXPECT_EQ(g.rank(1).answered, 1U);
+  EXPECT_EQ(g.rank(1).failed, 2U);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(g.stopped(r));
+}
+
+// Random interleavings of opens, deliveries and shutdowns on 1 to 7 ranks.
+TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    std::mt19937 rng(seed);
+    const int n = 1 + static_cast<int>(seed % 7);
+    const int paths = 1 + static_cast<int>(rng() % 6);
+    const bool with_shutdown = seed % 3 == 0;
+    Group g(n);
+    auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<uint32_t>(k)); };
+    for (int step = 0; step < 400; ++step) {
+      const int r = pick(n);
+      switch (pick(10)) {
+        case 0:
+        case 1:
+        case 2:
+          g.open(r, "f" + std::to_string(pick(paths)));
+          break;
+        case 3:
+        case 4:
+          g.deliver_request(r);
+          break;
+        case 5:
+        case 6:
+          g.step_coordinator();
+          break;
+        case 7:
+        case 8:
+          g.deliver_announcement(r);
+          break;
+        default:
+          if (with_shutdown && pick(40) == 0) g.request_shutdown(r);
+      }
+      if (::testing::Test::HasFailure()) FAIL() << "seed " << seed << " step " << step;
+    }
+    g.drain();
+    g.check_quiescent();
+    if (!with_shutdown) {
+      for (int r = 0; r < n; ++r) EXPECT_EQ(g.rank(r).failed, 0U) << "seed " << seed;
+    }
+    g.request_shutdown(pick(n));
+    g.drain();
+    g.check_quiescent();
+    ASSERT_FALSE(g.log().empty());
+    EXPECT_EQ(g.log().back().type, MsgType::shutdown) << "seed " << seed;
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(g.stopped(r)) << "seed " << seed;
+    if (::testing::Test::HasFailure()) FAIL() << "seed " << seed;
+  }
+}
+
+}  // namespace
+}  // namespace stagefs

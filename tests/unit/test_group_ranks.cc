@@ -1,0 +1,193 @@
+// GroupService with 4 in-process ranks: ThreadComm for the data plane, ThreadControlPlane for
+// requests and announcements, a cache per rank, one source read by rank 0. Checks the whole
+// path the mount uses (member -> Coordinator -> announcement -> engine on every rank -> the
+// waiting opens), which the MPI tests only reach through real mounts.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <thread>
+
+#include "bcast/store.h"
+#include "fusefs/beneath.h"
+#include "fusefs/cache.h"
+#include "fusefs/group.h"
+#include "thread_comm.h"
+#include "thread_control.h"
+#include "tmpdir.h"
+
+namespace stagefs {
+namespace {
+
+using stage::testing::ThreadComm;
+using stage::testing::TmpDirTest;
+using stage::testing::World;
+using testing::ControlWorld;
+using testing::ThreadControlPlane;
+namespace fs = std::filesystem;
+
+constexpr int kRanks = 4;
+
+struct Rank {
+  std::unique_ptr<NodeCache> cache;
+  std::unique_ptr<stage::PosixStore> store;
+  std::unique_ptr<ThreadComm> comm;
+  std::unique_ptr<ThreadControlPlane> ctl;
+  std::unique_ptr<GroupService> group;  // last: destroyed first
+  std::thread service;
+  stage::Status result;
+};
+
+// Counts callbacks; wait() gives up after a deadline rather than hang the test.
+class Outcomes {
+ public:
+  Materializer::Done add() {
+    std::lock_guard lk(m_);
+    ++expected_;
+    return [this](stage::Status st) {
+      std::lock_guard lk2(m_);
+      if (!st) errors_.push_back(st.error().message);
+      ++done_;
+      cv_.notify_all();
+    };
+  }
+  bool wait() {
+    std::unique_lock lk(m_);
+    return cv_.wait_for(lk, std::chrono::seconds(60), [&] { return done_ == expected_; });
+  }
+  std::vector<std::string> errors() {
+    std::lock_guard lk(m_);
+    return errors_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int expected_ = 0;
+  int done_ = 0;
+  std::vector<std::string> errors_;
+};
+
+class GroupRanksTest : public TmpDirTest {
+ protected:
+  void SetUp() override {
+    TmpDirTest::SetUp();
+    // spdlog's registry is a lazily built static of an uninstrumented library: build it here,
+    // before the ranks' threads log at once (as the daemon does in main), or TSan reports it.
+    spdlog::default_logger_raw();
+    for (size_t i = 0; i < files_.size(); ++i) {
+      data_.push_back(random_bytes(i * 70001, static_cast<uint32_t>(i + 1)));  // 0 to 280 KB
+      write_file(path("src/" + files_[i]), data_.back());
+    }
+    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    source_ = std::make_unique<BeneathSource>(root_.get());
+    for (int r = 0; r < kRanks; ++r) {
+      auto& k = ranks_[static_cast<size_t>(r)];
+      auto c = NodeCache::open(path("cache" + std::to_string(r)));
+      ASSERT_TRUE(c) << c.error().message;
+      k.cache = std::move(c.value());
+      k.store = std::make_unique<stage::PosixStore>();
+      k.comm = std::make_unique<ThreadComm>(world_, r);
+      k.ctl = std::make_unique<ThreadControlPlane>(control_, r);
+      GroupConfig g;
+      g.source_dir = path("src");
+      g.cache_dir = k.cache->store_root();
+      g.bcast.chunk_size = 65536;
+      g.idle_poll = std::chrono::milliseconds(5);
+      k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *source_, *k.store, g);
+    }
+  }
+  void TearDown() override {
+    for (auto& k : ranks_) {
+      if (k.service.joinable()) {
+        k.group->request_shutdown();
+        k.service.join();
+      }
+      k.group.reset();
+      k.cache.reset();
+    }
+    source_.reset();
+    root_.reset();
+    TmpDirTest::TearDown();
+  }
+  void start() {
+    for (auto& k : ranks_) k.service = std::thread([&k] { k.result = k.group->run(); });
+  }
+  void stop(int asking_rank) {
+    ranks_[static_cast<size_t>(asking_rank)].group->request_shutdown();
+    for (auto& k : ranks_) k.service.join();
+  }
+
+  const std::vector<std::string> files_{"empty", "a", "dir/b", "dir/c", "d/e/f"};
+  std::vector<std::string> data_;
+  World world_{kRanks};
+  ControlWorld control_;
+  stage::Fd root_;
+  std::unique_ptr<BeneathSource> source_;
+  std::array<Rank, kRanks> ranks_;
+};
+
+TEST_F(GroupRanksTest, EveryRankGetsEveryFileFromOneTransferEach) {
+  // Every rank opens every file twice before the group runs: one request per file per rank,
+  // merged by the coordinator into one transfer per file.
+  Outcomes first;
+  for (auto& k : ranks_)
+    for (const auto& f : files_)
+      for (int i = 0; i < 2; ++i) k.group->materialize_async(f, first.add());
+  start();
+  ASSERT_TRUE(first.wait()) << "opens not answered";
+  EXPECT_TRUE(first.errors().empty()) << first.errors().front();
+  for (int r = 0; r < kRanks; ++r)
+    for (size_t i = 0; i < files_.size(); ++i)
+      EXPECT_EQ(read_file(path("cache" + std::to_string(r) + "/data/" + files_[i])), data_[i])
+          << "rank " << r << " " << files_[i];
+
+  // Opens again on every rank at once, while running: their transfers find valid copies.
+  std::vector<std::thread> openers;
+  for (auto& k : ranks_) openers.emplace_back([&k] { EXPECT_TRUE(k.group->materialize("dir/b").ok()); });
+  for (auto& t : openers) t.join();
+
+  stop(2);
+  const auto s0 = ranks_[0].group->stats();
+  EXPECT_GE(s0.transfers, files_.size() + 1);
+  EXPECT_LE(s0.transfers, files_.size() + kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    auto& k = ranks_[static_cast<size_t>(r)];
+    EXPECT_TRUE(k.result.ok()) << "rank " << r << ": " << k.result.error().message;
+    EXPECT_EQ(k.group->state(), GroupState::shut_down);
+    const auto s = k.group->stats();
+    EXPECT_EQ(s.transfers, s0.transfers) << "rank " << r << " ran other announcements";
+    EXPECT_EQ(s.local_writes, files_.size()) << "rank " << r << " rewrote a valid copy";
+    EXPECT_EQ(s.failures, 0U);
+    EXPECT_EQ(s.requests_sent, files_.size() + 1) << "rank " << r;
+    EXPECT_EQ(k.group->materialize("a").error().to_errno(), ESHUTDOWN);
+  }
+}
+
+// Opens on ranks 0-2 and a shutdown from rank 3, all before the group runs: whichever reaches
+// the coordinator first, every open is answered once (the copy, or ESHUTDOWN) and every rank
+// stops after the same announcements.
+TEST_F(GroupRanksTest, AShutdownRacingWithOpensAnswersEveryOpenOnce) {
+  Outcomes opens;
+  ranks_[3].group->request_shutdown();
+  for (int r = 0; r < 3; ++r) ranks_[static_cast<size_t>(r)].group->materialize_async("dir/c", opens.add());
+  EXPECT_EQ(ranks_[3].group->materialize("dir/c").error().to_errno(), ESHUTDOWN);
+  start();
+  for (auto& k : ranks_) k.service.join();
+  ASSERT_TRUE(opens.wait());
+  for (const auto& e : opens.errors()) EXPECT_NE(e.find("shut"), std::string::npos) << e;
+  const auto transfers = ranks_[0].group->stats().transfers;
+  EXPECT_LE(transfers, 1U);
+  EXPECT_EQ(opens.errors().size(), transfers == 0 ? 3U : 0U);
+  for (int r = 0; r < kRanks; ++r) {
+    auto& k = ranks_[static_cast<size_t>(r)];
+    EXPECT_TRUE(k.result.ok()) << "rank " << r;
+    EXPECT_EQ(k.group->state(), GroupState::shut_down);
+    EXPECT_EQ(k.group->stats().transfers, transfers) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace stagefs

@@ -1,0 +1,216 @@
+// XattrCache alone (loads counted by fake loaders), then through StageFsCore over a real
+// source directory: absent names cost no load once a node is listed, and a changed source is
+// seen again at the next lookup or getattr.
+#include <gtest/gtest.h>
+#include <sys/xattr.h>
+
+#include <filesystem>
+#include <map>
+
+#include "fusefs/cache.h"
+#include "fusefs/core.h"
+#include "fusefs/xattr_cache.h"
+#include "tmpdir.h"
+
+namespace stagefs {
+namespace {
+
+using stage::testing::TmpDirTest;
+namespace fs = std::filesystem;
+
+std::string names(std::initializer_list<const char*> l) {
+  std::string s;
+  for (const char* n : l) (s += n) += '\0';
+  return s;
+}
+
+int err(const stage::Result<std::string>& r) {
+  return r ? 0 : r.error().to_errno();
+}
+
+// A source getxattr: counts calls, answers `values`, else `absent_err`.
+struct FakeSource {
+  std::map<std::string, std::string> values;
+  int absent_err = ENODATA;
+  int reads = 0;
+  XattrCache::Load value(const std::string& name) {
+    return [this, name]() -> stage::Result<std::string> {
+      ++reads;
+      if (auto it = values.find(name); it != values.end()) return it->second;
+      return stage::sys_error(absent_err, "getxattr", name);
+    };
+  }
+};
+
+TEST(XattrCacheTest, ListsOnceAndAnswersAbsentNamesWithoutLoading) {
+  XattrCache c;
+  FakeSource src{{{"user.a", "v"}}};
+  int lists = 0;
+  auto list = [&]() -> stage::Result<std::string> {
+    ++lists;
+    return names({"user.a"});
+  };
+  c.observe(7, 100, 1);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(err(c.get(7, "security.selinux", list, src.value("security.selinux"))), ENODATA);
+    EXPECT_EQ(c.get(7, "user.a", list, src.value("user.a")).value(), "v");
+    EXPECT_EQ(c.list(7, list).value(), names({"user.a"}));
+  }
+  EXPECT_EQ(lists, 1);
+  EXPECT_EQ(src.reads, 2);  // what an absent name gets on device 1, and user.a's value
+  c.observe(7, 100, 1);     // same ctime: kept
+  EXPECT_EQ(c.get(7, "user.a", list, src.value("user.a")).value(), "v");
+  EXPECT_EQ(src.reads, 2);
+  c.observe(7, 101, 1);  // changed: listed and read again
+  EXPECT_EQ(c.get(7, "user.a", list, src.value("user.a")).value(), "v");
+  EXPECT_EQ(err(c.get(7, "security.selinux", list, src.value("security.selinux"))), ENODATA);
+  EXPECT_EQ(lists, 2);
+  EXPECT_EQ(src.reads, 3);
+  c.forget(7);
+  EXPECT_EQ(c.size(), 0U);
+}
+
+TEST(XattrCacheTest, AnAbsentNameGetsWhatItsDeviceAnswers) {
+  XattrCache c;
+  FakeSource nfs{{}, EOPNOTSUPP};
+  auto none = []() -> stage::Result<std::string> { return std::string(); };
+  for (uint64_t id = 1; id <= 3; ++id) {
+    c.observe(id, 1, 10);
+    EXPECT_EQ(err(c.get(id, "security.selinux", none, nfs.value("security.selinux"))), EOPNOTSUPP);
+  }
+  EXPECT_EQ(nfs.reads, 1);  // learnt once for device 10
+  FakeSource ext4;
+  c.observe(4, 1, 11);
+  EXPECT_EQ(err(c.get(4, "security.selinux", none, ext4.value("security.selinux"))), ENODATA);
+  EXPECT_EQ(ext4.reads, 1);
+  // A filesystem that hides a name from listxattr but answers it: the value, never kept.
+  FakeSource hiding{{{"lustre.lov", "x"}}};
+  c.observe(5, 1, 12);
+  EXPECT_EQ(c.get(5, "lustre.lov", none, hiding.value("lustre.lov")).value(), "x");
+  EXPECT_EQ(c.get(5, "lustre.lov", none, hiding.value("lustre.lov")).value(), "x");
+  EXPECT_EQ(hiding.reads, 2);
+}
+
+TEST(XattrCacheTest, ALoadThatRacedWithAChangeIsNotKept) {
+  XattrCache c;
+  int lists = 0;
+  auto list = [&]() -> stage::Result<std::string> {
+    if (++lists == 1) c.observe(1, 2, 1);  // the source changed while it was being listed
+    return names({"user.a"});
+  };
+  FakeSource src{{{"user.a", "v"}}};
+  auto value = src.value("user.a");
+  c.observe(1, 1, 1);
+  EXPECT_EQ(c.get(1, "user.a", list, value).value(), "v");
+  EXPECT_EQ(c.get(1, "user.a", list, value).value(), "v");
+  EXPECT_EQ(lists, 2);
+}
+
+TEST(XattrCacheTest, ErrorsAndLargeValuesAreNotKept) {
+  XattrCache c;
+  int lists = 0;
+  int reads = 0;
+  auto failing = [&]() -> stage::Result<std::string> {
+    ++lists;
+    return stage::sys_error(EIO, "listxattr");
+  };
+  auto big = [&]() -> stage::Result<std::string> {
+    ++reads;
+    return std::string(XattrCache::kMaxValue + 1, 'x');
+  };
+  EXPECT_EQ(err(c.list(1, failing)), EIO);
+  EXPECT_EQ(err(c.list(1, failing)), EIO);
+  EXPECT_EQ(lists, 2);
+  auto list = []() -> stage::Result<std::string> { return names({"user.big"}); };
+  EXPECT_EQ(c.get(2, "user.big", list, big).value().size(), XattrCache::kMaxValue + 1);
+  EXPECT_EQ(c.get(2, "user.big", list, big).value().size(), XattrCache::kMaxValue + 1);
+  EXPECT_EQ(reads, 2);
+}
+
+class NoMaterializer final : public Materializer {
+ public:
+  void materialize_async(const std::string& rel, Done done) override {
+    done(stage::sys_error(EIO, "no group in this test", rel));
+  }
+};
+
+class CoreXattrTest : public TmpDirTest {
+ protected:
+  void SetUp() override {
+    TmpDirTest::SetUp();
+    fs::create_directories(path("src/d"));
+    write_file(path("src/d/f"), "data");
+    ASSERT_EQ(::setxattr(path("src/d/f").c_str(), "user.k", "v1", 2, 0), 0) << "user xattrs unsupported here";
+    ASSERT_EQ(::setxattr(path("src/d").c_str(), "user.k", "d1", 2, 0), 0);
+    auto c = NodeCache::open(path("cache"));
+    ASSERT_TRUE(c) << c.error().message;
+    cache_ = std::move(c.value());
+    auto core = StageFsCore::create(CoreConfig{path("src")}, *cache_, mat_);
+    ASSERT_TRUE(core) << core.error().message;
+    core_ = std::move(core.value());
+  }
+  void TearDown() override {
+    core_.reset();
+    cache_.reset();
+    TmpDirTest::TearDown();
+  }
+  NoMaterializer mat_;
+  std::unique_ptr<NodeCache> cache_;
+  std::unique_ptr<StageFsCore> core_;
+};
+
+TEST_F(CoreXattrTest, RepeatedCallsCostNoLoadsAndChangesAreSeen) {
+  auto d = core_->lookup(StageFsCore::kRootId, "d");
+  ASSERT_TRUE(d);
+  auto f = core_->lookup(d->first, "f");
+  ASSERT_TRUE(f);
+  uint64_t loads = 0;
+  for (int i = 0; i < 5; ++i) {  // what `ls -l` asks of every entry
+    EXPECT_EQ(err(core_->getxattr(f->first, "security.selinux")), ENODATA);
+    EXPECT_EQ(err(core_->getxattr(f->first, "system.posix_acl_access")), ENODATA);
+    EXPECT_EQ(core_->getxattr(f->first, "user.k").value(), "v1");
+    if (i == 0) loads = core_->xattr_stats().loads;
+  }
+  EXPECT_EQ(core_->xattr_stats().loads, loads);  // nothing after the first round
+  write_file(path("src/d/g"), "");
+  auto g = core_->lookup(d->first, "g");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(err(core_->getxattr(g->first, "security.selinux")), ENODATA);
+  EXPECT_EQ(core_->xattr_stats().loads, loads + 1);  // g's list; the absent answer is the device's
+  EXPECT_NE(core_->listxattr(f->first).value().find("user.k"), std::string::npos);
+
+  // A changed file gets a new id at lookup: its answers are fresh.
+  ASSERT_EQ(::setxattr(path("src/d/f").c_str(), "user.k", "v2", 2, 0), 0);
+  auto f2 = core_->lookup(d->first, "f");
+  ASSERT_TRUE(f2);
+  EXPECT_EQ(core_->getxattr(f2->first, "user.k").value(), "v2");
+  ASSERT_EQ(::setxattr(path("src/d/f").c_str(), "user.new", "n", 1, 0), 0);
+  auto f3 = core_->lookup(d->first, "f");
+  ASSERT_TRUE(f3);
+  EXPECT_EQ(core_->getxattr(f3->first, "user.new").value(), "n");
+
+  // A directory keeps its id; the changed ctime that getattr sees drops its answers.
+  EXPECT_EQ(core_->getxattr(d->first, "user.k").value(), "d1");
+  ASSERT_EQ(::setxattr(path("src/d").c_str(), "user.k", "d2", 2, 0), 0);
+  ASSERT_TRUE(core_->getattr(d->first));
+  EXPECT_EQ(core_->getxattr(d->first, "user.k").value(), "d2");
+  ASSERT_EQ(::removexattr(path("src/d").c_str(), "user.k"), 0);
+  ASSERT_TRUE(core_->getattr(d->first));
+  EXPECT_EQ(err(core_->getxattr(d->first, "user.k")), ENODATA);
+}
+
+TEST_F(CoreXattrTest, TrustedNamesStayHiddenFromUsers) {
+  ASSERT_EQ(::setxattr(path("src/d/f").c_str(), "trusted.t", "x", 1, 0), 0);
+  auto d = core_->lookup(StageFsCore::kRootId, "d");
+  ASSERT_TRUE(d);
+  auto f = core_->lookup(d->first, "f");
+  ASSERT_TRUE(f);
+  const Caller user{1000, 1000, {}};
+  EXPECT_EQ(core_->getxattr(f->first, "trusted.t").value(), "x");  // root, cached now
+  EXPECT_EQ(err(core_->getxattr(f->first, "trusted.t", user)), ENODATA);
+  EXPECT_EQ(core_->listxattr(f->first, user).value().find("trusted.t"), std::string::npos);
+  EXPECT_NE(core_->listxattr(f->first).value().find("trusted.t"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace stagefs
