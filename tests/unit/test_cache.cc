@@ -128,5 +128,73 @@ TEST_F(NodeCacheTest, ServesOnlyCurrentCopiesItWroteAndNoticesRemoval) {
   EXPECT_FALSE(fs::exists(path("c")));
 }
 
+// A copy in the cache, written as the engine would (through the cache's store).
+void put(NodeCache& c, const std::string& rel, size_t bytes) {
+  const std::string dest = c.store_root() + "/" + rel;
+  ASSERT_TRUE(c.store().make_parents(dest));
+  auto txn = c.store().begin(dest);
+  ASSERT_TRUE(txn);
+  const std::string data(bytes, 'x');
+  ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+  ASSERT_TRUE((*txn)->finish(stage::FileMeta{bytes, 1, 1, 1, 1, 0644}, 0));
+  ASSERT_TRUE((*txn)->commit());
+  c.added(rel);
+}
+
+TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  cache.set_limit(3 * 65536);
+  put(cache, "a", 65536);
+  put(cache, "b", 65536);
+  put(cache, "d/c", 65536);
+  EXPECT_EQ(cache.usage().files, 3U);
+  EXPECT_EQ(cache.usage().bytes, 3U * 65536);
+  // The limit is what the engine's free-space check sees.
+  EXPECT_EQ(cache.store().free_bytes(cache.store_root() + "/x").value(), 0U);
+  stage::Fd b(::open(path("c/data/b").c_str(), O_RDONLY));
+  cache.touch("b", b.get());  // b most recently used
+  cache.pin("a");             // a open on the node
+  ASSERT_TRUE(cache.make_room("new", 65536));
+  EXPECT_TRUE(fs::exists(path("c/data/a")));    // pinned
+  EXPECT_TRUE(fs::exists(path("c/data/b")));    // recently used
+  EXPECT_FALSE(fs::exists(path("c/data/d/c")));  // the least recently used, unpinned
+  EXPECT_EQ(cache.usage().evictions, 1U);
+  EXPECT_EQ(cache.store().free_bytes(cache.store_root() + "/x").value(), 65536U);
+  // Nothing unpinned left but b; a second new file evicts b; then nothing can go.
+  ASSERT_TRUE(cache.make_room("new2", 2 * 65536));
+  EXPECT_FALSE(fs::exists(path("c/data/b")));
+  auto full = cache.make_room("new3", 3 * 65536);
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().to_errno(), ENOSPC);
+  auto huge = cache.make_room("huge", 4 * 65536);
+  ASSERT_FALSE(huge);
+  EXPECT_NE(huge.error().message.find("more than the whole --cache-size"), std::string::npos);
+  EXPECT_EQ(cache.evict("a").error().to_errno(), EBUSY);
+  cache.unpin("a");
+  EXPECT_TRUE(cache.evict("a"));
+  EXPECT_EQ(cache.evict("a").error().to_errno(), ENOENT);
+  EXPECT_EQ(cache.usage().files, 0U);
+}
+
+TEST_F(NodeCacheTest, IndexSurvivesARestartInAtimeOrder) {
+  {
+    auto c = NodeCache::open(path("c"));
+    ASSERT_TRUE(c);
+    put(**c, "old", 4096);
+    put(**c, "new", 4096);
+    const struct timespec t[2] = {{1000, 0}, {0, UTIME_OMIT}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path("c/data/old").c_str(), t, 0), 0);
+  }
+  auto c = NodeCache::open(path("c"));  // a crash or a new job: the index is rebuilt
+  ASSERT_TRUE(c);
+  EXPECT_EQ((*c)->usage().files, 2U);
+  (*c)->set_limit(2 * 4096);
+  ASSERT_TRUE((*c)->make_room("third", 4096));
+  EXPECT_FALSE(fs::exists(path("c/data/old")));
+  EXPECT_TRUE(fs::exists(path("c/data/new")));
+}
+
 }  // namespace
 }  // namespace stagefs
