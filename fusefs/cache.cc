@@ -152,8 +152,8 @@ Result<Fd> open_private_dir(const std::string& path) {
     if (st.st_uid != 0 && st.st_uid != me)
       return refuse(path, here + " is owned by uid " + std::to_string(st.st_uid),
                     "use a directory owned by root (or by the daemon's user) all the way down");
-    if (parent_shared && st.st_uid != me)
-      return refuse(path, here + " lies in a directory others may write to and is not owned by the daemon's user",
+    if (parent_shared && st.st_uid != me && st.st_uid != 0)
+      return refuse(path, here + " lies in a directory others may write to and is not owned by the daemon's user or root",
                     "create it as the daemon's user, or use another path");
     if (last) {
       if (st.st_uid != me)
@@ -321,22 +321,28 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
   for (;;) {
     const bool over_limit = limit_ != 0 && bytes_ + need > limit_;
     lk.unlock();
-    const bool no_space = fs_free() < need;
+    const uint64_t free_now = fs_free();
     lk.lock();
+    const bool no_space = free_now < need;
     if (!over_limit && !no_space) return {};
+    // Evict only when it can be enough: a copy that cannot fit anyway must not cost the
+    // node the copies it has.
+    uint64_t evictable = 0;
+    for (const auto& [name, e] : index_)
+      if (name != rel && !pins_.contains(name)) evictable += e.bytes;
+    if (over_limit && bytes_ - evictable + need > limit_)
+      return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes; the cache holds " +
+                                          std::to_string(bytes_) + " of its " + std::to_string(limit_) +
+                                          " bytes, " + std::to_string(bytes_ - evictable) +
+                                          " of them in files open on this node (not evicted)");
+    if (no_space && free_now + evictable < need) return {};  // the engine's free-space check reports it
     // Least recently used, not pinned, not the file about to be written.
     auto victim = index_.end();
     for (auto it = index_.begin(); it != index_.end(); ++it) {
       if (it->first == rel || pins_.contains(it->first)) continue;
       if (victim == index_.end() || it->second.last_use < victim->second.last_use) victim = it;
     }
-    if (victim == index_.end()) {
-      if (over_limit)
-        return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes; the cache holds " +
-                                            std::to_string(bytes_) + " of its " + std::to_string(limit_) +
-                                            " bytes in files that are open (nothing can be evicted)");
-      return {};  // the engine's free-space check reports the filesystem's shortage
-    }
+    if (victim == index_.end()) return {};
     const std::string name = victim->first;
     const uint64_t bytes = victim->second.bytes;
     bytes_ -= bytes;

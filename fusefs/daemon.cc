@@ -206,7 +206,9 @@ std::string Daemon::setup_local() {
   g.read_path = [this] {
     if (!mount_) return std::string("-");
     if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));
-    return std::string(mount_->passthrough().active() ? "kernel passthrough"
+    // Before the first open tried it, passthrough is a hope, not a fact: say so (the open
+    // logs "reads are served by ..." once it knows).
+    return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
                                                       : read_path_name(ReadPath::splice));
   };
   group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g);

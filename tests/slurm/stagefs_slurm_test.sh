@@ -178,7 +178,7 @@ cat >"$JOB" <<'JOBEOF'
 # A user's stagefs job (see stagefs_slurm_test.sh), submitted as
 #   sbatch -N4 -o OUT job.sh STAGEFS SRC RESULTS LOGDIR STEP_TIMEOUT
 # shellcheck disable=SC2016  # the sh -c '...' snippets are expanded by the tasks' sh
-STAGEFS=$1 SRC=$2 OUT=$3 LOGS=$4 T=$5
+STAGEFS=$1 SRC=$2 OUT=$3 LOGS=$4 T=$5 STAGECTL=$6
 CACHE=/nvme/stagefs
 
 rec() { echo "$*" >>"$OUT"; }
@@ -301,6 +301,31 @@ fi
 rec "STOP $STOPPED"
 mark stopped
 
+# Job 2 (issue 10): a new stagefs step over the same node caches, as the next job would run
+# it. n2's copy of other.bin is corrupted first (bytes flipped, mtime kept); a job script
+# prefetches with stagectl, then every node reads.
+step -N1 -w n2 python3 -c 'import os,sys
+p=sys.argv[1]; st=os.stat(p)
+with open(p, "r+b") as f:
+    f.seek(1000); b=f.read(8); f.seek(1000); f.write(bytes(x ^ 0xFF for x in b))
+os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))' "$CACHE/data/other.bin" 2>>"$LOGS/steps.err"
+rec "CORRUPT rc=$?"
+start_stagefs "$MNT" "$LOGS/stagefs-job2.log"
+if wait_mounted "$MNT" "$LOGS/stagefs-job2.log"; then
+  step -N1 -w n1 "$STAGECTL" prefetch "$MNT" image.sqsh other.bin >>"$LOGS/prefetch.out" 2>&1
+  rec "PREFETCH rc=$?"
+  all sh -c 'echo "SUM2 $(hostname) $(sha256sum "$1/image.sqsh" | cut -d" " -f1) $(sha256sum "$1/other.bin" | cut -d" " -f1)"' \
+    sh "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
+  all sh -c 'echo "STATS2 $(hostname) $("$1" --json stats "$2" | python3 -c "import json,sys; s=json.load(sys.stdin); print(s[\"local_writes\"], s[\"corrupt\"], s[\"materializations\"], s[\"cache\"][\"files\"])")"' \
+    sh "$STAGECTL" "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
+  stop_stagefs
+  rec "STOP2 $STOPPED"
+else
+  rec "MOUNT2 failed"
+  stop_stagefs
+fi
+mark job2
+
 # 7. nothing left behind: stagefs processes in this node's mount namespace (the process
 # table is shared by all simulated nodes), stagefs mounts (live or stale), and what
 # `mountpoint` says (/stage itself is a bind mount in the harness: always a mount point)
@@ -330,7 +355,8 @@ info "sbatch -N$NODES $JOB (then polling the job state)"
 js=$SECONDS
 rc=0
 JOBID=$(timeout 30 sbatch -N"$NODES" --time=$(((JOB_TIMEOUT + 59) / 60)) --chdir="$WORK" --parsable \
-  -o "$WORK/job.out" "$JOB" "$BIN" "$SRC" "$RESULTS" "$WORK" "$STEP_TIMEOUT" 2>"$WORK/sbatch.err") || rc=$?
+  -o "$WORK/job.out" "$JOB" "$BIN" "$SRC" "$RESULTS" "$WORK" "$STEP_TIMEOUT" "$(dirname "$BIN")/stagectl" \
+  2>"$WORK/sbatch.err") || rc=$?
 JOBID=${JOBID%%;*}
 # job_state: JobState and ExitCode of the job, e.g. "COMPLETED 0:0"
 job_state() {
@@ -455,6 +481,23 @@ no_mounts() {
     <<<"$ends")" "$want"
 }
 check "no stagefs mount (live or stale) left on any node" no_mounts
+
+# -- job 2: the cache reused across jobs, a corrupted copy replaced, stagectl prefetch
+check "job 2: stagectl prefetch exits 0" test "$(r PREFETCH)" = "rc=0"
+sums2=$(r SUM2 | sort)
+check "job 2: every node reads the source's bytes (n2's corrupted copy was replaced)" \
+  all_equal "$sums2" "$IMG_SUM" "$OTHER_SUM"
+stats2=$(r STATS2 | sort)
+job2_reuse() {
+  # local_writes corrupt materializations files, per node: only n2 copied again (other.bin)
+  local want="n1 0 0 0 2
+n2 1 1 1 2
+n3 0 0 0 2
+n4 0 0 0 2"
+  [[ $stats2 == "$want" ]] || { echo "    got:"; echo "$stats2" | sed 's/^/      /'; return 1; }
+}
+check "job 2: nothing is copied again except n2's corrupted other.bin (detected by CRC once per mount)" job2_reuse
+check "job 2: the stagefs step stops cleanly" test "$(field "$(r STOP2)" rc)" = 0
 
 if [[ -s $WORK/stagefs.log ]]; then
   echo "    stagefs step log ($MNT):"
