@@ -51,6 +51,22 @@ bool others_may_write(const struct stat& st) {
   return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
 }
 
+// The names in directory dirfd (not "." and ".."), read through a descriptor of its own.
+std::vector<std::string> names_in(int dirfd) {
+  std::vector<std::string> names;
+  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return names;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return names;
+  }
+  while (const dirent* de = ::readdir(d))
+    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
+  ::closedir(d);
+  return names;
+}
+
 // Removes name (any type) in dirfd, recursively, without following symlinks.
 void remove_tree(int dirfd, const char* name) {
   struct stat st {};
@@ -58,15 +74,8 @@ void remove_tree(int dirfd, const char* name) {
   if (S_ISDIR(st.st_mode)) {
     const int fd = ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
-      if (DIR* d = ::fdopendir(fd)) {
-        std::vector<std::string> names;
-        while (const dirent* de = ::readdir(d))
-          if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
-        for (const auto& n : names) remove_tree(::dirfd(d), n.c_str());
-        ::closedir(d);
-      } else {
-        ::close(fd);
-      }
+      for (const auto& n : names_in(fd)) remove_tree(fd, n.c_str());
+      ::close(fd);
     }
     ::unlinkat(dirfd, name, AT_REMOVEDIR);
   } else {
@@ -76,39 +85,28 @@ void remove_tree(int dirfd, const char* name) {
 
 // One walk of CACHE/data: see the header.
 void sweep(int dirfd, SweepCounts& n) {
-  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (const dirent* de = ::readdir(d))
-    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
   const uid_t me = ::geteuid();
-  for (const auto& name : names) {
+  for (const auto& name : names_in(dirfd)) {
     struct stat st {};
-    if (::fstatat(::dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     const bool trusted = st.st_uid == me && (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1));
     if (!trusted) {
       spdlog::warn("cache: removing {} (type {:o}, owner {}): not written by this daemon's user", name,
                    st.st_mode & S_IFMT, st.st_uid);
-      remove_tree(::dirfd(d), name.c_str());
+      remove_tree(dirfd, name.c_str());
       ++n.untrusted;
       continue;
     }
     if (S_ISREG(st.st_mode)) {
-      if (stage::is_temp_name(name) && ::unlinkat(::dirfd(d), name.c_str(), 0) == 0) ++n.temps;
+      if (stage::is_temp_name(name) && ::unlinkat(dirfd, name.c_str(), 0) == 0) ++n.temps;
       continue;
     }
-    if ((st.st_mode & 077) != 0) ::fchmodat(::dirfd(d), name.c_str(), 0700, 0);
-    const int sub = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if ((st.st_mode & 077) != 0) ::fchmodat(dirfd, name.c_str(), 0700, 0);
+    const int sub = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sub < 0) continue;
     sweep(sub, n);
     ::close(sub);
   }
-  ::closedir(d);
 }
 
 }  // namespace
@@ -239,30 +237,21 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
 }
 
 void NodeCache::index_tree(int dirfd, const std::string& prefix) {
-  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return;
-  }
-  while (const dirent* de = ::readdir(d)) {
-    if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
+  for (const auto& name : names_in(dirfd)) {
     struct stat st {};
-    if (::fstatat(::dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    const std::string rel = prefix.empty() ? std::string(de->d_name) : prefix + "/" + de->d_name;
+    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const std::string rel = prefix.empty() ? name : prefix + "/" + name;
     if (S_ISREG(st.st_mode)) {
       const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
       index_[rel] = Entry{bytes, stage::to_ns(st.st_atim)};
       bytes_ += bytes;
     } else if (S_ISDIR(st.st_mode)) {
-      const int sub = ::openat(::dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      const int sub = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (sub < 0) continue;
       index_tree(sub, rel);
       ::close(sub);
     }
   }
-  ::closedir(d);
 }
 
 CacheUsage NodeCache::usage() const {

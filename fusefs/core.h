@@ -183,7 +183,7 @@ class StageFsCore {
   std::unordered_map<uint64_t, Node> nodes_;
   std::unordered_map<std::string, uint64_t> ids_;
   uint64_t next_id_ = kRootId + 1;
-  CoreCounters counters_;
+  mutable CoreCounters counters_;  // counted from const paths too (access checks)
   std::function<std::optional<std::string>(const std::string&)> control_xattr_;
   XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
