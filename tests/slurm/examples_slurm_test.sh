@@ -57,10 +57,16 @@ for b in stagefs stage-bcast; do
 done
 
 WORK='' JOBID=''
-# ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed: removed at
-# the end if this test created it (and it is empty)
+# ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed. Real nodes
+# each have their own /var/tmp; the simulated nodes share this machine's, and ch-run's mkdir
+# is not EEXIST-tolerant ("can't mkdir: /var/tmp/root.ch: File exists" when four nodes race),
+# so the test creates it once before the jobs and removes it at the end if it created it.
 CH_MNT=/var/tmp/${USER:-root}.ch/mnt
-[[ -e ${CH_MNT%/mnt} ]] && CH_MNT=''
+if [[ -e ${CH_MNT%/mnt} ]]; then
+  mkdir -p "$CH_MNT"; CH_MNT=''
+else
+  mkdir -p "$CH_MNT"
+fi
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
