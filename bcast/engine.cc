@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -89,6 +90,11 @@ class Transfer {
   Status prepare();
   Status copy();
   void finish();
+  struct Queues {
+    BlockingQueue<BufPtr> free_q, full_q, write_q;
+  };
+  Status broadcast_chunks(const Layout& layout, bool write_here, Queues& q);
+  Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
   Status share_root_status(std::optional<Error>& err);
@@ -469,57 +475,120 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
   }
 }
 
-Status Transfer::copy() {
-  const Layout layout(m_, need_any_);
+// Chunk by chunk through the Comm's collectives: a header broadcast, then the payload
+// (Comm::bcast). Used with --bcast-algorithm mpi, one rank, or a stream too small to pipeline.
+Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues& q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
-  r_.files_streamed = layout.segments().size();
-  const bool write_here = ep_.writer && r_.this_node_wrote;
-  BlockingQueue<BufPtr> free_q, full_q, write_q;
-  for (auto& b : buffers_) free_q.push(std::move(b));
-  buffers_.clear();
-  std::thread reader;
-  std::thread writer;
-  if (is_root()) reader = std::thread([&] { reader_loop(layout, free_q, full_q); });
-  if (write_here) writer = std::thread([&] { writer_loop(layout, write_q, free_q); });
-
-  Status comm_status;
-  test_hold("before-first-chunk", comm_.rank());
   for (uint64_t i = 0; i < nchunks; ++i) {
     if (i == 2) {  // let the writer catch up so "mid-file" means data is on disk
       test_hold("mid-file", comm_.rank());
     }
-    auto b = is_root() ? full_q.pop() : free_q.pop();
-    if (!b) break;
+    auto b = is_root() ? q.full_q.pop() : q.free_q.pop();
+    if (!b) return {};
     const Accumulate in_bcast(r_.pipe.bcast);
     Buffer& buf = **b;
     ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
-    if (comm_status = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !comm_status) break;
+    if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !st) return st;
     const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
-    if (h.index != i || h.length != range.length || (h.flags & ~(kChunkZero | kChunkAbort)) != 0) {
-      comm_status = stage_error(Errc::bad_message, "chunk header " + std::to_string(i));
-      break;  // cannot stay in step with the others: give up on collectives
-    }
+    if (h.index != i || h.length != range.length || (h.flags & ~(kChunkZero | kChunkAbort)) != 0)
+      return stage_error(Errc::bad_message, "chunk header " + std::to_string(i));  // out of step: stop
     if ((h.flags & kChunkAbort) != 0) {
-      free_q.push(std::move(*b));
-      break;  // every rank sees the same header and leaves the loop at the same chunk
+      q.free_q.push(std::move(*b));
+      return {};  // every rank sees the same header and leaves the loop at the same chunk
     }
     if ((h.flags & kChunkZero) == 0) {
-      comm_status = data_bcast(comm_, std::span(buf.mem->data(), h.length), opt_.root, opt_.bcast_algorithm,
+      if (auto st = data_bcast(comm_, std::span(buf.mem->data(), h.length), opt_.root, opt_.bcast_algorithm,
                                opt_.pipeline);
-      if (!comm_status) break;
+          !st)
+        return st;
       r_.bytes_streamed += h.length;
     }
     ++r_.chunks;
     buf.hdr = h;
-    if (write_here)
-      write_q.push(std::move(*b));
-    else
-      free_q.push(std::move(*b));
+    (write_here ? q.write_q : q.free_q).push(std::move(*b));
     if (progress_) progress_(range.offset + range.length, layout.bytes());
   }
-  write_q.close();
+  return {};
+}
+
+// Every chunk through one pipelined chain or tree (ChunkStream, bcast/pipeline.h): chunk
+// i+1 enters the pipeline while chunk i drains, headers travel in-band. The MPI thread feeds
+// the stream with buffers (the root: full ones from the reader; the others: free ones to
+// receive into), hands completed chunks to the writer, and sleeps briefly when nothing moves.
+Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q) {
+  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  std::deque<BufPtr> inflight;  // submitted to the stream, in chunk order (outlives the stream)
+  ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
+  std::vector<ChunkHeader> done;
+  uint64_t submitted = 0, completed = 0;
+  bool ended = false;      // the abort chunk came out of the stream
+  bool abort_sent = false;  // root: the reader's abort chunk is in the stream
+  while (completed < nchunks && !ended) {
+    const auto t_iter = Clock::now();
+    bool moved = false;
+    while (submitted < nchunks && !abort_sent) {
+      auto b = is_root() ? q.full_q.try_pop() : q.free_q.try_pop();
+      if (!b) break;
+      Buffer& buf = **b;
+      const ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
+      const bool empty = (h.flags & (kChunkZero | kChunkAbort)) != 0;
+      const auto span = is_root() ? std::span(buf.mem->data(), empty ? 0 : h.length) : buf.mem->bytes();
+      if (auto st = stream.submit(span, h); !st) return st;
+      inflight.push_back(std::move(*b));
+      ++submitted;
+      moved = true;
+      abort_sent = (h.flags & kChunkAbort) != 0;
+    }
+    done.clear();
+    auto r = stream.progress(done);
+    if (!r) return r.error();
+    for (const ChunkHeader& h : done) {
+      BufPtr b = std::move(inflight.front());
+      inflight.pop_front();
+      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, completed);
+      if (h.index != completed || h.length != range.length)
+        return stage_error(Errc::bad_message, "chunk header " + std::to_string(completed));
+      if ((h.flags & kChunkAbort) != 0) {  // every rank sees it at the same chunk
+        q.free_q.push(std::move(b));
+        ended = true;
+        break;
+      }
+      if ((h.flags & kChunkZero) == 0) r_.bytes_streamed += h.length;
+      ++r_.chunks;
+      b->hdr = h;
+      (write_here ? q.write_q : q.free_q).push(std::move(b));
+      if (progress_) progress_(range.offset + range.length, layout.bytes());
+      if (++completed == 2) test_hold("mid-file", comm_.rank());  // chunks 0 and 1 are with the writer
+    }
+    const bool busy = stream.pending() > 0 || !done.empty();  // else: waiting for the reader or writer
+    if (!moved && !*r) stream.idle();
+    if (busy) r_.pipe.bcast += seconds_between(t_iter, Clock::now());
+  }
+  if (auto st = stream.finish(); !st) return st;
+  for (auto& b : inflight) q.free_q.push(std::move(b));  // receives dropped after an abort
+  return {};
+}
+
+Status Transfer::copy() {
+  const Layout layout(m_, need_any_);
+  r_.files_streamed = layout.segments().size();
+  const bool write_here = ep_.writer && r_.this_node_wrote;
+  Queues q;
+  for (auto& b : buffers_) q.free_q.push(std::move(b));
+  buffers_.clear();
+  std::thread reader;
+  std::thread writer;
+  if (is_root()) reader = std::thread([&] { reader_loop(layout, q.free_q, q.full_q); });
+  if (write_here) writer = std::thread([&] { writer_loop(layout, q.write_q, q.free_q); });
+
+  test_hold("before-first-chunk", comm_.rank());
+  // Same choice on every rank: the layout and the Comm's seam are the same everywhere.
+  const BcastAlgorithm shape = resolve(opt_.bcast_algorithm, comm_, layout.bytes());
+  const Status comm_status = shape == BcastAlgorithm::mpi ? broadcast_chunks(layout, write_here, q)
+                                                          : stream_chunks(layout, shape, write_here, q);
+  q.write_q.close();
   if (writer.joinable()) writer.join();
-  free_q.close();
+  q.free_q.close();
   if (reader.joinable()) reader.join();
   if (!comm_status) return comm_status;
 

@@ -111,7 +111,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kSegmentTags = 16384;            // data tags: segment index modulo this
 constexpr int kAckTag = kSegmentTags + 1;      // a child's "my subtree has it"
 constexpr int kReleaseTag = kSegmentTags + 2;  // tree: "every subtree has it"
-static_assert(kReleaseTag <= PointToPoint::kMaxTag);
+constexpr int kHeaderTag = kSegmentTags + 3;   // a chunk's header
+static_assert(kHeaderTag <= PointToPoint::kMaxTag);
 
 // One pending request: cancelled if it is dropped before it completed.
 class Op {
@@ -194,161 +195,325 @@ class Backoff {
   long sleep_ns_ = 0;
 };
 
-struct Child {
-  int rank = -1;
-  uint64_t next = 0;  // next segment to send
-  uint64_t sent = 0;  // sends completed
-  std::deque<Op> sends;
-  std::deque<Op> ack;  // the acknowledgement receive (one, until it completes)
-  std::byte ack_byte{};
+}  // namespace
+
+struct ChunkStream::Impl {
+  // One chunk on its way through this rank. Its header lives here (a send or receive buffer
+  // of a live request: the deque never moves an element it keeps).
+  struct Item {
+    std::span<std::byte> buf;
+    ChunkHeader hdr{};
+    uint64_t seq = 0;       // chunk number in the stream
+    bool have_hdr = false;  // root: always; elsewhere once the header arrived
+    uint64_t nseg = 0;      // payload segments (valid with the header)
+    uint64_t first = 0;     // stream-wide number of its first segment (valid with the header)
+    std::deque<Op> hdr_recv;
+  };
+  struct Out {  // one child
+    int rank = -1;
+    uint64_t hdr_next = 0;  // next chunk whose header to send
+    uint64_t hdr_done = 0;  // header sends completed (in order)
+    uint64_t seg_next = 0;  // next stream segment to send
+    uint64_t seg_done = 0;  // segment sends completed (in order)
+    std::deque<Op> hdr_sends, seg_sends;
+    std::deque<Op> ack;  // tree: the child's acknowledgement (posted by finish())
+    std::byte ack_byte{};
+  };
+
+  PointToPoint& p2p;
+  const int root;
+  const bool chain;
+  const PipelineOptions opt;
+  const uint64_t seg;
+  const size_t window;
+  const Links links;
+  const int tail;
+  const bool is_root;
+  std::deque<Item> items;
+  uint64_t submitted = 0;    // chunks submitted
+  uint64_t next_first = 0;   // stream-wide number of the next chunk's first segment
+  uint64_t received = 0;     // stream segments held (a prefix: receives complete in order)
+  uint64_t recv_next = 0;    // next stream segment to post a receive for
+  std::deque<Op> recvs;
+  std::deque<Out> outs;  // (a deque: Out holds requests and never moves)
+  Backoff backoff;
+  Clock::time_point last_progress = Clock::now();
+  std::byte flag_out{1}, flag_in{};
+
+  Impl(PointToPoint& p, int r, BcastAlgorithm shape, const PipelineOptions& o)
+      : p2p(p),
+        root(r),
+        chain(shape != BcastAlgorithm::tree),
+        opt(o),
+        seg(o.segment != 0 ? o.segment : kDefaultSegment),
+        window(std::clamp<uint64_t>(o.window_bytes / seg, 2, 64)),
+        links(links_of(shape, broadcast_order(p.placement(), r), p.rank())),
+        tail(broadcast_order(p.placement(), r).back()),
+        is_root(p.rank() == r) {
+    outs.resize(links.children.size());
+    for (size_t k = 0; k < outs.size(); ++k) outs[k].rank = links.children[k];
+  }
+
+  static int tag(uint64_t s) { return static_cast<int>(s % kSegmentTags); }
+  Item& item(uint64_t seq) { return items[static_cast<size_t>(seq - items.front().seq)]; }
+  // The item holding stream segment `s` (it is in `items`: segments of handed-back chunks
+  // are never asked for).
+  Item& item_of_segment(uint64_t s) {
+    for (Item& it : items)
+      if (s < it.first + it.nseg) return it;
+    return items.back();
+  }
+  std::span<std::byte> piece(Item& it, uint64_t s) const {
+    const uint64_t off = (s - it.first) * seg;
+    return it.buf.subspan(off, std::min<uint64_t>(seg, payload(it.hdr) - off));
+  }
+  static uint64_t payload(const ChunkHeader& h) {
+    return (h.flags & (kChunkZero | kChunkAbort)) != 0 ? 0 : h.length;
+  }
+  void place(Item& it) {  // the header is known: where its segments go in the stream
+    it.have_hdr = true;
+    it.nseg = (payload(it.hdr) + seg - 1) / seg;
+    it.first = next_first;
+    next_first += it.nseg;
+  }
+  bool complete(const Item& it) const {
+    if (!it.have_hdr || received < it.first + it.nseg) return false;
+    for (const Out& o : outs)
+      if (o.hdr_done <= it.seq || o.seg_done < it.first + it.nseg) return false;
+    return true;
+  }
+
+  Status stalled(const std::string& what) const {
+    return stage_error(Errc::timed_out, "rank " + std::to_string(p2p.rank()) + ": " +
+                                            (chain ? "chain" : "tree") + " broadcast stalled for " +
+                                            std::to_string(opt.stall_timeout.count()) + " ms waiting for " + what);
+  }
+  bool past_stall() const {
+    return opt.stall_timeout.count() > 0 && Clock::now() - last_progress > opt.stall_timeout;
+  }
+  void moved() {
+    backoff.reset();
+    last_progress = Clock::now();
+  }
+
+  Result<bool> step(std::vector<ChunkHeader>& done) {
+    bool any = false;
+    // Headers arrive in order (one tag, MPI's non-overtaking rule); a header is placed only
+    // once every earlier one is, so segment numbers are the same on every rank.
+    for (Item& it : items) {
+      if (it.have_hdr) continue;
+      auto r = poll_in_order(it.hdr_recv, [](uint64_t) {});
+      if (!r) return r.error();
+      if (!it.hdr_recv.empty()) break;
+      const uint32_t known = kChunkZero | kChunkAbort;
+      if ((it.hdr.flags & ~known) != 0 || it.hdr.index != it.seq || payload(it.hdr) > it.buf.size())
+        return stage_error(Errc::bad_message, "chunk header " + std::to_string(it.seq) + " from rank " +
+                                                  std::to_string(links.parent));
+      place(it);
+      any = true;
+    }
+    // Receives: up to `window` segments in flight, in stream order.
+    while (recv_next < next_first && recvs.size() < window) {
+      Item& it = item_of_segment(recv_next);
+      auto id = p2p.irecv(piece(it, recv_next), links.parent, tag(recv_next));
+      if (!id) return id.error();
+      recvs.emplace_back(p2p, *id, recv_next++);
+    }
+    auto got = poll_in_order(recvs, [&](uint64_t) { ++received; });
+    if (!got) return got.error();
+    any = any || *got;
+    // Sends: each chunk's header, then its segments as they are here, `window` per child.
+    for (Out& o : outs) {
+      while (o.hdr_next < submitted) {  // (a chunk leaves `items` only after its header went)
+        Item& it = item(o.hdr_next);
+        if (!it.have_hdr) break;
+        auto id = p2p.isend(std::as_bytes(std::span(&it.hdr, 1)), o.rank, kHeaderTag);
+        if (!id) return id.error();
+        o.hdr_sends.emplace_back(p2p, *id, o.hdr_next++);
+        any = true;
+      }
+      while (o.seg_next < received && o.seg_sends.size() < window) {
+        Item& it = item_of_segment(o.seg_next);
+        if (it.seq >= o.hdr_next) break;  // its header first
+        auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
+        if (!id) return id.error();
+        o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
+        any = true;
+      }
+      auto h = poll_in_order(o.hdr_sends, [&](uint64_t) { ++o.hdr_done; });
+      if (!h) return h.error();
+      auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
+      if (!d) return d.error();
+      any = any || *h || *d;
+    }
+    while (!items.empty() && complete(items.front())) {
+      done.push_back(items.front().hdr);
+      items.pop_front();
+      any = true;
+    }
+    return any;
+  }
+
+  std::string waiting_for() const {
+    if (!items.empty() && !items.front().have_hdr)
+      return "the header of chunk " + std::to_string(items.front().seq) + " from rank " +
+             std::to_string(links.parent);
+    if (!recvs.empty()) return "data from rank " + std::to_string(links.parent);
+    return "its sends to the next rank(s) to complete";
+  }
 };
 
-}  // namespace
+ChunkStream::ChunkStream(PointToPoint& p2p, int root, BcastAlgorithm shape, const PipelineOptions& opt)
+    : impl_(std::make_unique<Impl>(p2p, root, shape, opt)) {}
+
+ChunkStream::~ChunkStream() = default;
+
+Status ChunkStream::submit(std::span<std::byte> buf, const ChunkHeader& hdr) {
+  Impl& s = *impl_;
+  Impl::Item& it = s.items.emplace_back();
+  it.buf = buf;
+  it.seq = s.submitted++;
+  if (s.is_root) {
+    it.hdr = hdr;
+    it.hdr.index = it.seq;
+    if (Impl::payload(hdr) != buf.size())
+      return stage_error(Errc::bad_message, "chunk " + std::to_string(it.seq) + ": payload and header disagree");
+    s.place(it);
+    s.received = s.next_first;  // the root holds what it submits
+    s.recv_next = s.next_first;
+  } else {
+    auto id = s.p2p.irecv(std::as_writable_bytes(std::span(&it.hdr, 1)), s.links.parent, kHeaderTag);
+    if (!id) return id.error();
+    it.hdr_recv.emplace_back(s.p2p, *id, it.seq);
+  }
+  return {};
+}
+
+Result<bool> ChunkStream::progress(std::vector<ChunkHeader>& done) {
+  Impl& s = *impl_;
+  auto r = s.step(done);
+  if (!r) return r;
+  if (*r) {
+    s.moved();
+  } else if (!s.items.empty() && s.past_stall()) {
+    return s.stalled(s.waiting_for()).error();
+  } else if (s.items.empty()) {
+    s.last_progress = Clock::now();  // nothing to wait for (the caller's reader is busy)
+  }
+  return r;
+}
+
+void ChunkStream::idle() { impl_->backoff.wait(); }
+
+size_t ChunkStream::pending() const { return impl_->items.size(); }
+
+Status ChunkStream::finish() {
+  Impl& s = *impl_;
+  // Chunks announced to this rank but never sent (after an abort): drop their receives.
+  while (!s.items.empty() && !s.items.back().have_hdr) s.items.pop_back();
+  if (!s.items.empty())
+    return stage_error(Errc::bad_message, "broadcast stream finished with " + std::to_string(s.items.size()) +
+                                              " chunk(s) in flight");
+  const int n = s.p2p.size();
+  if (n <= 1) return {};
+  std::deque<Op> confirm_recv, confirm_sends, ack_send, release_recv, release_sends;
+  auto post_flags = [&](const std::vector<int>& to, int flag_tag, std::deque<Op>& ops) -> Status {
+    for (int r : to) {
+      auto id = s.p2p.isend(std::span<const std::byte>(&s.flag_out, 1), r, flag_tag);
+      if (!id) return id.error();
+      ops.emplace_back(s.p2p, *id, 0);
+    }
+    return {};
+  };
+  const bool is_tail = s.p2p.rank() == s.tail;
+  if (s.chain) {
+    if (is_tail) {
+      std::vector<int> others;
+      for (int r = 0; r < n; ++r)
+        if (r != s.tail) others.push_back(r);
+      if (auto st = post_flags(others, kAckTag, confirm_sends); !st) return st;
+    } else {
+      auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.tail, kAckTag);
+      if (!id) return id.error();
+      confirm_recv.emplace_back(s.p2p, *id, 0);
+    }
+  } else {
+    for (Impl::Out& o : s.outs) {
+      auto id = s.p2p.irecv(std::span(&o.ack_byte, 1), o.rank, kAckTag);
+      if (!id) return id.error();
+      o.ack.emplace_back(s.p2p, *id, 0);
+    }
+    if (!s.is_root) {
+      auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.links.parent, kReleaseTag);
+      if (!id) return id.error();
+      release_recv.emplace_back(s.p2p, *id, 0);
+    }
+  }
+  bool ack_posted = false, release_posted = false;
+  s.moved();
+  for (;;) {
+    bool any = false;
+    bool all_acked = true;
+    for (Impl::Out& o : s.outs) {
+      auto a = poll_in_order(o.ack, [](uint64_t) {});
+      if (!a) return a.error();
+      any = any || *a;
+      all_acked = all_acked && o.ack.empty();
+    }
+    for (auto* ops : {&confirm_recv, &confirm_sends, &ack_send, &release_recv, &release_sends}) {
+      auto d = poll_in_order(*ops, [](uint64_t) {});
+      if (!d) return d.error();
+      any = any || *d;
+    }
+    if (s.chain) {
+      if (confirm_recv.empty() && confirm_sends.empty()) return {};
+    } else {
+      if (all_acked && !s.is_root && !ack_posted) {
+        if (auto st = post_flags({s.links.parent}, kAckTag, ack_send); !st) return st;
+        ack_posted = any = true;
+      }
+      const bool up_done = all_acked && (s.is_root || (ack_posted && ack_send.empty()));
+      if (up_done && release_recv.empty() && !release_posted) {
+        if (auto st = post_flags(s.links.children, kReleaseTag, release_sends); !st) return st;
+        release_posted = any = true;
+      }
+      if (release_posted && release_sends.empty()) return {};
+    }
+    if (any) {
+      s.moved();
+      continue;
+    }
+    if (s.past_stall()) {
+      const std::string what = s.chain ? (is_tail ? "its confirmations to the other ranks"
+                                                  : "the confirmation of the last rank, " + std::to_string(s.tail))
+                               : !all_acked ? "the acknowledgement of the rank(s) below"
+                               : !ack_posted || !ack_send.empty()
+                                   ? "its acknowledgement to rank " + std::to_string(s.links.parent)
+                               : !release_recv.empty() ? "the release from rank " + std::to_string(s.links.parent)
+                                                       : "its releases to the rank(s) below";
+      return s.stalled(what);
+    }
+    s.backoff.wait();
+  }
+}
 
 Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, BcastAlgorithm shape,
                       const PipelineOptions& opt) {
   const int n = p2p.size();
   if (root < 0 || root >= n) return stage_error(Errc::bad_message, "broadcast root " + std::to_string(root));
   if (buf.empty() || n <= 1) return {};
-  const std::vector<int> order = broadcast_order(p2p.placement(), root);
-  const Links links = links_of(shape, order, p2p.rank());
-  const bool is_root = p2p.rank() == root;
-  const uint64_t seg = opt.segment != 0 ? opt.segment : segment_for(buf.size());
-  const uint64_t nseg = (buf.size() + seg - 1) / seg;
-  const size_t window = std::clamp<uint64_t>(opt.window_bytes / seg, 2, 64);
-  auto piece = [&](uint64_t s) {
-    const uint64_t off = s * seg;
-    return buf.subspan(off, std::min<uint64_t>(seg, buf.size() - off));
-  };
-  auto tag = [](uint64_t s) { return static_cast<int>(s % kSegmentTags); };
-
-  std::vector<char> have(nseg, is_root ? 1 : 0);
-  uint64_t next_recv = is_root ? nseg : 0;  // next segment to post a receive for
-  uint64_t received = is_root ? nseg : 0;
-  std::deque<Op> recvs;
-  std::vector<Child> kids(links.children.size());
-  for (size_t k = 0; k < kids.size(); ++k) kids[k].rank = links.children[k];
-
-  // Completion, so that a rank returns OK only once every rank holds the buffer and a lost
-  // link fails every rank (within one stall timeout) instead of leaving some in a later call:
-  //   chain: the last rank tells every other rank directly that it has everything (the data
-  //          passed through each rank on its way there): one hop of latency, not N-1;
-  //   tree:  acknowledgements climb to the root (each rank's subtree is complete), then the
-  //          root's release descends: 2 x log2(N) hops.
-  const bool chain = shape != BcastAlgorithm::tree;
-  const int tail = order.back();
-  const bool is_tail = p2p.rank() == tail;
-  std::byte flag_out{1}, flag_in{};
-  std::deque<Op> confirm_recv, confirm_sends;            // chain: from / by the last rank
-  std::deque<Op> ack_send, release_recv, release_sends;  // tree
-  if (chain && !is_tail) {
-    auto id = p2p.irecv(std::span(&flag_in, 1), tail, kAckTag);
-    if (!id) return id.error();
-    confirm_recv.emplace_back(p2p, *id, 0);
+  ChunkStream stream(p2p, root, shape, opt);
+  if (auto st = stream.submit(buf, ChunkHeader{0, buf.size(), 0, 0, 0}); !st) return st;
+  std::vector<ChunkHeader> done;
+  while (done.empty()) {
+    auto r = stream.progress(done);
+    if (!r) return r.error();
+    if (!*r) stream.idle();
   }
-  if (!chain) {
-    for (Child& c : kids) {
-      auto id = p2p.irecv(std::span(&c.ack_byte, 1), c.rank, kAckTag);
-      if (!id) return id.error();
-      c.ack.emplace_back(p2p, *id, 0);
-    }
-    if (!is_root) {
-      auto id = p2p.irecv(std::span(&flag_in, 1), links.parent, kReleaseTag);
-      if (!id) return id.error();
-      release_recv.emplace_back(p2p, *id, 0);
-    }
-  }
-  bool confirm_posted = false, ack_posted = false, release_posted = false;
-  // Posts a 1-byte flag to each of `to`, into `ops`.
-  auto post_flags = [&](const std::vector<int>& to, int flag_tag, std::deque<Op>& ops) -> Status {
-    for (int r : to) {
-      auto id = p2p.isend(std::span<const std::byte>(&flag_out, 1), r, flag_tag);
-      if (!id) return id.error();
-      ops.emplace_back(p2p, *id, 0);
-    }
-    return {};
-  };
-
-  Backoff backoff;
-  auto last_progress = Clock::now();
-  for (;;) {
-    bool progress = false;
-    while (next_recv < nseg && recvs.size() < window) {
-      auto id = p2p.irecv(piece(next_recv), links.parent, tag(next_recv));
-      if (!id) return id.error();
-      recvs.emplace_back(p2p, *id, next_recv++);
-    }
-    auto got = poll_in_order(recvs, [&](uint64_t s) {
-      have[s] = 1;
-      ++received;
-    });
-    if (!got) return got.error();
-    progress = progress || *got;
-    bool all_sent = true;
-    bool all_acked = true;
-    for (Child& c : kids) {
-      while (c.next < nseg && have[c.next] != 0 && c.sends.size() < window) {
-        auto id = p2p.isend(piece(c.next), c.rank, tag(c.next));
-        if (!id) return id.error();
-        c.sends.emplace_back(p2p, *id, c.next++);
-        progress = true;
-      }
-      auto sent = poll_in_order(c.sends, [&](uint64_t) { ++c.sent; });
-      if (!sent) return sent.error();
-      progress = progress || *sent;
-      auto acked = poll_in_order(c.ack, [](uint64_t) {});
-      if (!acked) return acked.error();
-      progress = progress || *acked;
-      all_sent = all_sent && c.sent == nseg;
-      all_acked = all_acked && c.ack.empty();
-    }
-    const bool local_done = received == nseg && all_sent && all_acked;
-    if (chain && is_tail && local_done && !confirm_posted) {
-      std::vector<int> others;
-      for (int r = 0; r < n; ++r)
-        if (r != tail) others.push_back(r);
-      if (auto st = post_flags(others, kAckTag, confirm_sends); !st) return st;
-      confirm_posted = progress = true;
-    }
-    if (!chain && local_done && !is_root && !ack_posted) {
-      if (auto st = post_flags({links.parent}, kAckTag, ack_send); !st) return st;
-      ack_posted = progress = true;
-    }
-    for (auto* ops : {&confirm_recv, &confirm_sends, &ack_send, &release_recv, &release_sends}) {
-      auto done = poll_in_order(*ops, [](uint64_t) {});
-      if (!done) return done.error();
-      progress = progress || *done;
-    }
-    const bool confirmed = is_tail ? confirm_posted && confirm_sends.empty() : confirm_recv.empty();
-    if (chain && local_done && confirmed) return {};
-    const bool up_done = local_done && (is_root || (ack_posted && ack_send.empty()));
-    const bool released = is_root || release_recv.empty();
-    if (!chain && up_done && released && !release_posted) {
-      if (auto st = post_flags(links.children, kReleaseTag, release_sends); !st) return st;
-      release_posted = progress = true;
-    }
-    if (release_posted && release_sends.empty()) return {};
-    if (progress) {
-      backoff.reset();
-      last_progress = Clock::now();
-      continue;
-    }
-    if (opt.stall_timeout.count() > 0 && Clock::now() - last_progress > opt.stall_timeout) {
-      const std::string what = received < nseg    ? "data from rank " + std::to_string(links.parent)
-                               : !all_sent        ? "its sends to the next rank(s) to complete"
-                               : chain && is_tail ? "its confirmations to the other ranks"
-                               : chain      ? "the confirmation of the last rank, " + std::to_string(tail)
-                               : !all_acked ? "the acknowledgement of the rank(s) below"
-                               : !up_done   ? "its acknowledgement to rank " + std::to_string(links.parent)
-                               : !released  ? "the release from rank " + std::to_string(links.parent)
-                                            : "its releases to the rank(s) below";
-      return stage_error(Errc::timed_out, "rank " + std::to_string(p2p.rank()) + ": " + to_string(shape) +
-                                              " broadcast stalled for " +
-                                              std::to_string(opt.stall_timeout.count()) + " ms waiting for " +
-                                              what);
-    }
-    backoff.wait();
-  }
+  if (done.front().length != buf.size())
+    return stage_error(Errc::bad_message, "broadcast of " + std::to_string(buf.size()) + " bytes: the root sent " +
+                                              std::to_string(done.front().length));
+  return stream.finish();
 }
 
 Status data_bcast(Comm& comm, std::span<std::byte> buf, int root, BcastAlgorithm algo,

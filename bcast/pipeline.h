@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,6 +38,7 @@
 
 #include "bcast/comm.h"
 #include "bcast/error.h"
+#include "bcast/stream.h"
 
 namespace stage {
 
@@ -83,7 +85,58 @@ uint64_t segment_for(uint64_t bytes);
 BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes);
 
 // --- the broadcasts ------------------------------------------------------------------------
-// Pipelined broadcast of `buf` from `root` (shape: chain or tree). COLLECTIVE over p2p.
+// ChunkStream: the engine's copy phase as ONE pipeline. Every chunk of a transfer enters the
+// same chain (or tree) as a 32-byte header message followed by its payload's segments, so
+// chunk i+1's first segments leave the source while chunk i's last ones still travel down
+// the chain: the pipeline fills once per transfer, not once per chunk, and no header
+// broadcast or per-chunk completion round separates the chunks. (With one pipeline per chunk
+// the fill cost (N-1) x (segment/B + hop latency) was paid S/C times: 16 MiB chunks at 1,000
+// nodes projected to 73 s instead of 5.6 s for a 16 GB image, bench/results/bench_scale.md.)
+//
+// Use, on every rank, by the thread that owns the PointToPoint:
+//   submit() a buffer per chunk, in chunk order (the root: the chunk's header and payload;
+//   the others: an empty buffer big enough for any chunk, into which the next chunk is
+//   received); call progress() until it hands the chunks back, in order, each complete on
+//   this rank (received in full and passed on to every child); idle() between calls that
+//   moved nothing; after the last chunk, finish(). A header with kChunkZero or kChunkAbort
+//   has no payload; after an abort the caller submits nothing more (finish() drops receives
+//   posted for chunks that will never come).
+// Completion: finish() returns once every rank holds every chunk (chain: the last rank tells
+// every other rank directly, one hop; tree: acknowledgements up, the root's release down),
+// so a lost node or link fails every rank instead of leaving some inside a later collective.
+// Failure: a failed request, a header that does not fit the buffer, or nothing moving for
+// `stall_timeout` while this rank waits for something (data, a header, its sends, the
+// confirmation) ends the stream with an error; the destructor cancels what is pending.
+// COLLECTIVE over p2p as a whole (every rank submits the same number of chunks); NOT
+// thread-safe.
+class ChunkStream {
+ public:
+  ChunkStream(PointToPoint& p2p, int root, BcastAlgorithm shape, const PipelineOptions& opt);
+  ~ChunkStream();
+  ChunkStream(const ChunkStream&) = delete;
+  ChunkStream& operator=(const ChunkStream&) = delete;
+
+  // Root: `hdr` is the chunk's header and `buf` its payload (exactly the payload's size:
+  // hdr.length, or 0 for a zero or abort chunk). Elsewhere `hdr` is ignored and `buf` must
+  // hold the largest chunk. The buffer is the stream's until progress() hands it back.
+  Status submit(std::span<std::byte> buf, const ChunkHeader& hdr);
+  // Moves messages; appends the headers of chunks now complete on this rank to `done`, in
+  // submission order. Returns whether anything moved, or the error that ends the stream.
+  Result<bool> progress(std::vector<ChunkHeader>& done);
+  // A short sleep that grows while nothing moves (a burst of polls, then 20 us up to 1 ms).
+  void idle();
+  // Chunks submitted and not yet handed back.
+  [[nodiscard]] size_t pending() const;
+  // Every chunk done (or the abort seen): waits until every rank holds every chunk.
+  Status finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Pipelined broadcast of one buffer from `root` (shape: chain or tree): a ChunkStream of one
+// chunk. COLLECTIVE over p2p (every rank passes the same length).
 Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, BcastAlgorithm shape,
                       const PipelineOptions& opt);
 

@@ -27,6 +27,14 @@ class BlockingQueue {
     q_.pop_front();
     return v;
   }
+  // The front element if there is one, without waiting.
+  std::optional<T> try_pop() {
+    const std::lock_guard lk(m_);
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    return v;
+  }
   void close() {
     {
       std::lock_guard lk(m_);

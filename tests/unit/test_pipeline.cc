@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -166,9 +167,11 @@ TEST(PipelineTest, TheSourceSendsTheBufferOnceInAChainTwiceInATree) {
     FakeNet net(9);
     auto o = run_bcast(net, 0, bytes, shape, opt);
     for (const auto& st : o.status) ASSERT_TRUE(st);
-    // + one acknowledgement byte up, and in the tree one release byte per child
-    const uint64_t per_rank = shape == BcastAlgorithm::chain ? bytes + 1 : 2 * bytes + 3;
-    EXPECT_EQ(net.bytes_sent(0), shape == BcastAlgorithm::chain ? bytes : 2 * bytes + 2);
+    // + the 32-byte header per child, one acknowledgement byte up, and in the tree one
+    // release byte per child
+    const uint64_t hdr = sizeof(ChunkHeader);
+    const uint64_t per_rank = shape == BcastAlgorithm::chain ? bytes + hdr + 1 : 2 * (bytes + hdr) + 3;
+    EXPECT_EQ(net.bytes_sent(0), shape == BcastAlgorithm::chain ? bytes + hdr : 2 * (bytes + hdr) + 2);
     for (int r = 1; r < 9; ++r) EXPECT_LE(net.bytes_sent(r), per_rank);
   }
 }
@@ -225,6 +228,212 @@ TEST(PipelineTest, AFailingLinkFailsEveryRank) {
   EXPECT_EQ(o.status[2].error().code, make_error_code(Errc::comm_failed));
 }
 
+// --- ChunkStream: the chunks of a transfer as one pipeline -----------------------------------
+
+struct StreamOutcome {
+  std::vector<Status> status;
+  std::vector<std::vector<ChunkHeader>> headers;            // per rank, in the order handed back
+  std::vector<std::vector<std::vector<std::byte>>> chunks;  // per rank, per chunk: its payload
+  std::vector<int> live_after;
+};
+
+// The root streams `chunks` (a header each: its payload's length and flags) to every rank;
+// each other rank receives into `slots` buffers of the largest chunk's size, reusing a buffer
+// once its chunk is handed back.
+StreamOutcome run_stream(FakeNet& net, int root, const std::vector<std::pair<size_t, uint32_t>>& chunks,
+                         BcastAlgorithm shape, const PipelineOptions& opt, size_t slots = 3) {
+  const int n = net.size();
+  StreamOutcome o;
+  o.status.resize(static_cast<size_t>(n));
+  o.headers.resize(static_cast<size_t>(n));
+  o.chunks.resize(static_cast<size_t>(n));
+  o.live_after.assign(static_cast<size_t>(n), 0);
+  size_t biggest = 1;
+  for (auto [len, flags] : chunks) biggest = std::max(biggest, len);
+  std::vector<std::vector<std::byte>> payload;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    payload.push_back((chunks[i].second & (kChunkZero | kChunkAbort)) != 0 ? std::vector<std::byte>{}
+                                                                            : pattern(chunks[i].first, 7 + static_cast<unsigned>(i)));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      const auto me = static_cast<size_t>(r);
+      FakeP2P p(net, r, 11 + static_cast<unsigned>(r));
+      auto run = [&]() -> Status {
+        ChunkStream s(p, root, shape, opt);
+        std::deque<std::vector<std::byte>> free_bufs(r == root ? 0 : slots, std::vector<std::byte>(biggest));
+        std::deque<std::vector<std::byte>> inflight;
+        size_t next = 0;
+        bool aborted = false;
+        std::vector<ChunkHeader> done;
+        while (o.headers[me].size() < chunks.size() && !aborted) {
+          if (r == root) {
+            while (next < chunks.size() && s.pending() < slots) {
+              inflight.push_back(payload[next]);
+              const ChunkHeader h{next, chunks[next].first, 0, chunks[next].second, 0};
+              if (auto st = s.submit(std::span(inflight.back()), h); !st) return st;
+              ++next;
+            }
+          } else {
+            while (next < chunks.size() && !free_bufs.empty()) {
+              inflight.push_back(std::move(free_bufs.front()));
+              free_bufs.pop_front();
+              if (auto st = s.submit(std::span(inflight.back()), ChunkHeader{}); !st) return st;
+              ++next;
+            }
+          }
+          done.clear();
+          auto moved = s.progress(done);
+          if (!moved) return moved.error();
+          for (const ChunkHeader& h : done) {
+            o.headers[me].push_back(h);
+            const bool empty = (h.flags & (kChunkZero | kChunkAbort)) != 0;
+            auto& b = inflight.front();
+            o.chunks[me].emplace_back(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(empty ? 0 : h.length));
+            if (r != root) free_bufs.push_back(std::move(b));
+            inflight.pop_front();
+            aborted = aborted || (h.flags & kChunkAbort) != 0;
+          }
+          if (!*moved) s.idle();
+        }
+        return s.finish();
+      };
+      o.status[me] = run();
+      o.live_after[me] = p.live_requests();
+    });
+  for (auto& t : ts) t.join();
+  return o;
+}
+
+// Chunks of every kind (odd sizes, a hole chunk without payload, one byte, more chunks than
+// buffers) arrive on every rank, in order, with the root's headers and bytes, chain and tree.
+TEST(ChunkStreamTest, EveryRankGetsEveryChunkInOrder) {
+  PipelineOptions opt;
+  opt.segment = 1000;
+  opt.window_bytes = 4000;
+  opt.stall_timeout = milliseconds(20000);
+  const std::vector<std::pair<size_t, uint32_t>> chunks{
+      {10000, 0}, {4096, kChunkZero}, {1, 0}, {70001, 0}, {5000, 0}, {3000, 0}, {999, 0}};
+  for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
+    for (int n : {2, 3, 6, 9}) {
+      FakeNet net(n);
+      const int root = n / 2;
+      auto o = run_stream(net, root, chunks, shape, opt);
+      const auto rt = static_cast<size_t>(root);
+      for (int r = 0; r < n; ++r) {
+        const auto i = static_cast<size_t>(r);
+        ASSERT_TRUE(o.status[i]) << to_string(shape) << " n=" << n << " rank " << r << ": "
+                                 << o.status[i].error().message;
+        ASSERT_EQ(o.headers[i].size(), chunks.size());
+        for (size_t c = 0; c < chunks.size(); ++c) {
+          EXPECT_EQ(o.headers[i][c].index, c);
+          EXPECT_EQ(o.headers[i][c].length, chunks[c].first);
+          EXPECT_EQ(o.headers[i][c].flags, chunks[c].second);
+          EXPECT_EQ(o.chunks[i][c], o.chunks[rt][c]) << "rank " << r << " chunk " << c;
+        }
+        EXPECT_EQ(o.live_after[i], 0);
+      }
+    }
+  }
+}
+
+// The pipeline does not drain between chunks: with the link into the last rank of the chain
+// silent after a few messages, the source still sends every chunk (one pipeline per chunk
+// would hold the source at the end of chunk 0, waiting for the last rank's confirmation).
+// Every rank then fails within the stall timeout, no request left behind.
+TEST(ChunkStreamTest, TheSourceDoesNotWaitForTheEndOfTheChainBetweenChunks) {
+  PipelineOptions opt;
+  opt.segment = 1024;
+  opt.stall_timeout = milliseconds(300);
+  const int n = 5;
+  FakeNet net(n);
+  const auto order = broadcast_order(net.placement(), 0);
+  net.cut(order[static_cast<size_t>(n - 2)], order.back(), 3);
+  const std::vector<std::pair<size_t, uint32_t>> chunks{{8192, 0}, {8192, 0}, {8192, 0}, {8192, 0}};
+  auto o = run_stream(net, 0, chunks, BcastAlgorithm::chain, opt, 4);
+  EXPECT_EQ(net.bytes_sent(0), 4 * (8192 + sizeof(ChunkHeader)));  // every chunk left the source
+  EXPECT_EQ(o.headers[0].size(), 4U);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(o.status[static_cast<size_t>(r)]) << "rank " << r << " succeeded";
+    EXPECT_EQ(o.live_after[static_cast<size_t>(r)], 0);
+  }
+}
+
+// One completion round per stream, not per chunk: the chain's last rank sends each other rank
+// one confirmation byte in all, whatever the number of chunks.
+TEST(ChunkStreamTest, OneConfirmationPerStream) {
+  PipelineOptions opt;
+  opt.segment = 4096;
+  const int n = 6;
+  FakeNet net(n);
+  const std::vector<std::pair<size_t, uint32_t>> chunks(8, {20000, 0});
+  auto o = run_stream(net, 0, chunks, BcastAlgorithm::chain, opt);
+  for (const auto& st : o.status) ASSERT_TRUE(st);
+  const int tail = broadcast_order(net.placement(), 0).back();
+  EXPECT_EQ(net.bytes_sent(tail), static_cast<uint64_t>(n - 1));
+}
+
+// The source's abort (its read failed) ends the stream at the same chunk on every rank: the
+// chunks before it arrive, the receives posted for later chunks are dropped, finish() is OK.
+TEST(ChunkStreamTest, AnAbortEndsTheStreamEverywhere) {
+  PipelineOptions opt;
+  opt.segment = 1000;
+  for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
+    FakeNet net(7);
+    const std::vector<std::pair<size_t, uint32_t>> chunks{{5000, 0}, {5000, kChunkAbort}, {5000, 0}, {5000, 0}};
+    // the root stops at the abort: it submits only two chunks
+    auto o = run_stream(net, 3, {chunks[0], chunks[1]}, shape, opt, 4);
+    for (int r = 0; r < 7; ++r) {
+      const auto i = static_cast<size_t>(r);
+      ASSERT_TRUE(o.status[i]) << to_string(shape) << " rank " << r << ": " << o.status[i].error().message;
+      ASSERT_EQ(o.headers[i].size(), 2U);
+      EXPECT_EQ(o.headers[i][1].flags, kChunkAbort);
+      EXPECT_EQ(o.chunks[i][0], o.chunks[3][0]);
+      EXPECT_EQ(o.live_after[i], 0);
+    }
+  }
+}
+
+// A header that claims more than the receiver's buffer is refused, not written past its end.
+TEST(ChunkStreamTest, RefusesAChunkLargerThanTheBuffer) {
+  PipelineOptions opt;
+  opt.stall_timeout = milliseconds(300);
+  FakeNet net(2);
+  std::vector<Status> st(2);
+  std::thread root([&] {
+    FakeP2P p(net, 0);
+    ChunkStream s(p, 0, BcastAlgorithm::chain, opt);
+    std::vector<std::byte> big(5000);
+    st[0] = s.submit(std::span(big), ChunkHeader{0, 5000, 0, 0, 0});
+    std::vector<ChunkHeader> done;
+    while (st[0] && done.empty()) {  // until its header and data are sent
+      auto r = s.progress(done);
+      if (!r) st[0] = r.error();
+      s.idle();
+    }
+  });
+  std::thread other([&] {
+    FakeP2P p(net, 1);
+    ChunkStream s(p, 0, BcastAlgorithm::chain, opt);
+    std::vector<std::byte> small(4000);
+    st[1] = s.submit(std::span(small), ChunkHeader{});
+    std::vector<ChunkHeader> done;
+    for (;;) {
+      auto r = s.progress(done);
+      if (!r) {
+        st[1] = r.error();
+        return;
+      }
+      if (!done.empty()) return;
+      s.idle();
+    }
+  });
+  root.join();
+  other.join();
+  ASSERT_FALSE(st[1]);
+  EXPECT_EQ(st[1].error().code, make_error_code(Errc::bad_message));
+}
+
 TEST(PipelineTest, ResolveKeepsSmallBuffersAndSeamlessCommsOnMpi) {
   World w(1);
   ThreadComm one(w, 0);
@@ -271,12 +480,15 @@ TEST_F(EnginePipelineTest, StagesThroughChainAndTree) {
       EXPECT_TRUE(reports[static_cast<size_t>(r)].ok) << to_string(algo) << " rank " << r;
       EXPECT_EQ(read_file(path(std::string(to_string(algo)) + std::to_string(r) + "/f")), data);
     }
-    // the chunk data went over the seam: the root sent it once (chain) or twice (tree)
-    const uint64_t calls = chunk_count(data.size(), opt.chunk_size);
+    // the chunk data went over the seam as one stream: the root sent it once (chain) or twice
+    // (tree) with each chunk's header, and the tree's release (one byte per child) once per
+    // transfer, not once per chunk
+    const uint64_t chunks = chunk_count(data.size(), opt.chunk_size);
+    const uint64_t hdr = sizeof(ChunkHeader);
     if (algo == BcastAlgorithm::chain)
-      EXPECT_EQ(net.bytes_sent(3), data.size());
+      EXPECT_EQ(net.bytes_sent(3), data.size() + chunks * hdr);
     else
-      EXPECT_EQ(net.bytes_sent(3), 2 * data.size() + 2 * calls);
+      EXPECT_EQ(net.bytes_sent(3), 2 * (data.size() + chunks * hdr) + 2);
   }
 }
 
