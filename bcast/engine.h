@@ -9,7 +9,9 @@
 //                 the status stops every rank before any data moves if one node cannot write.
 //   4. Copy       a pipeline of a few chunk buffers: the source's reader thread reads chunk
 //                 i+1 (computing its CRC) while the MPI thread broadcasts chunk i and each
-//                 writer thread verifies and writes chunk i-1. Holes are sent as a flag.
+//                 writer thread verifies and writes chunk i-1. Holes are sent as a flag. On
+//                 the chain or tree (the default), the broadcasts themselves overlap too: all
+//                 chunks flow through one pipelined stream (ChunkStream).
 //   5. Finish     fsync, optional post-validation (size, or re-read CRC), then an allreduce of
 //                 [source failed, this node failed]. A node publishes (rename) only if the
 //                 source stayed unchanged and its own copy verified; a final allreduce gives
@@ -51,8 +53,10 @@ struct StageOptions {
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
   std::function<bool()> cancelled;
-  // How each chunk's data travels (bcast/pipeline.h); headers, manifest and outcomes always
-  // go through the Comm's own collectives.
+  // How the chunks travel (bcast/pipeline.h): chain or tree, all chunks of a transfer as one
+  // pipelined stream with their headers in-band; mpi (or a stream too small to pipeline,
+  // or a Comm without a point-to-point seam), a header broadcast and Comm::bcast per chunk.
+  // The manifest and the outcomes always go through the Comm's own collectives.
   BcastAlgorithm bcast_algorithm = BcastAlgorithm::automatic;
   PipelineOptions pipeline;
 };

@@ -8,23 +8,26 @@
 // sends 2x from each inner rank (half the bandwidth when links are the bottleneck) but fills
 // in log2(N) hops.
 //
-// Shape of one call, on the rank at position p of the order (the root first, then the ranks
-// sorted by placement so neighbours share a node or a switch):
+// Shape of the stream, on the rank at position p of the order (the root first, then the
+// ranks sorted by placement so neighbours share a node or a switch):
 //   - keep up to `window` segments of receives posted from the parent (never on the root),
-//   - as each segment arrives, send it to each child (up to `window` sends in flight per child),
-//   - then confirm completion: in the chain the last rank sends every other rank a 1-byte
-//     "I have it all" (the data passed through each of them first); in the tree each rank
-//     acknowledges to its parent once its subtree is complete and waits for the root's
-//     release, passed down. So a call returns OK on a rank only when every rank holds the
-//     data. Cost per call: one hop (chain) or 2 x log2(N) hops (tree) of latency, and N-1 tiny
-//     messages from the chain's last rank.
+//     across chunk boundaries: a chunk's header message says how many segments follow,
+//   - as each header and segment arrives, send it to each child (up to `window` segment
+//     sends in flight per child),
+//   - hand a chunk back once it is here and passed on; after the last chunk, confirm
+//     completion: in the chain the last rank sends every other rank a 1-byte "I have it
+//     all" (the data passed through each of them first); in the tree each rank acknowledges
+//     to its parent once its subtree is complete and waits for the root's release, passed
+//     down. So finish() returns OK on a rank only when every rank holds the data. Cost per
+//     transfer (not per chunk): one hop (chain) or 2 x log2(N) hops (tree) of latency, and
+//     N-1 tiny messages from the chain's last rank.
 // Waiting: MPI_Test-style polling with a back-off to short sleeps (no core spins at any N).
-// Failure: an error from a request, or no request progressing for `stall_timeout`, ends the
-// call with an error; the pending requests are cancelled by their RAII owners. A cut link
-// thus returns an error on every rank within about one stall timeout: the ranks below it
-// wait for data, the ranks above it for the confirmation (chain) or the release (tree).
-// Collective over the PointToPoint's ranks (all call with the same length, root and options);
-// called by the thread that owns it.
+// Failure: an error from a request, or no request progressing for `stall_timeout` while a
+// rank waits for something, ends the stream with an error; the pending requests are
+// cancelled by their RAII owners. A cut link thus returns an error on every rank within
+// about one stall timeout: the ranks below it wait for data, the ranks above it for the
+// confirmation (chain) or the release (tree). A source that delivers nothing for
+// `stall_timeout` fails the transfer the same way (the ranks wait for the next header).
 #pragma once
 
 #include <chrono>

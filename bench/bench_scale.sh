@@ -26,7 +26,8 @@
 #      STAGEFS (1) STAGEFS_ALGOS ("mpi chain") BASELINE (1) TIMEOUT (300 s per run)
 #      RAM (1) NETNS_SIM_ROOT (WORK_ROOT/scale-ram/netns with RAM=1, else /var/tmp/stagefs-scale)
 #      NETNS_SIM_NET (10.78.0): a cluster of its own
-# Output: bench/results/bench_scale.raw.csv and bench_scale.md (tables by bench/scale_table.py).
+#      NAME (bench_scale): results' file name (another name keeps another set, e.g. another RATE)
+# Output: bench/results/NAME.raw.csv and NAME.md (tables by bench/scale_table.py).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
@@ -55,7 +56,7 @@ export NETNS_SIM_NET=${NETNS_SIM_NET:-10.78.0}
 ROOT=${NETNS_SIM_ROOT%/}
 H=$TOP/tests/harness/netns-cluster.sh
 NSUTIL=$TOP/tests/netns/nsutil.py
-NAME=bench_scale
+NAME=${NAME:-bench_scale}  # another name keeps a second set of results (e.g. another RATE)
 LOG=${LOGDIR:-$WORK_ROOT/scale-logs}
 
 need_bin stage-bcast

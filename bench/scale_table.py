@@ -29,7 +29,7 @@ def main():
     rows = list(csv.DictReader([l for l in lines if not l.startswith("#")]))
     out = []
     out.append("# bench_scale: staging time against the node count (netns cluster, shaped links)\n")
-    out.append("Produced by `bench/bench_scale.sh` (raw runs: `bench/results/bench_scale.raw.csv`).")
+    out.append(f"Produced by `bench/bench_scale.sh` (raw runs: `bench/results/{raw.split('/')[-1]}`).")
     for h in head:
         out.append(f"Run: `{h.lstrip('# ')}`")
     if rows:
@@ -42,7 +42,13 @@ def main():
     for r in rows:
         if r["variant"] not in variants:
             variants.append(r["variant"])
-    by = {(r["variant"], int(r["nodes"])): r for r in rows}
+    # Repeated runs (APPEND=1) of one variant and N: the run with the median wall time (the
+    # lower middle for an even count) stands for all of them; the table says how many.
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["variant"], int(r["nodes"])), []).append(r)
+    by = {k: sorted(g, key=lambda r: num(r["wall_s"]))[(len(g) - 1) // 2] for k, g in groups.items()}
+    runs = {k: len(g) for k, g in groups.items()}
     nodes = sorted({int(r["nodes"]) for r in rows})
 
     out.append("## Time T(N) in seconds, and T(N)/T(2)\n")
@@ -59,7 +65,8 @@ def main():
             t = num(r["wall_s"])
             bad = "" if r["ok"] == "1" else " (FAILED)"
             ratio = f" ({t / t2:.2f}x)" if not math.isnan(t2) and n != 2 and t2 > 0 else ""
-            cells.append(f"{fmt(t)}{ratio}{bad}")
+            many = f" [{runs[(v, n)]} runs]" if runs[(v, n)] > 1 else ""
+            cells.append(f"{fmt(t)}{ratio}{bad}{many}")
         last = by.get((v, nodes[-1]))
         tail = fmt(num(last["wall_s"]) / t2) if last is not None and t2 > 0 else "-"
         out.append(f"| {v} | " + " | ".join(cells) + f" | {tail} |")

@@ -183,10 +183,10 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")
       ->capture_default_str();
   app.add_option("--bcast-algorithm", c.algorithm,
-                 "how chunk data travels: chain (pipelined chain of segments over point-to-point "
-                 "messages: the source sends each byte once, time nearly flat in the node count), "
-                 "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast), auto (chain for "
-                 "chunks over 64 KiB)")
+                 "how chunk data travels: chain (every chunk through one pipelined chain of "
+                 "segments over point-to-point messages: the source sends each byte once, time "
+                 "nearly flat in the node count), tree (pipelined binary tree), mpi (the MPI "
+                 "library's MPI_Bcast, chunk by chunk), auto (chain for transfers over 64 KiB)")
       ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}))
       ->capture_default_str();
   app.add_option("--bcast-segment", c.segment,

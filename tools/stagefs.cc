@@ -71,9 +71,10 @@ int main(int argc, char** argv) {
       ->check(seconds(0.001, 1e6));
   app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
   app.add_option("--bcast-algorithm", bcast_algorithm,
-                 "how chunk data travels: chain (pipelined chain of segments, the source sends each "
-                 "byte once; time nearly flat in the node count), tree (pipelined binary tree), mpi "
-                 "(the MPI library's MPI_Bcast), auto (chain for chunks over 64 KiB)")
+                 "how chunk data travels: chain (every chunk through one pipelined chain of "
+                 "segments, the source sends each byte once; time nearly flat in the node count), "
+                 "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast, chunk by chunk), "
+                 "auto (chain for transfers over 64 KiB)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}));
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
