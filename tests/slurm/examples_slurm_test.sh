@@ -80,6 +80,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+ulimit -c unlimited 2>/dev/null || true # a crashed rank leaves a core for ompi_init_crash
 t0=$SECONDS
 info "bringing up $NODES fresh simulated nodes"
 "$HARNESS" down >/dev/null 2>&1 || true
@@ -115,8 +116,20 @@ make_image() {
 IN_CONTAINER=(sh -c 'echo "CONTAINER $(hostname) $(sha256sum /data.bin | cut -d" " -f1) $(cat /etc/motd)"')
 
 # submit SBATCH_ARGS... -- SCRIPT_ARGS...: sbatch the example, poll until it ends; sets
-# JOBID, STATE ("COMPLETED 0:0"), output in $WORK/job.out
+# JOBID, STATE ("COMPLETED 0:0"), output in $WORK/job.out. A job in which a rank died inside
+# Open MPI's MPI_Init (ompi_init_crash, checks.sh) runs once more on a fresh cluster.
 submit() {
+  rm -f "$WORK"/core "$WORK"/core.[0-9]*
+  submit_once "$@" || return 1
+  job_ok && return 0
+  ompi_init_crash "$WORK" || return 0
+  echo "RETRY: a rank died inside MPI_Init (Open MPI, not stagefs): the job again, once, on fresh nodes"
+  rm -f "$WORK"/core "$WORK"/core.[0-9]*
+  "$HARNESS" down >/dev/null 2>&1 || true
+  "$HARNESS" up "$NODES" >/dev/null 2>&1 || { echo "    simulated cluster did not come up again"; return 1; }
+  submit_once "$@"
+}
+submit_once() {
   local sargs=() rc=0 deadline
   while (($#)) && [[ $1 != -- ]]; do sargs+=("$1"); shift; done
   shift
@@ -127,18 +140,7 @@ submit() {
   JOBID=${JOBID%%;*}
   STATE=
   if ((rc != 0)) || [[ ! $JOBID =~ ^[0-9]+$ ]]; then show "$WORK/sbatch.err"; return 1; fi
-  deadline=$((SECONDS + JOB_TIMEOUT))
-  while STATE=$(timeout 15 scontrol show job -o "$JOBID" 2>/dev/null |
-    sed -nE 's/.* JobState=([A-Z_]+) .* ExitCode=([0-9]+:[0-9]+) .*/\1 \2/p')
-  [[ $STATE == "" || $STATE == PENDING* || $STATE == RUNNING* || $STATE == COMPLETING* ]]; do
-    if ((SECONDS >= deadline)); then
-      echo "    job $JOBID still ${STATE:-unknown} after ${JOB_TIMEOUT}s: cancelling it"
-      timeout 15 scancel "$JOBID"
-      STATE="TIMEOUT ${STATE:-unknown}"
-      break
-    fi
-    sleep 0.5
-  done
+  STATE=$(wait_job "$JOBID" "$JOB_TIMEOUT")
   echo "    job $JOBID: ${STATE:-no state} after $((SECONDS - js))s; output:"
   touch "$WORK/job.out"
   show "$WORK/job.out" 60

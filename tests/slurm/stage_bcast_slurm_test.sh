@@ -144,15 +144,25 @@ all_nodes_equal() {
 check "no $DEST on any node before the first run" \
   all_nodes_equal "$(per_node_sum)" MISSING
 
-# run_bcast LOG ARGS... : srun stage-bcast under pmix; returns srun's exit code
+# run_bcast LOG ARGS... : srun stage-bcast under pmix; returns srun's exit code. A run in
+# which a rank died inside Open MPI's MPI_Init (ompi_init_crash, checks.sh) runs once more.
 run_bcast() {
   local log=$1; shift
   local s=$SECONDS rc=0
-  "${SRUN[@]}" --mpi=pmix "$BIN" "$@" >"$log" 2>&1 || rc=$?
+  rm -f "$WORK"/core "$WORK"/core.[0-9]*
+  "${SRUN[@]}" --chdir="$WORK" --kill-on-bad-exit=1 --mpi=pmix "$BIN" "$@" >"$log" 2>&1 || rc=$?
+  if ((rc != 0)) && ompi_init_crash "$WORK"; then
+    echo "RETRY: a rank died inside MPI_Init (Open MPI, not stage-bcast): the step again, once"
+    show "$log"
+    rm -f "$WORK"/core "$WORK"/core.[0-9]*
+    rc=0
+    "${SRUN[@]}" --chdir="$WORK" --kill-on-bad-exit=1 --mpi=pmix "$BIN" "$@" >"$log" 2>&1 || rc=$?
+  fi
   echo "    srun exit $rc after $((SECONDS - s))s; output:"
   show "$log"
   return "$rc"
 }
+ulimit -c unlimited 2>/dev/null || true # a crashed rank leaves a core for ompi_init_crash
 
 # ---------------------------------------------------------------------------------------
 # 1 + 2: first broadcast

@@ -349,36 +349,37 @@ chmod 0755 "$JOB"
 # ---------------------------------------------------------------------------------------
 # run it
 
-# `sbatch --wait` works, but it polls the job after 2, 10 and 42 s (Slurm 22.05 sleeps 2, 8,
-# then 32 s), which would make this ~20 s job cost 42 s: submit, then poll its state here.
-info "sbatch -N$NODES $JOB (then polling the job state)"
-js=$SECONDS
-rc=0
-JOBID=$(timeout 30 sbatch -N"$NODES" --time=$(((JOB_TIMEOUT + 59) / 60)) --chdir="$WORK" --parsable \
-  -o "$WORK/job.out" "$JOB" "$BIN" "$SRC" "$RESULTS" "$WORK" "$STEP_TIMEOUT" "$(dirname "$BIN")/stagectl" \
-  2>"$WORK/sbatch.err") || rc=$?
-JOBID=${JOBID%%;*}
-# job_state: JobState and ExitCode of the job, e.g. "COMPLETED 0:0"
-job_state() {
-  timeout 15 scontrol show job -o "$JOBID" 2>/dev/null |
-    sed -nE 's/.* JobState=([A-Z_]+) .* ExitCode=([0-9]+:[0-9]+) .*/\1 \2/p'
+# submit, then wait_job (checks.sh) polls its state: `sbatch --wait` polls far too coarsely
+run_job() {
+  info "sbatch -N$NODES $JOB (then polling the job state)"
+  js=$SECONDS
+  rc=0
+  rm -f "$WORK"/core "$WORK"/core.[0-9]* "$RESULTS"
+  JOBID=$(timeout 30 sbatch -N"$NODES" --time=$(((JOB_TIMEOUT + 59) / 60)) --chdir="$WORK" --parsable \
+    -o "$WORK/job.out" "$JOB" "$BIN" "$SRC" "$RESULTS" "$WORK" "$STEP_TIMEOUT" "$(dirname "$BIN")/stagectl" \
+    2>"$WORK/sbatch.err") || rc=$?
+  JOBID=${JOBID%%;*}
+  state=
+  if ((rc == 0)) && [[ $JOBID =~ ^[0-9]+$ ]]; then
+    state=$(wait_job "$JOBID" "$JOB_TIMEOUT")
+    if [[ $state == TIMEOUT* ]]; then rc=124; fi
+  else
+    echo "    sbatch failed (exit $rc):"
+    show "$WORK/sbatch.err"
+    ((rc)) || rc=1
+  fi
 }
-state=
-if ((rc == 0)) && [[ $JOBID =~ ^[0-9]+$ ]]; then
-  deadline=$((SECONDS + JOB_TIMEOUT))
-  while state=$(job_state); [[ $state == "" || $state == PENDING* || $state == RUNNING* || $state == COMPLETING* ]]; do
-    if ((SECONDS >= deadline)); then
-      echo "    job $JOBID still ${state:-unknown} after ${JOB_TIMEOUT}s: cancelling it"
-      timeout 15 scancel "$JOBID"
-      rc=124
-      break
-    fi
-    sleep 0.5  # poll the job state (sbatch --wait polls far more coarsely)
-  done
-else
-  echo "    sbatch failed (exit $rc):"
-  show "$WORK/sbatch.err"
-  ((rc)) || rc=1
+ulimit -c unlimited 2>/dev/null || true # a crashed rank leaves a core for ompi_init_crash
+run_job
+# a rank that died inside Open MPI's MPI_Init (checks.sh): once more, on fresh nodes
+if [[ $state != "COMPLETED 0:0" ]] && ompi_init_crash "$WORK"; then
+  echo "RETRY: a rank died inside MPI_Init (Open MPI, not stagefs): the job again, once, on fresh nodes"
+  "$HARNESS" down >/dev/null 2>&1 || true
+  if "$HARNESS" up "$NODES" >/dev/null 2>&1; then
+    run_job
+  else
+    echo "    simulated cluster did not come up again"
+  fi
 fi
 echo "    job ${JOBID:-?}: ${state:-no state} after $((SECONDS - js))s; job output:"
 show "$WORK/job.out" 60
