@@ -461,12 +461,33 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
       return done(alive.error());
     }
     ++counters_.materializations;
-    mat_.materialize_async(rel, [this, rel, src, done = std::move(done)](stage::Status outcome) mutable {
-      post([this, rel, src, outcome = std::move(outcome), done = std::move(done)]() mutable {
-        done(finish_open(rel, src, outcome));
-      });
-    });
+    const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size;
+    materialize_then_open(rel, src, small, std::move(done));
   });
+}
+
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, OpenDone done) {
+  auto then = [this, rel, src, small, done = std::move(done)](stage::Status outcome) mutable {
+    post([this, rel, src, small, outcome = std::move(outcome), done = std::move(done)]() mutable {
+      if (small && outcome.ok()) {
+        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}});
+        // The batch succeeded without a current copy of rel: the file changed since this open
+        // looked at it (ESTALE: the kernel looks the name up again and opens the new
+        // version), or it was not in the batch (grew, appeared after the listing): alone.
+        if (auto now = stat_rel(rel); now && stage::meta_from_stat(*now) != stage::meta_from_stat(src)) {
+          ++counters_.stale_opens;
+          ++counters_.open_errors;
+          return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
+        }
+        return materialize_then_open(rel, src, false, std::move(done));
+      }
+      done(finish_open(rel, src, outcome));
+    });
+  };
+  if (small)
+    mat_.materialize_small_async(rel, std::move(then));
+  else
+    mat_.materialize_async(rel, std::move(then));
 }
 
 void StageFsCore::release(const std::string& pinned) {

@@ -61,6 +61,10 @@ class Materializer {
   // Calls done once a transfer of rel finished on this node (or failed, timed out, or the
   // group shut down), from whichever thread learned it: done must be quick.
   virtual void materialize_async(const std::string& rel, Done done) = 0;
+  // rel is a small file (CoreConfig::small_file_size): the materializer may stage it with
+  // the other small files of its directory (one transfer for the batch). done as above; the
+  // batch may leave rel out (it changed or grew meanwhile): the core then asks for it alone.
+  virtual void materialize_small_async(const std::string& rel, Done done) { materialize_async(rel, std::move(done)); }
   // Blocking form.
   stage::Status materialize(const std::string& rel);
 };
@@ -73,6 +77,9 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
+  // Regular files of at most this many bytes are materialized with their directory's other
+  // small files (Materializer::materialize_small_async); 0: every file alone.
+  uint64_t small_file_size = 0;
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -154,6 +161,7 @@ class StageFsCore {
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, OpenDone done);
   void post(std::function<void()> fn);
   void completion_loop();
 
