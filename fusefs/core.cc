@@ -490,6 +490,18 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
     mat_.materialize_async(rel, std::move(then));
 }
 
+void StageFsCore::copies_made(const std::vector<std::string>& rels) {
+  if (cfg_.verify == Verify::none) return;
+  for (const auto& rel : rels) {
+    auto fd = open_beneath(cache_.data_fd(), rel, O_PATH);
+    struct stat st {};
+    if (!fd || ::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    std::lock_guard lk(verified_m_);
+    verified_.insert(
+        std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)});
+  }
+}
+
 void StageFsCore::release(const std::string& pinned) {
   if (!pinned.empty()) cache_.unpin(pinned);
 }

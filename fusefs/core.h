@@ -138,6 +138,10 @@ class StageFsCore {
   // stagectl: remove a file's copy from this node's cache (root or the source file's owner;
   // EBUSY while it is open on this node).
   stage::Status evict(uint64_t id, const Caller& who);
+  // The materializer published these copies in this mount (a batch of small files): they
+  // were checked chunk by chunk while written, so their first open skips the CRC re-read that
+  // a copy from an earlier mount gets (Verify::crc).
+  void copies_made(const std::vector<std::string>& rels);
   // Finishes the completion pool (pending work runs first). Called before the edge goes away.
   void stop();
   // Any change to the tree: always EROFS.

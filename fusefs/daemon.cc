@@ -226,7 +226,13 @@ std::string Daemon::setup_local() {
       spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
   };
   g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok, double secs) {
-    for (const auto& p : published) cache_->added(stage::join_path(dir, p));
+    std::vector<std::string> rels;
+    rels.reserve(published.size());
+    for (const auto& p : published) {
+      rels.push_back(stage::join_path(dir, p));
+      cache_->added(rels.back());
+    }
+    if (core_) core_->copies_made(rels);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
   g.cancelled = [this] {

@@ -196,7 +196,7 @@ void GroupService::run_batch(const Message& a) {
   stage::StageOptions opt = cfg_.bcast;
   opt.pre = stage::Validate::origin;
   opt.recursive = false;
-  opt.small_files_max = cfg_.small_file_size;
+  opt.small_files_max = std::max<uint64_t>(cfg_.small_file_size, 1);  // > 0 marks a batch on every rank
   opt.root = 0;
   opt.cancelled = cfg_.cancelled;
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
