@@ -450,6 +450,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     }
   }
   post([this, rel, src = *st, done = std::move(done)]() mutable {
+    const uint64_t since = mat_.epoch();  // before the look into the cache
     if (auto fd = open_verified(rel, src, false)) {
       ++counters_.cache_hits;
       cache_.touch(rel, fd->get());
@@ -462,11 +463,12 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     }
     ++counters_.materializations;
     const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size;
-    materialize_then_open(rel, src, small, std::move(done));
+    materialize_then_open(rel, src, small, since, std::move(done));
   });
 }
 
-void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, OpenDone done) {
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
+                                        OpenDone done) {
   auto then = [this, rel, src, small, done = std::move(done)](stage::Status outcome) mutable {
     post([this, rel, src, small, outcome = std::move(outcome), done = std::move(done)]() mutable {
       if (small && outcome.ok()) {
@@ -479,13 +481,13 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
           ++counters_.open_errors;
           return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
         }
-        return materialize_then_open(rel, src, false, std::move(done));
+        return materialize_then_open(rel, src, false, 0, std::move(done));
       }
       done(finish_open(rel, src, outcome));
     });
   };
   if (small)
-    mat_.materialize_small_async(rel, std::move(then));
+    mat_.materialize_small_async(rel, since, std::move(then));
   else
     mat_.materialize_async(rel, std::move(then));
 }

@@ -64,7 +64,15 @@ class Materializer {
   // rel is a small file (CoreConfig::small_file_size): the materializer may stage it with
   // the other small files of its directory (one transfer for the batch). done as above; the
   // batch may leave rel out (it changed or grew meanwhile): the core then asks for it alone.
-  virtual void materialize_small_async(const std::string& rel, Done done) { materialize_async(rel, std::move(done)); }
+  // `since` is epoch() read before the caller looked for rel in the cache: a batch of rel's
+  // directory completed after that answers at once (the caller looks again) rather than
+  // costing a new transfer.
+  virtual void materialize_small_async(const std::string& rel, uint64_t since, Done done) {
+    (void)since;
+    materialize_async(rel, std::move(done));
+  }
+  // A counter of completed transfers (0 if the materializer has none).
+  [[nodiscard]] virtual uint64_t epoch() const { return 0; }
   // Blocking form.
   stage::Status materialize(const std::string& rel);
 };
@@ -165,7 +173,8 @@ class StageFsCore {
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
-  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, OpenDone done);
+  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
+                             OpenDone done);
   void post(std::function<void()> fn);
   void completion_loop();
 

@@ -294,6 +294,8 @@ MountStatus Daemon::status() const {
   s.prefetches = c.prefetches;
   const GroupStats g = group_->stats();
   s.transfers = g.transfers;
+  s.batches = g.batches;
+  s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
   s.transfer_failures = g.failures;

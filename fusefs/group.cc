@@ -29,15 +29,29 @@ void GroupService::materialize_async(const std::string& rel, Done done) {
   wait_for(Key{MsgType::materialize, rel}, std::move(done));
 }
 
-void GroupService::materialize_small_async(const std::string& rel, Done done) {
+void GroupService::materialize_small_async(const std::string& rel, uint64_t since, Done done) {
   if (cfg_.small_file_size == 0) return materialize_async(rel, std::move(done));
   const size_t slash = rel.rfind('/');
-  wait_for(Key{MsgType::batch, slash == std::string::npos ? std::string() : rel.substr(0, slash)}, std::move(done));
+  wait_for(Key{MsgType::batch, slash == std::string::npos ? std::string() : rel.substr(0, slash)}, std::move(done),
+           since);
 }
 
-void GroupService::wait_for(Key key, Done done) {
+uint64_t GroupService::epoch() const {
+  std::lock_guard lk(m_);
+  return epoch_;
+}
+
+void GroupService::wait_for(Key key, Done done, uint64_t since) {
   std::unique_lock lk(m_);
   const std::string& rel = key.second;
+  if (key.first == MsgType::batch) {
+    // The directory's batch completed after the caller looked into the cache: that look may
+    // have come just before the copy was published. Answered: the caller looks again.
+    if (auto it = batch_done_.find(key.second); it != batch_done_.end() && it->second > since) {
+      lk.unlock();
+      return done({});
+    }
+  }
   if (state_ == GroupState::broken) {
     lk.unlock();
     return done(stage::stage_error(stage::Errc::group_broken, "materialize", rel));
@@ -129,6 +143,8 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
   std::vector<Done> cbs;
   {
     std::lock_guard lk(m_);
+    ++epoch_;
+    if (key.first == MsgType::batch && st.ok()) batch_done_[key.second] = epoch_;
     auto it = waits_.find(key);
     if (it == waits_.end()) return;
     cbs = std::move(it->second->callbacks);

@@ -102,7 +102,8 @@ class GroupService final : public Materializer {
   // checks the cache) or failed, timed out, or the group shut down.
   void materialize_async(const std::string& rel, Done done) override;
   // rel is small: one batch for its directory (or alone when batches are off).
-  void materialize_small_async(const std::string& rel, Done done) override;
+  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
+  [[nodiscard]] uint64_t epoch() const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
   // Service thread: loops until a shutdown announcement or a broken control plane.
@@ -120,7 +121,7 @@ class GroupService final : public Materializer {
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
-  void wait_for(Key key, Done done);
+  void wait_for(Key key, Done done, uint64_t since = UINT64_MAX);
   void run_transfer(const Message& a);
   void run_batch(const Message& a);
   stage::Result<bool> forward_local();  // true if it sent anything
@@ -142,6 +143,9 @@ class GroupService final : public Materializer {
   std::condition_variable service_cv_;
   std::map<Key, std::shared_ptr<Waiter>> waits_;
   std::deque<Key> outbox_;  // requests not yet handed to the control plane
+  uint64_t epoch_ = 0;      // completed transfers
+  // The epoch at which each directory's latest batch succeeded on this node.
+  std::map<std::string, uint64_t> batch_done_;
   bool shutdown_requested_ = false;
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;

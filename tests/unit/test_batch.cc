@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "bcast/comm.h"
@@ -281,9 +282,9 @@ class ChangeFirst final : public Materializer {
  public:
   ChangeFirst(Materializer& inner, std::string path) : inner_(inner), path_(std::move(path)) {}
   void materialize_async(const std::string& rel, Done done) override { inner_.materialize_async(rel, std::move(done)); }
-  void materialize_small_async(const std::string& rel, Done done) override {
+  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override {
     rewrite(path_, "changed");
-    inner_.materialize_small_async(rel, std::move(done));
+    inner_.materialize_small_async(rel, since, std::move(done));
   }
 
  private:
@@ -338,6 +339,31 @@ TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
   EXPECT_EQ(s.batch_files, 1U);
   core_->stop();
   core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// An open that looked into the cache just before its directory's batch published the copy, and
+// asks after the batch completed, is answered at once (it looks again and finds the copy)
+// instead of costing the group another batch; one that looked after the batch asks anew.
+TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  const uint64_t before = group.epoch();
+  auto ask = [&](const std::string& rel, uint64_t since) {
+    std::promise<stage::Status> p;
+    auto f = p.get_future();
+    group.materialize_small_async(rel, since, [&p](stage::Status st) { p.set_value(std::move(st)); });
+    return f.get();
+  };
+  ASSERT_TRUE(ask("many/" + name(1), before).ok());
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_TRUE(ask("many/" + name(2), before).ok());  // looked before the batch completed
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_TRUE(ask("many/" + name(2), group.epoch()).ok());  // looked after: a new batch
+  EXPECT_EQ(group.stats().transfers, 2U);
   group.request_shutdown();
   service.join();
 }

@@ -180,7 +180,7 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   Outcomes opens;
   for (int r = 0; r < kRanks; ++r)
     for (int i = r; i < 50; i += kRanks)
-      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), opens.add());
+      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, opens.add());
   start();
   ASSERT_TRUE(opens.wait()) << "opens not answered";
   EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
@@ -201,7 +201,7 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   for (auto& k : ranks_)
     openers.emplace_back([&k] {
       Outcomes again;
-      k.group->materialize_small_async("many/s1", again.add());
+      k.group->materialize_small_async("many/s1", k.group->epoch(), again.add());
       EXPECT_TRUE(again.wait());
       EXPECT_TRUE(again.errors().empty());
     });
