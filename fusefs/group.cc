@@ -260,10 +260,11 @@ void GroupService::run_batch(const Message& a) {
   const Key key{MsgType::batch, a.path};
   if (report.ok) {
     // One line per batch, whatever the number of files.
-    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}, {} of {} "
-                 "node(s) wrote, reads via {}",
-                 shown, report.files, report.bytes_total, published.size(), secs,
-                 runs > 0 ? " (second run)" : "", report.nodes_needing, report.writers,
+    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{} (list {:.3f}, "
+                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote, reads via {}",
+                 shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
+                 report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
+                 report.writers,
                  cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
   } else {
