@@ -324,7 +324,10 @@ Status Transfer::prepare() {
   for (size_t i = 0; i < n; ++i)
     if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += m_.entries[i].meta.size;
   const uint64_t bufsize = std::min<uint64_t>(opt_.chunk_size, std::max<uint64_t>(stream, 1));
-  for (int k = 0; k < std::max(2, opt_.pipeline_depth) && !local_err_ && stream > 0; ++k) {
+  // A stream of one chunk (a batch of small files, a small file) needs one buffer, not
+  // pipeline_depth buffers of its whole size (each one freshly mapped and zeroed).
+  const int nbufs = chunk_count(stream, opt_.chunk_size) <= 1 ? 1 : std::max(2, opt_.pipeline_depth);
+  for (int k = 0; k < nbufs && !local_err_ && stream > 0; ++k) {
     auto b = std::make_unique<Buffer>();
     b->mem = ChunkBuffer::make(bufsize);
     if (!b->mem) {
@@ -602,7 +605,10 @@ void Transfer::finish() {
       }
       r_.published.push_back(m_.entries[i].path);
     }
-    if (batch && !local_err_) {
+    // A stagefs batch skips that second sync: its data is durable before any name appears
+    // (the sync above), so a crash can only lose names, and a lost name is a copy made again
+    // at its next open; one sync per batch instead of two per file.
+    if (batch && !local_err_ && opt_.small_files_max == 0) {
       const Accumulate syncing(r_.pipe.sync);
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     }

@@ -49,7 +49,8 @@ struct StageOptions {
   // > 0: a batch of small files (the stagefs mount, issue 11). ep.source is a directory; the
   // transfer stages its regular files of at most this many bytes (not recursive: no
   // subdirectory, symlink or larger file) into the directory ep.dest, packed into one stream
-  // as --recursive packs a tree. Published files are made durable with one sync for the batch.
+  // as --recursive packs a tree. One sync for the batch: the data, before any rename (names
+  // are not synced: a crash may lose a name, never publish unsynced data).
   uint64_t small_files_max = 0;
   int root = 0;
   int pipeline_depth = 4;

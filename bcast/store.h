@@ -58,7 +58,7 @@ class Txn {
   virtual Result<uint64_t> size_on_disk() = 0;
   virtual Status commit() = 0;
   // commit() without the directory's fsync: for many files published at once, the caller
-  // then makes every name durable with one LocalStore::sync_filesystem().
+  // syncs once (LocalStore::sync_filesystem()), or not at all where a lost name is harmless.
   virtual Status commit_unsynced() { return commit(); }
   virtual void abort() noexcept = 0;
   [[nodiscard]] virtual const std::string& temp_path() const = 0;
