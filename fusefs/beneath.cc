@@ -67,6 +67,10 @@ stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string
     // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
     if (::fstatat(fd->get(), name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(fst.st_mode) || static_cast<uint64_t>(fst.st_size) > max_size) continue;
+    // Only files every user may read: an open checks its caller's access before it stages a
+    // file, and a batch must not copy, on the strength of one user's open, files that user
+    // may not read (they are staged alone, at their own open, after its access check).
+    if ((fst.st_mode & S_IROTH) == 0) continue;
     m.entries.push_back(stage::Entry{name, stage::EntryType::file, stage::meta_from_stat(fst), {},
                                      stage::allocated_from_stat(fst)});
   }

@@ -462,7 +462,9 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
       return done(alive.error());
     }
     ++counters_.materializations;
-    const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size;
+    // Batches hold only files every user may read (BeneathSource::scan_small_files).
+    const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
+                       (src.st_mode & S_IROTH) != 0;
     materialize_then_open(rel, src, small, since, std::move(done));
   });
 }

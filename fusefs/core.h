@@ -85,8 +85,9 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
-  // Regular files of at most this many bytes are materialized with their directory's other
-  // small files (Materializer::materialize_small_async); 0: every file alone.
+  // Regular files of at most this many bytes that every user may read (o+r) are
+  // materialized with their directory's other small files
+  // (Materializer::materialize_small_async); 0: every file alone.
   uint64_t small_file_size = 0;
 };
 

@@ -216,7 +216,7 @@ std::string Daemon::setup_local() {
     for (const auto& name : names) {
       struct stat st {};
       if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-          static_cast<uint64_t>(st.st_size) > cfg_.small_file_size)
+          static_cast<uint64_t>(st.st_size) > cfg_.small_file_size || (st.st_mode & S_IROTH) == 0)
         continue;
       const std::string rel = stage::join_path(dir, name);
       if (cache_->remove_stale(rel, st) || !cache_->open_current(rel, st)) need += stage::allocated_from_stat(st);

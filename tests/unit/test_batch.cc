@@ -343,6 +343,34 @@ TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
   service.join();
 }
 
+// A small file that not every user may read (no o+r) is never in a batch: one user's open of
+// another file must not copy it. Its own open (after its caller's access check) stages it alone.
+TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
+  ASSERT_EQ(::chmod(path("src/many/" + name(7)).c_str(), 0640), 0);
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  core_->release(r->pinned);
+  EXPECT_EQ(group.stats().batch_files, 49U);
+  EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(7))));
+  auto p = core_->open(lookup(dir, name(7)), O_RDONLY);
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(read_fd(p->fd.get()), small_[7]);
+  core_->release(p->pinned);
+  const auto s = group.stats();
+  EXPECT_EQ(s.transfers, 2U);
+  EXPECT_EQ(s.batches, 1U);  // its own transfer, not a batch
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
 // An open that looked into the cache just before its directory's batch published the copy, and
 // asks after the batch completed, is answered at once (it looks again and finds the copy)
 // instead of costing the group another batch; one that looked after the batch asks anew.
