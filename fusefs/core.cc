@@ -473,6 +473,13 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
                                         OpenDone done) {
   auto then = [this, rel, src, small, done = std::move(done)](stage::Status outcome) mutable {
     post([this, rel, src, small, outcome = std::move(outcome), done = std::move(done)]() mutable {
+      if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
+          outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
+          outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
+        // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
+        // fails the whole stream. This file alone then: it gets its own outcome, as before.
+        return materialize_then_open(rel, src, false, 0, std::move(done));
+      }
       if (small && outcome.ok()) {
         if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open

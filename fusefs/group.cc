@@ -32,8 +32,15 @@ void GroupService::materialize_async(const std::string& rel, Done done) {
 void GroupService::materialize_small_async(const std::string& rel, uint64_t since, Done done) {
   if (cfg_.small_file_size == 0) return materialize_async(rel, std::move(done));
   const size_t slash = rel.rfind('/');
-  wait_for(Key{MsgType::batch, slash == std::string::npos ? std::string() : rel.substr(0, slash)}, std::move(done),
-           since);
+  std::string dir = slash == std::string::npos ? std::string() : rel.substr(0, slash);
+  {
+    std::unique_lock lk(m_);
+    if (batch_failed_.contains(dir)) {
+      lk.unlock();
+      return materialize_async(rel, std::move(done));
+    }
+  }
+  wait_for(Key{MsgType::batch, std::move(dir)}, std::move(done), since);
 }
 
 uint64_t GroupService::epoch() const {
@@ -269,7 +276,11 @@ void GroupService::run_batch(const Message& a) {
     complete(key, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
-    spdlog::error("batch {} failed: {}", shown, why);
+    spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
+    if (!report.comm_broken) {
+      std::lock_guard lk(m_);
+      batch_failed_.insert(a.path);
+    }
     complete(key, stage::Error{report.local_error ? report.local_error
                                                   : stage::make_error_code(stage::Errc::peer_failed),
                                why});

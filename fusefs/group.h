@@ -146,6 +146,9 @@ class GroupService final : public Materializer {
   uint64_t epoch_ = 0;      // completed transfers
   // The epoch at which each directory's latest batch succeeded on this node.
   std::map<std::string, uint64_t> batch_done_;
+  // Directories whose batch failed (both runs): their small files are staged alone from then
+  // on, for the life of the mount, so one bad file does not cost every open a failed batch.
+  std::set<std::string> batch_failed_;
   bool shutdown_requested_ = false;
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;

@@ -49,13 +49,15 @@ class ChangingSource final : public stage::SourceReader {
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
     auto f = real_.open(root, e);
-    if (f && !changed && stage::join_path(root, e.path) == victim_) {
+    if (f && (always || !changed) && stage::join_path(root, e.path) == victim_) {
       changed = true;
+      if (always) data_ += 'x';  // a new size each time
       rewrite(path_, data_);  // same inode, new bytes, new mtime and ctime
     }
     return f;
   }
   bool changed = false;
+  bool always = false;  // change at every open: every copy of the file fails
   int scans = 0;
 
  private:
@@ -268,6 +270,42 @@ TEST_F(BatchTest, AFileChangedDuringTheCopyIsStagedAgainAndNeverServedStale) {
   EXPECT_EQ(read_fd(now->fd.get()), fresh);
   core_->release(now->pinned);
   EXPECT_EQ(group.stats().transfers, 1U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// A file that fails every copy (here: it changes at every read; in life a pseudo file) fails
+// both runs of its directory's batch. The other files' opens then stage their file alone and
+// succeed; the bad file's open fails as it would alone; later small files of that directory
+// are staged alone (no batch that is known to fail).
+TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
+  ChangingSource changing(*source_, "many/" + name(9), path("src/many/" + name(9)), "v");
+  changing.always = true;
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, changing, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(20)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), small_[20]);
+  core_->release(r->pinned);
+  auto s = group.stats();
+  EXPECT_EQ(s.batches, 1U);
+  EXPECT_EQ(s.failures, 1U);
+  EXPECT_EQ(changing.scans, 2);  // the batch and its one retry
+  EXPECT_EQ(s.transfers, 2U);    // the batch, then name(20) alone
+  auto r2 = core_->open(lookup(dir, name(21)), O_RDONLY);
+  ASSERT_TRUE(r2) << r2.error().message;
+  core_->release(r2->pinned);
+  EXPECT_EQ(changing.scans, 2) << "a batch known to fail was tried again";
+  EXPECT_EQ(group.stats().transfers, 3U);
+  auto bad = core_->open(lookup(dir, name(9)), O_RDONLY);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().to_errno(), EIO) << bad.error().message;
   core_->stop();
   core_.reset();
   group.request_shutdown();
