@@ -163,8 +163,9 @@ Status Transfer::share_manifest() {
       r_.skipped.push_back(path + ": " + why);
       spdlog::warn("{}: skipping {}: {}", host_name(), path, why);
     };
-    auto scanned = src_ != nullptr ? src_->scan(ep_.source, opt_.recursive, skip)
-                                   : Result<Manifest>(stage_error(Errc::unsupported, "no source reader"));
+    auto scanned = src_ == nullptr ? Result<Manifest>(stage_error(Errc::unsupported, "no source reader"))
+                   : opt_.small_files_max > 0 ? src_->scan_small_files(ep_.source, opt_.small_files_max)
+                                              : src_->scan(ep_.source, opt_.recursive, skip);
     if (scanned)
       bytes = encode(*scanned);
     else
@@ -236,7 +237,11 @@ Status Transfer::decide() {
       const Entry& e = m_.entries[i];
       const std::string path = dest_of(i);
       if (e.type == EntryType::dir) {
-        if (auto st = store_.make_dir(path, e.meta.mode); !st) fail_local(st.error());
+        // A batch's directory is a cache directory: created like the parents of a single
+        // file (StoreOptions::parent_mode), not with the source directory's mode.
+        const bool batch_dir = opt_.small_files_max > 0 && e.path.empty();
+        if (auto st = batch_dir ? store_.make_parents(join_path(path, "x")) : store_.make_dir(path, e.meta.mode); !st)
+          fail_local(st.error());
         swept += store_.remove_stale_temps(path);
         continue;
       }
@@ -325,7 +330,10 @@ Status Transfer::prepare() {
   for (size_t i = 0; i < n; ++i)
     if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += m_.entries[i].meta.size;
   const uint64_t bufsize = std::min<uint64_t>(opt_.chunk_size, std::max<uint64_t>(stream, 1));
-  for (int k = 0; k < std::max(2, opt_.pipeline_depth) && !local_err_ && stream > 0; ++k) {
+  // A stream of one chunk (a batch of small files, a small file) needs one buffer, not
+  // pipeline_depth buffers of its whole size (each one freshly mapped and zeroed).
+  const int nbufs = chunk_count(stream, opt_.chunk_size) <= 1 ? 1 : std::max(2, opt_.pipeline_depth);
+  for (int k = 0; k < nbufs && !local_err_ && stream > 0; ++k) {
     auto b = std::make_unique<Buffer>();
     b->mem = ChunkBuffer::make(bufsize);
     if (!b->mem) {
@@ -656,11 +664,23 @@ void Transfer::finish() {
   // A node publishes iff the source held still and its own copy verified.
   if (!source_err_ && !local_err_ && !mine.empty()) test_hold("before-rename", comm_.rank());
   if (!source_err_ && !local_err_) {
-    for (size_t i : mine)
-      if (auto st = txn_[i]->commit(); !st) {
+    // Many files: rename each, then one sync for every name (the data was synced above);
+    // a single file: rename and fsync its directory.
+    const bool batch = mine.size() > 8;
+    for (size_t i : mine) {
+      if (auto st = batch ? txn_[i]->commit_unsynced() : txn_[i]->commit(); !st) {
         fail_local(st.error());
         break;
       }
+      r_.published.push_back(m_.entries[i].path);
+    }
+    // A stagefs batch skips that second sync: its data is durable before any name appears
+    // (the sync above), so a crash can only lose names, and a lost name is a copy made again
+    // at its next open; one sync per batch instead of two per file.
+    if (batch && !local_err_ && opt_.small_files_max == 0) {
+      const Accumulate syncing(r_.pipe.sync);
+      if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
+    }
     published_ = !mine.empty() && !local_err_;
   }
   for (auto& t : txn_)

@@ -48,6 +48,12 @@ struct StageOptions {
   Validate post = Validate::none;
   bool overwrite = false;
   bool recursive = false;
+  // > 0: a batch of small files (the stagefs mount, issue 11). ep.source is a directory; the
+  // transfer stages its regular files of at most this many bytes (not recursive: no
+  // subdirectory, symlink or larger file) into the directory ep.dest, packed into one stream
+  // as --recursive packs a tree. One sync for the batch: the data, before any rename (names
+  // are not synced: a crash may lose a name, never publish unsynced data).
+  uint64_t small_files_max = 0;
   int root = 0;
   int pipeline_depth = 4;
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
@@ -101,6 +107,7 @@ struct StageReport {
   std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
+  std::vector<std::string> published;  // manifest paths of the files this node published
   // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
   // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then
   // holds this rank's own message, on every rank).

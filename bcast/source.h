@@ -40,6 +40,14 @@ class SourceReader {
   // Called for entries scan() skipped (FIFO, socket, device): path and reason.
   using SkipFn = std::function<void(const std::string&, const std::string&)>;
   virtual Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) = 0;
+  // A batch (StageOptions::small_files_max): the regular files directly in directory `dir`
+  // (not recursive, symlinks and everything else left out) of at most max_size bytes, as a
+  // tree manifest: the root directory entry, then the files by name. Readers that cannot
+  // list say unsupported.
+  virtual Result<Manifest> scan_small_files(const std::string& dir, uint64_t max_size) {
+    (void)max_size;
+    return stage_error(Errc::unsupported, "a batch of small files", dir);
+  }
   // Opens a regular file of the manifest and checks it is still the file that was scanned.
   virtual Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) = 0;
 };

@@ -192,11 +192,16 @@ class PosixTxn final : public Txn {
     return static_cast<uint64_t>(st.st_size);
   }
 
-  Status commit() override {
+  Status commit_unsynced() override {
     fd_.reset();
     dfd_.reset();
     if (::rename(temp_.c_str(), dest_.c_str()) != 0) return sys_error(errno, "publish local copy", dest_);
     committed_ = true;
+    return {};
+  }
+
+  Status commit() override {
+    if (auto st = commit_unsynced(); !st) return st;
     Fd dir(::open(parent_dir(dest_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dir.valid() && ::fsync(dir.get()) != 0) return sys_error(errno, "sync directory of", dest_);
     return {};

@@ -11,7 +11,8 @@
 //   finish()     sets size (holes stay holes), mode, mtime = source mtime, records the source's
 //                identity and CRC in the xattr "user.stagefs.origin", closes
 //   sync()       fsync (or one sync_filesystem() for many files)
-//   commit()     rename over the destination, fsync the directory
+//   commit()     rename over the destination, fsync the directory (commit_unsynced(): the
+//                rename only, for a batch that syncs once after its last rename)
 //   abort()      unlink the temporary file (also done by the destructor if not committed)
 // So a destination is either the old file or the complete new one, even after kill -9: a
 // temporary name is never taken for a copy, and remove_stale_temps() clears the ones a dead
@@ -56,6 +57,9 @@ class Txn {
   virtual Result<uint64_t> crc_on_disk() = 0;
   virtual Result<uint64_t> size_on_disk() = 0;
   virtual Status commit() = 0;
+  // commit() without the directory's fsync: for many files published at once, the caller
+  // syncs once (LocalStore::sync_filesystem()), or not at all where a lost name is harmless.
+  virtual Status commit_unsynced() { return commit(); }
   virtual void abort() noexcept = 0;
   [[nodiscard]] virtual const std::string& temp_path() const = 0;
 };

@@ -1,10 +1,14 @@
 #include "fusefs/beneath.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <vector>
 
 namespace stagefs {
 
@@ -28,6 +32,48 @@ stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool 
   stage::Manifest m;
   m.entries.push_back(stage::Entry{
       "", stage::EntryType::file, stage::meta_from_stat(st), {}, stage::allocated_from_stat(st)});
+  return m;
+}
+
+stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size) {
+  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
+  // fdopendir takes its own descriptor: the listing never resolves the path again.
+  const int lfd = ::dup(fd->get());
+  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+  if (d == nullptr) {
+    const int err = errno;
+    if (lfd >= 0) ::close(lfd);
+    return stage::sys_error(err, "list source directory", dir);
+  }
+  std::vector<std::string> names;
+  errno = 0;
+  while (const dirent* de = ::readdir(d)) {
+    if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
+    const std::string name = de->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) return stage::sys_error(err, "list source directory", dir);
+  std::sort(names.begin(), names.end());  // the same order on every run
+  stage::Manifest m;
+  m.tree = true;
+  m.entries.push_back(stage::Entry{"", stage::EntryType::dir, stage::meta_from_stat(st), {}, 0});
+  for (const std::string& name : names) {
+    struct stat fst {};
+    // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
+    if (::fstatat(fd->get(), name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(fst.st_mode) || static_cast<uint64_t>(fst.st_size) > max_size) continue;
+    // Only files every user may read: an open checks its caller's access before it stages a
+    // file, and a batch must not copy, on the strength of one user's open, files that user
+    // may not read (they are staged alone, at their own open, after its access check).
+    if ((fst.st_mode & S_IROTH) == 0) continue;
+    m.entries.push_back(stage::Entry{name, stage::EntryType::file, stage::meta_from_stat(fst), {},
+                                     stage::allocated_from_stat(fst)});
+  }
   return m;
 }
 

@@ -19,8 +19,12 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
 class BeneathSource final : public stage::SourceReader {
  public:
   explicit BeneathSource(int root_fd) : root_fd_(root_fd) {}
-  // Single regular files only (the mount materializes one file per transfer).
+  // Single regular files only (the mount's single-file transfers).
   stage::Result<stage::Manifest> scan(const std::string& rel, bool recursive, const SkipFn& skipped) override;
+  // A directory batch: its small regular files that every user may read (mode o+r; the
+  // others are staged alone, after their opener's access check), listed through the
+  // directory's fd (fstatat without following symlinks), sorted by name.
+  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max_size) override;
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel,
                                                          const stage::Entry& e) override;
 

@@ -1,9 +1,13 @@
 // The control plane of a mount group: how a node asks for a file and how the coordinator
 // (rank 0, the node that reads the source) tells every node what to transfer next.
 //
-//   node -> coordinator   Request       point to point: "materialize PATH" or "shut down"
+//   node -> coordinator   Request       point to point: "materialize PATH", "batch DIR" or
+//                                       "shut down"
 //   coordinator -> all    Announcement  one broadcast per decision, in the same order on every
-//                                       rank: "transfer PATH (id N)" or "shut down"
+//                                       rank: "transfer PATH (id N)", "batch DIR (id N)" or
+//                                       "shut down"
+// A batch stands for every small regular file directly in DIR (not recursive; "" is the root
+// of the source): one transfer packs them all (issue 11: datasets of many small files).
 //
 // Messages are small fixed-layout byte strings; decode_*() validate type, lengths and the
 // path (relative, no "..") before anything uses them (a fuzz target covers them).
@@ -24,12 +28,12 @@ namespace stagefs {
 inline constexpr size_t kMaxPath = 4096;
 inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one fixed buffer
 
-enum class MsgType : uint8_t { materialize = 1, shutdown = 2 };
+enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3 };
 
 struct Message {
   MsgType type = MsgType::materialize;
   uint64_t id = 0;   // announcements: transfer id; requests: the last id the node had seen
-  std::string path;  // relative to SOURCE_DIR; empty for shutdown
+  std::string path;  // relative to SOURCE_DIR; empty for shutdown (and for a batch of the root)
   bool operator==(const Message&) const = default;
 };
 

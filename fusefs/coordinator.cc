@@ -9,15 +9,16 @@ void Coordinator::on_request(const Message& m) {
     shutdown_queued_ = true;  // before any further transfer
     return;
   }
-  if (auto it = announced_id_.find(m.path); it != announced_id_.end() && m.id < it->second) {
+  Key key{m.type, m.path};
+  if (auto it = announced_id_.find(key); it != announced_id_.end() && m.id < it->second) {
     ++stats_.already_answered;  // sent before its node saw the transfer that answers it
     return;
   }
-  if (!queued_.insert(m.path).second) {
+  if (!queued_.insert(key).second) {
     ++stats_.merged;
     return;
   }
-  queue_.push_back(m.path);
+  queue_.push_back(std::move(key));
 }
 
 std::optional<Message> Coordinator::next_announcement() {
@@ -30,11 +31,13 @@ std::optional<Message> Coordinator::next_announcement() {
     queued_.clear();
   } else {
     if (queue_.empty()) return std::nullopt;
-    m = Message{MsgType::materialize, next_id_++, std::move(queue_.front())};
+    Key key = std::move(queue_.front());
     queue_.pop_front();
-    queued_.erase(m.path);
-    announced_id_[m.path] = m.id;
+    queued_.erase(key);
+    m = Message{key.first, next_id_++, key.second};
+    announced_id_[std::move(key)] = m.id;
     ++stats_.announced;
+    if (m.type == MsgType::batch) ++stats_.batches;
   }
   outstanding_ = true;
   return m;

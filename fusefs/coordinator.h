@@ -5,10 +5,13 @@
 //
 // Rules (the same order on every rank comes from the control plane: at most one announcement
 // outstanding, each one started after the previous completed):
-//   - Merge: a path already queued is not queued again, so however many threads and nodes
-//     open one file at once, it costs one transfer.
+//   - Keys: a request names a key, (materialize, FILE) or (batch, DIR). A node asks for a
+//     small file's directory as a batch (GroupService decides by size), so every small file
+//     of one directory shares the key of its batch; the rules below apply per key.
+//   - Merge: a key already queued is not queued again, so however many threads and nodes
+//     open one file (or small files of one directory) at once, it costs one transfer.
 //   - Answered already: a request carries the id of the latest announcement its node had
-//     seen. If the path was announced later than that (announced id > request id), the node
+//     seen. If the key was announced later than that (announced id > request id), the node
 //     will see that announcement and it answers the request: the request is dropped.
 //   - Shutdown: the first shutdown request jumps the queue; it is the last announcement.
 //     Requests after it are dropped (their nodes fail their opens with ESHUTDOWN when they
@@ -25,6 +28,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "fusefs/control.h"
 
@@ -32,9 +36,10 @@ namespace stagefs {
 
 struct CoordinatorStats {
   uint64_t requests = 0;
-  uint64_t merged = 0;            // path already queued
+  uint64_t merged = 0;            // key already queued
   uint64_t already_answered = 0;  // announced after the node's last seen id
   uint64_t announced = 0;         // transfers (shutdown not counted)
+  uint64_t batches = 0;           // of which directory batches
 };
 
 class Coordinator {
@@ -55,10 +60,11 @@ class Coordinator {
   [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
 
  private:
-  std::deque<std::string> queue_;  // paths decided but not yet announced, in request order
-  std::set<std::string> queued_;
-  // The id of the latest announcement of each path.
-  std::map<std::string, uint64_t> announced_id_;
+  using Key = std::pair<MsgType, std::string>;
+  std::deque<Key> queue_;  // keys decided but not yet announced, in request order
+  std::set<Key> queued_;
+  // The id of the latest announcement of each key.
+  std::map<Key, uint64_t> announced_id_;
   bool shutdown_queued_ = false;
   bool shutdown_announced_ = false;
   bool outstanding_ = false;

@@ -450,6 +450,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     }
   }
   post([this, rel, src = *st, done = std::move(done)]() mutable {
+    const uint64_t since = mat_.epoch();  // before the look into the cache
     if (auto fd = open_verified(rel, src, false)) {
       ++counters_.cache_hits;
       cache_.touch(rel, fd->get());
@@ -461,12 +462,55 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
       return done(alive.error());
     }
     ++counters_.materializations;
-    mat_.materialize_async(rel, [this, rel, src, done = std::move(done)](stage::Status outcome) mutable {
-      post([this, rel, src, outcome = std::move(outcome), done = std::move(done)]() mutable {
-        done(finish_open(rel, src, outcome));
-      });
-    });
+    // Batches hold only files every user may read (BeneathSource::scan_small_files).
+    const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
+                       (src.st_mode & S_IROTH) != 0;
+    materialize_then_open(rel, src, small, since, std::move(done));
   });
+}
+
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
+                                        OpenDone done) {
+  auto then = [this, rel, src, small, done = std::move(done)](stage::Status outcome) mutable {
+    post([this, rel, src, small, outcome = std::move(outcome), done = std::move(done)]() mutable {
+      if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
+          outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
+          outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
+        // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
+        // fails the whole stream. This file alone then: it gets its own outcome, as before.
+        return materialize_then_open(rel, src, false, 0, std::move(done));
+      }
+      if (small && outcome.ok()) {
+        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}});
+        // The batch succeeded without a current copy of rel: the file changed since this open
+        // looked at it (ESTALE: the kernel looks the name up again and opens the new
+        // version), or it was not in the batch (grew, appeared after the listing): alone.
+        if (auto now = stat_rel(rel); now && stage::meta_from_stat(*now) != stage::meta_from_stat(src)) {
+          ++counters_.stale_opens;
+          ++counters_.open_errors;
+          return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
+        }
+        return materialize_then_open(rel, src, false, 0, std::move(done));
+      }
+      done(finish_open(rel, src, outcome));
+    });
+  };
+  if (small)
+    mat_.materialize_small_async(rel, since, std::move(then));
+  else
+    mat_.materialize_async(rel, std::move(then));
+}
+
+void StageFsCore::copies_made(const std::vector<std::string>& rels) {
+  if (cfg_.verify == Verify::none) return;
+  for (const auto& rel : rels) {
+    auto fd = open_beneath(cache_.data_fd(), rel, O_PATH);
+    struct stat st {};
+    if (!fd || ::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    std::lock_guard lk(verified_m_);
+    verified_.insert(
+        std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)});
+  }
 }
 
 void StageFsCore::release(const std::string& pinned) {

@@ -61,6 +61,18 @@ class Materializer {
   // Calls done once a transfer of rel finished on this node (or failed, timed out, or the
   // group shut down), from whichever thread learned it: done must be quick.
   virtual void materialize_async(const std::string& rel, Done done) = 0;
+  // rel is a small file (CoreConfig::small_file_size): the materializer may stage it with
+  // the other small files of its directory (one transfer for the batch). done as above; the
+  // batch may leave rel out (it changed or grew meanwhile): the core then asks for it alone.
+  // `since` is epoch() read before the caller looked for rel in the cache: a batch of rel's
+  // directory completed after that answers at once (the caller looks again) rather than
+  // costing a new transfer.
+  virtual void materialize_small_async(const std::string& rel, uint64_t since, Done done) {
+    (void)since;
+    materialize_async(rel, std::move(done));
+  }
+  // A counter of completed transfers (0 if the materializer has none).
+  [[nodiscard]] virtual uint64_t epoch() const { return 0; }
   // Blocking form.
   stage::Status materialize(const std::string& rel);
 };
@@ -73,6 +85,10 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
+  // Regular files of at most this many bytes that every user may read (o+r) are
+  // materialized with their directory's other small files
+  // (Materializer::materialize_small_async); 0: every file alone.
+  uint64_t small_file_size = 0;
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -131,6 +147,10 @@ class StageFsCore {
   // stagectl: remove a file's copy from this node's cache (root or the source file's owner;
   // EBUSY while it is open on this node).
   stage::Status evict(uint64_t id, const Caller& who);
+  // The materializer published these copies in this mount (a batch of small files): they
+  // were checked chunk by chunk while written, so their first open skips the CRC re-read that
+  // a copy from an earlier mount gets (Verify::crc).
+  void copies_made(const std::vector<std::string>& rels);
   // Finishes the completion pool (pending work runs first). Called before the edge goes away.
   void stop();
   // Any change to the tree: always EROFS.
@@ -154,6 +174,8 @@ class StageFsCore {
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
+                             OpenDone done);
   void post(std::function<void()> fn);
   void completion_loop();
 

@@ -38,6 +38,9 @@ struct DaemonConfig {
   // direct, though direct materialized faster and with a sixth of the CPU).
   bool direct_io = false;
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
+  // --small-file-size: files of at most this many bytes are staged with every other small
+  // file of their directory in one transfer (0: every file alone).
+  uint64_t small_file_size = 1024 * 1024;
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
   std::string metrics_file;         // --metrics-file (empty: none)

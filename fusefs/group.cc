@@ -26,7 +26,39 @@ GroupService::~GroupService() {
 }
 
 void GroupService::materialize_async(const std::string& rel, Done done) {
+  wait_for(Key{MsgType::materialize, rel}, std::move(done));
+}
+
+void GroupService::materialize_small_async(const std::string& rel, uint64_t since, Done done) {
+  if (cfg_.small_file_size == 0) return materialize_async(rel, std::move(done));
+  const size_t slash = rel.rfind('/');
+  std::string dir = slash == std::string::npos ? std::string() : rel.substr(0, slash);
+  {
+    std::unique_lock lk(m_);
+    if (batch_failed_.contains(dir)) {
+      lk.unlock();
+      return materialize_async(rel, std::move(done));
+    }
+  }
+  wait_for(Key{MsgType::batch, std::move(dir)}, std::move(done), since);
+}
+
+uint64_t GroupService::epoch() const {
+  std::lock_guard lk(m_);
+  return epoch_;
+}
+
+void GroupService::wait_for(Key key, Done done, uint64_t since) {
   std::unique_lock lk(m_);
+  const std::string& rel = key.second;
+  if (key.first == MsgType::batch) {
+    // The directory's batch completed after the caller looked into the cache: that look may
+    // have come just before the copy was published. Answered: the caller looks again.
+    if (auto it = batch_done_.find(key.second); it != batch_done_.end() && it->second > since) {
+      lk.unlock();
+      return done({});
+    }
+  }
   if (state_ == GroupState::broken) {
     lk.unlock();
     return done(stage::stage_error(stage::Errc::group_broken, "materialize", rel));
@@ -35,11 +67,11 @@ void GroupService::materialize_async(const std::string& rel, Done done) {
     lk.unlock();
     return done(stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel));
   }
-  auto& slot = waits_[rel];
-  if (!slot) {  // first open of this file on this node: one request, shared by later opens
+  auto& slot = waits_[key];
+  if (!slot) {  // first open of this file (batch) on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
     slot->requested = Clock::now();
-    outbox_.push_back(rel);
+    outbox_.push_back(key);
     ++stats_.requests_sent;
     service_cv_.notify_one();
     watchdog_cv_.notify_all();
@@ -62,7 +94,10 @@ void GroupService::watchdog() {
       watchdog_cv_.wait_until(lk, deadline);
       continue;
     }
-    const std::string rel = waits_.begin()->first;
+    const std::string rel = waits_.begin()->first.first == MsgType::batch
+                                ? "the small files of " + (waits_.begin()->first.second.empty() ? std::string("/")
+                                                                                               : waits_.begin()->first.second)
+                                : waits_.begin()->first.second;
     spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
                   std::chrono::duration<double>(cfg_.stall_timeout).count());
     state_ = GroupState::broken;
@@ -111,11 +146,13 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
-void GroupService::complete(const std::string& rel, const stage::Status& st) {
+void GroupService::complete(const Key& key, const stage::Status& st) {
   std::vector<Done> cbs;
   {
     std::lock_guard lk(m_);
-    auto it = waits_.find(rel);
+    ++epoch_;
+    if (key.first == MsgType::batch && st.ok()) batch_done_[key.second] = epoch_;
+    auto it = waits_.find(key);
     if (it == waits_.end()) return;
     cbs = std::move(it->second->callbacks);
     waits_.erase(it);
@@ -162,14 +199,91 @@ void GroupService::run_transfer(const Message& a) {
                  a.path, report.bytes_total, secs,
                  secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
                  report.nodes_needing, report.writers, cfg_.read_path ? cfg_.read_path() : std::string("-"));
-    complete(a.path, {});
+    complete(Key{MsgType::materialize, a.path}, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("materialize {} failed: {}", a.path, why);
     // This node's own cause (ENOSPC in its cache...) is what its opens report.
-    complete(a.path, stage::Error{report.local_error ? report.local_error
-                                                     : stage::make_error_code(stage::Errc::peer_failed),
-                                  why});
+    complete(Key{MsgType::materialize, a.path},
+             stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
+                          why});
+  }
+}
+
+// A batch: every small file of directory a.path in one transfer. Collective like a single
+// transfer: every rank runs it, every rank sees the same outcome, so every rank agrees on
+// the one retry.
+void GroupService::run_batch(const Message& a) {
+  const auto t0 = Clock::now();
+  const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
+  stage::StageOptions opt = cfg_.bcast;
+  opt.pre = stage::Validate::origin;
+  opt.recursive = false;
+  opt.small_files_max = std::max<uint64_t>(cfg_.small_file_size, 1);  // > 0 marks a batch on every rank
+  opt.root = 0;
+  opt.cancelled = cfg_.cancelled;
+  const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
+  {
+    std::lock_guard lk(m_);
+    stats_.current = shown;
+    stats_.current_done = stats_.current_total = 0;
+    current_start_ = t0;
+  }
+  auto progress = [this](uint64_t done, uint64_t total) {
+    std::lock_guard lk(m_);
+    last_progress_ = Clock::now();
+    stats_.current_done = done;
+    stats_.current_total = total;
+  };
+  stage::StageReport report;
+  std::vector<std::string> published;
+  uint64_t streamed = 0;
+  int runs = 0;
+  for (; runs < 2; ++runs) {
+    if (cfg_.before_batch) cfg_.before_batch(a.path);
+    report = stage::stage_transfer(data_, &src_, store_, opt, ep, progress);
+    streamed += report.bytes_streamed;
+    published.insert(published.end(), report.published.begin(), report.published.end());
+    if (report.ok || report.comm_broken) break;
+    // Identical on every rank (the outcome is collective): try once more, e.g. after a file
+    // changed during the copy.
+    if (runs == 0)
+      spdlog::warn("batch {} failed ({}): staging it once more", shown,
+                   report.errors.empty() ? "transfer failed" : report.errors.front());
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (cfg_.after_batch) cfg_.after_batch(a.path, published, report.ok, secs);
+  {
+    std::lock_guard lk(m_);
+    stats_.current.clear();
+    ++stats_.transfers;
+    ++stats_.batches;
+    stats_.batch_files += published.size();
+    stats_.bytes_broadcast += streamed;
+    if (!published.empty()) ++stats_.local_writes;
+    if (!report.ok) ++stats_.failures;
+    last_progress_ = Clock::now();
+  }
+  const Key key{MsgType::batch, a.path};
+  if (report.ok) {
+    // One line per batch, whatever the number of files.
+    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{} (list {:.3f}, "
+                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote, reads via {}",
+                 shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
+                 report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
+                 report.writers,
+                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    complete(key, {});
+  } else {
+    const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
+    spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
+    if (!report.comm_broken) {
+      std::lock_guard lk(m_);
+      batch_failed_.insert(a.path);
+    }
+    complete(key, stage::Error{report.local_error ? report.local_error
+                                                  : stage::make_error_code(stage::Errc::peer_failed),
+                               why});
   }
 }
 
@@ -188,17 +302,17 @@ stage::Status GroupService::control_failed(const stage::Error& e) {
 // This node's new first opens (and its shutdown) go to the coordinator: through the control
 // plane, or straight into the Coordinator on its own node.
 stage::Result<bool> GroupService::forward_local() {
-  std::deque<std::string> out;
+  std::deque<Key> out;
   bool want_shutdown = false;
   {
     std::lock_guard lk(m_);
-    for (auto& rel : outbox_)  // skip opens a transfer already answered
-      if (waits_.contains(rel)) out.push_back(std::move(rel));
+    for (auto& key : outbox_)  // skip opens a transfer already answered
+      if (waits_.contains(key)) out.push_back(std::move(key));
     outbox_.clear();
     want_shutdown = shutdown_requested_ && !shutdown_sent_;
   }
   std::vector<Message> msgs;
-  for (auto& rel : out) msgs.push_back(Message{MsgType::materialize, last_seen_id_, std::move(rel)});
+  for (auto& key : out) msgs.push_back(Message{key.first, last_seen_id_, std::move(key.second)});
   if (want_shutdown) msgs.push_back(Message{MsgType::shutdown, 0, {}});
   for (const auto& m : msgs) {
     if (coord_)
@@ -259,7 +373,10 @@ stage::Status GroupService::run() {
         run_ready(ready);
         return {};
       }
-      run_transfer(m);
+      if (m.type == MsgType::batch)
+        run_batch(m);
+      else
+        run_transfer(m);
     }
     if (busy) {
       idle = std::chrono::milliseconds(1);

@@ -7,6 +7,14 @@
 //   - on every rank: runs each announced transfer through the bcast engine into the cache
 //     (nodes whose cache already holds a valid copy take part without writing),
 //   - wakes the waiting opens with the outcome.
+// Small files (issue 11): materialize_small_async() asks for the file's directory as a batch
+// (MsgType::batch): one transfer stages every small regular file of that directory (not
+// recursive) that is not current in some node's cache, packed into one stream, and answers
+// every open waiting for any of them. Each node waits per key, (file) or (batch, dir), so
+// opens of 200 small files of one directory make one request. A batch whose transfer fails
+// is run once more at once (every rank agrees: the outcome is collective): a file that
+// changed on the source during the copy fails the whole stream, and the second run
+// publishes the unchanged files with the changed one at its new version.
 // Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
 // transfer completes. A watchdog thread (not the service thread, which may be stuck in MPI)
 // enforces the stall timeout.
@@ -59,10 +67,18 @@ struct GroupConfig {
   std::function<bool()> cancelled;
   // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).
   std::function<void(const std::string& rel, bool ok, double seconds, uint64_t bytes)> after_transfer;
+  // Batches: the largest small file (0: no batches, every file alone), and the hooks as
+  // above for a batch of directory dir (after_batch gets the files this node published).
+  uint64_t small_file_size = 0;
+  std::function<void(const std::string& dir)> before_batch;
+  std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
+      after_batch;
 };
 
 struct GroupStats {
   uint64_t transfers = 0;     // announcements run on this node (every node counts each one)
+  uint64_t batches = 0;       // of which directory batches
+  uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
   uint64_t failures = 0;
@@ -85,6 +101,9 @@ class GroupService final : public Materializer {
   // Calls done when a transfer of `rel` finished on this node (the caller then opens and
   // checks the cache) or failed, timed out, or the group shut down.
   void materialize_async(const std::string& rel, Done done) override;
+  // rel is small: one batch for its directory (or alone when batches are off).
+  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
+  [[nodiscard]] uint64_t epoch() const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
   // Service thread: loops until a shutdown announcement or a broken control plane.
@@ -100,12 +119,15 @@ class GroupService final : public Materializer {
     std::vector<Done> callbacks;
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
+  using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
+  void wait_for(Key key, Done done, uint64_t since = UINT64_MAX);
   void run_transfer(const Message& a);
+  void run_batch(const Message& a);
   stage::Result<bool> forward_local();  // true if it sent anything
   stage::Result<bool> coordinate();     // coordinator's node; true if anything happened
   stage::Status control_failed(const stage::Error& e);
-  void complete(const std::string& rel, const stage::Status& st);
+  void complete(const Key& key, const stage::Status& st);
   Ready fail_all_locked(const stage::Error& e);
   static void run_ready(Ready& r);
   void watchdog();
@@ -119,8 +141,14 @@ class GroupService final : public Materializer {
 
   mutable std::mutex m_;
   std::condition_variable service_cv_;
-  std::map<std::string, std::shared_ptr<Waiter>> waits_;
-  std::deque<std::string> outbox_;  // requests not yet handed to the control plane
+  std::map<Key, std::shared_ptr<Waiter>> waits_;
+  std::deque<Key> outbox_;  // requests not yet handed to the control plane
+  uint64_t epoch_ = 0;      // completed transfers
+  // The epoch at which each directory's latest batch succeeded on this node.
+  std::map<std::string, uint64_t> batch_done_;
+  // Directories whose batch failed (both runs): their small files are staged alone from then
+  // on, for the life of the mount, so one bad file does not cost every open a failed batch.
+  std::set<std::string> batch_failed_;
   bool shutdown_requested_ = false;
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;

@@ -26,6 +26,8 @@ std::string to_json(const MountStatus& s) {
   j["denied"] = s.denied;
   j["prefetches"] = s.prefetches;
   j["transfers"] = s.transfers;
+  j["batches"] = s.batches;
+  j["batch_files"] = s.batch_files;
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;
   j["transfer_failures"] = s.transfer_failures;

@@ -19,6 +19,7 @@ struct MountStatus {
   uint64_t verified = 0, corrupt = 0, stale_opens = 0, denied = 0, prefetches = 0;
   // group (this node's view of the collective transfers)
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
+  uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here
   uint64_t waiting = 0;
   std::string current;  // the transfer in flight ("" if none)
   uint64_t current_done = 0, current_total = 0;

@@ -39,7 +39,7 @@ CLI::Validator seconds(double lo, double hi) {
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
   std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", cache_size,
-      wait_for;
+      small_file_size = "1M", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -107,6 +107,11 @@ int main(int argc, char** argv) {
                  "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
                  "recently used copies not open on the node are evicted to make room (default: no "
                  "limit beyond the filesystem's free space)");
+  app.add_option("--small-file-size", small_file_size,
+                 "files of at most this size (bytes with K/M/G) are staged by directory: the first "
+                 "open of one copies every small file of its directory (not subdirectories) in one "
+                 "transfer; larger files are copied alone. 0: every file alone")
+      ->capture_default_str();
   app.add_option("--metrics-file", cfg.metrics_file,
                  "write the counters in Prometheus text format to this file (atomically, every "
                  "--metrics-interval seconds), e.g. for node_exporter's textfile collector");
@@ -163,6 +168,10 @@ int main(int argc, char** argv) {
       cfg.cache_size = *n;
     }
   }
+  const auto small = stage::parse_size(small_file_size);
+  if (!small) return usage("--small-file-size: not a size: '" + small_file_size + "'");
+  if (*small > (1ULL << 30)) return usage("--small-file-size: at most 1G: '" + small_file_size + "'");
+  cfg.small_file_size = *small;
   cfg.bcast_algorithm = *stage::parse_bcast_algorithm(bcast_algorithm);  // checked by CLI11 above
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;

@@ -164,7 +164,7 @@ class Concurrency(GroupCase):
         for i, (n, size) in enumerate(zip(names, sizes)):
             h.write_random(os.path.join(self.work.src, n), size, seed=100 + i)
             want[n] = "ok %s %d" % (h.sha256_file(os.path.join(self.work.src, n)), size)
-        g = self.start()
+        g = self.start("--small-file-size", "0")  # one transfer per file: no batches by directory
         jobs = [(i % g.np, [os.path.join(g.mnt, n)]) for i, n in enumerate(names)]
         results = self.readers(g, jobs)
         for (k, paths, lines, rc, err), n in zip(results, names):

@@ -72,7 +72,9 @@ class Mirror(h.MountTestCase):
         super().setUp()
         self.files = build_source(self.work.src)
         self.cache = self.work.file("cache")
-        self.d = self.daemon(self.cache).wait_ready()
+        # One materialization per file read is what these tests count: no batches of small
+        # files by directory (those: test_smallfiles11.py).
+        self.d = self.daemon(self.cache, "--small-file-size", "0").wait_ready()
         self.src, self.mnt = self.work.src, self.work.mnt
 
     def both(self, cmd):

@@ -8,6 +8,9 @@
 //   - every transfer announcement answers at least one wait (no transfer twice for one need);
 //   - every rank sees the same announcements in the same order, ids increasing;
 //   - a shutdown goes before any further transfer and is the last announcement.
+// Keys: a node waits per (materialize, file) or (batch, directory): an open of a small file
+// waits for its directory's batch (issue 11), so small files of one directory merge into one
+// batch transfer, and a batch never answers a wait for a large file of the same directory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,16 +18,23 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 
 namespace stagefs {
 namespace {
 
-Message req(const std::string& path, uint64_t seen) {
-  return Message{MsgType::materialize, seen, path};
+Message req(const std::string& path, uint64_t seen, MsgType type = MsgType::materialize) {
+  return Message{type, seen, path};
+}
+// The key a node waits on for a small file: its directory's batch.
+std::string dir_of(const std::string& file) {
+  const size_t slash = file.rfind('/');
+  return slash == std::string::npos ? std::string() : file.substr(0, slash);
 }
 Message shutdown_req() {
   return Message{MsgType::shutdown, 0, {}};
@@ -41,11 +51,12 @@ class ReferenceCoordinator {
       return;
     }
     for (auto it = history_.rbegin(); it != history_.rend(); ++it)
-      if (it->path == m.path) {
+      if (it->type == m.type && it->path == m.path) {
         if (m.id < it->id) return;  // its node will see *it
         break;
       }
-    if (std::ranges::any_of(queue_, [&](const Message& q) { return q.path == m.path; })) return;
+    if (std::ranges::any_of(queue_, [&](const Message& q) { return q.type == m.type && q.path == m.path; }))
+      return;
     queue_.push_back(m);
   }
   std::optional<Message> next() {
@@ -73,7 +84,8 @@ class ReferenceCoordinator {
 // One simulated node: its waits and how far it has read the announcements.
 struct SimRank {
   uint64_t last_seen = 0;
-  std::map<std::string, uint64_t> waiting;  // path -> id it had seen when it sent the request
+  // (type, path) -> id it had seen when it sent the request
+  std::map<std::pair<MsgType, std::string>, uint64_t> waiting;
   std::deque<Message> in_flight;            // requests not yet received by the coordinator
   size_t delivered = 0;                     // announcements processed
   bool stopped = false;
@@ -85,13 +97,16 @@ class Group {
  public:
   explicit Group(int n) : ranks_(static_cast<size_t>(n)) {}
 
-  void open(int r, const std::string& path) {
+  void open(int r, const std::string& path, MsgType type = MsgType::materialize) {
     auto& k = rank(r);
-    if (k.stopped || k.shutdown_sent || k.waiting.contains(path)) return;  // merged on the node
-    k.waiting[path] = k.last_seen;
+    const std::pair key{type, path};
+    if (k.stopped || k.shutdown_sent || k.waiting.contains(key)) return;  // merged on the node
+    k.waiting[key] = k.last_seen;
     ++k.waits;
-    send(r, req(path, k.last_seen));
+    send(r, req(path, k.last_seen, type));
   }
+  // An open of a small file: the node waits for its directory's batch.
+  void open_small(int r, const std::string& file) { open(r, dir_of(file), MsgType::batch); }
   void request_shutdown(int r) {
     auto& k = rank(r);
     if (k.stopped || k.shutdown_sent) return;
@@ -142,7 +157,7 @@ class Group {
       k.stopped = true;
       return true;
     }
-    if (auto it = k.waiting.find(m.path); it != k.waiting.end()) {
+    if (auto it = k.waiting.find(std::pair{m.type, m.path}); it != k.waiting.end()) {
       EXPECT_GT(m.id, it->second);  // announced after the node asked
       k.waiting.erase(it);
       ++k.answered;
@@ -165,12 +180,12 @@ class Group {
   void check_quiescent() const {
     for (size_t r = 0; r < ranks_.size(); ++r) {
       const auto& k = ranks_[r];
-      EXPECT_TRUE(k.waiting.empty()) << "rank " << r << " still waits for " << k.waiting.begin()->first;
+      EXPECT_TRUE(k.waiting.empty()) << "rank " << r << " still waits for " << k.waiting.begin()->first.second;
       EXPECT_EQ(k.answered + k.failed, k.waits) << "rank " << r;
       EXPECT_EQ(k.delivered, log_.size()) << "rank " << r;
     }
     for (size_t i = 0; i < log_.size(); ++i) {
-      if (log_[i].type == MsgType::materialize) {
+      if (log_[i].type != MsgType::shutdown) {
         EXPECT_GE(answers_[i], 1U) << "transfer of " << log_[i].path << " (id " << log_[i].id
                                    << ") answered nobody";
       }
@@ -272,7 +287,69 @@ TEST(CoordinatorTest, ShutdownJumpsTheQueueAndIsLast) {
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(g.stopped(r));
 }
 
-// Random interleavings of opens, deliveries and shutdowns on 1 to 7 ranks.
+TEST(CoordinatorTest, SmallFilesOfOneDirectoryOnEveryRankCostOneBatch) {
+  Group g(4);
+  // Every rank opens 50 small files of d and the large file of d; rank 2 also a small file
+  // of the root and of d/sub (other directories: other batches).
+  for (int r = 0; r < 4; ++r) {
+    for (int i = 0; i < 50; ++i) g.open_small(r, "d/s" + std::to_string((i + r * 7) % 50));
+    g.open(r, "d/large");
+  }
+  g.open_small(2, "top");
+  g.open_small(2, "d/sub/x");
+  g.drain();
+  ASSERT_EQ(g.log().size(), 4U);
+  EXPECT_EQ(g.log()[0], (Message{MsgType::batch, 1, "d"}));
+  EXPECT_EQ(g.log()[1], (Message{MsgType::materialize, 2, "d/large"}));
+  EXPECT_EQ(g.log()[2], (Message{MsgType::batch, 3, ""}));
+  EXPECT_EQ(g.log()[3], (Message{MsgType::batch, 4, "d/sub"}));
+  EXPECT_EQ(g.coordinator().stats().batches, 3U);
+  EXPECT_EQ(g.coordinator().stats().announced, 4U);
+  // Each node asked once per key: 3 other ranks' requests for "d" and for "d/large" merged.
+  EXPECT_EQ(g.coordinator().stats().merged, 6U);
+  g.check_quiescent();
+  EXPECT_EQ(g.rank(0).answered, 2U);
+  EXPECT_EQ(g.rank(2).answered, 4U);
+}
+
+TEST(CoordinatorTest, ASmallFileRequestThatRacedWithItsBatchIsDropped) {
+  Group g(2);
+  g.open_small(0, "d/a");
+  ASSERT_TRUE(g.step_coordinator());  // batch "d" announced (id 1); rank 1 has not seen it
+  g.open_small(1, "d/b");             // another file of d, asked with last seen id 0
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_EQ(g.coordinator().stats().already_answered, 1U);
+  g.open(1, "d");  // a *file* named like the directory's key is another key: not answered by it
+  g.drain();
+  ASSERT_EQ(g.log().size(), 2U);
+  EXPECT_EQ(g.log()[1], (Message{MsgType::materialize, 2, "d"}));
+  g.check_quiescent();
+  // After seeing the batch, a new small-file open (a file created since) gets a new batch.
+  g.open_small(1, "d/new");
+  g.drain();
+  ASSERT_EQ(g.log().size(), 3U);
+  EXPECT_EQ(g.log()[2], (Message{MsgType::batch, 3, "d"}));
+  g.check_quiescent();
+}
+
+TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
+  for (const Message& m : {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""}}) {
+    const std::string bytes = encode_message(m);
+    auto back = decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())));
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(*back, m);
+  }
+  for (const char* bad : {"../x", "/etc", "d/../..", "d//e"}) {
+    const std::string bytes = encode_message(Message{MsgType::batch, 1, bad});
+    EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
+  }
+  // A single file still needs a name.
+  const std::string empty = encode_message(Message{MsgType::materialize, 1, ""});
+  EXPECT_FALSE(decode_message(std::as_bytes(std::span(empty.data(), empty.size()))));
+}
+
+// Random interleavings of opens (large files, small files by directory), deliveries and
+// shutdowns on 1 to 7 ranks.
 TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     std::mt19937 rng(seed);
@@ -285,9 +362,14 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
       const int r = pick(n);
       switch (pick(10)) {
         case 0:
-        case 1:
-        case 2:
           g.open(r, "f" + std::to_string(pick(paths)));
+          break;
+        case 1:  // a large file in a directory: its own transfer
+          g.open(r, "d" + std::to_string(pick(3)) + "/f" + std::to_string(pick(paths)));
+          break;
+        case 2:  // a small file (in the root or a directory): its directory's batch
+          g.open_small(r, (pick(4) == 0 ? std::string() : "d" + std::to_string(pick(3)) + "/") + "s" +
+                              std::to_string(pick(paths)));
           break;
         case 3:
         case 4:

@@ -96,6 +96,7 @@ class GroupRanksTest : public TmpDirTest {
       g.cache_dir = k.cache->store_root();
       g.bcast.chunk_size = 65536;
       g.idle_poll = std::chrono::milliseconds(5);
+      g.small_file_size = 64 * 1024;  // only materialize_small_async() makes batches
       k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *source_, *k.store, g);
     }
   }
@@ -163,6 +164,54 @@ TEST_F(GroupRanksTest, EveryRankGetsEveryFileFromOneTransferEach) {
     EXPECT_EQ(s.failures, 0U);
     EXPECT_EQ(s.requests_sent, files_.size() + 1) << "rank " << r;
     EXPECT_EQ(k.group->materialize("a").error().to_errno(), ESHUTDOWN);
+  }
+}
+
+// Issue 11: every rank opens small files of one directory of 50 small files and one large
+// file, each rank different ones, all before the group runs: one batch transfer (one request
+// per rank, merged) gives every rank all 50 small files and not the large one.
+TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
+  std::vector<std::string> small;
+  for (int i = 0; i < 50; ++i) {
+    small.push_back(random_bytes(4096 + static_cast<size_t>(i) * 1000, static_cast<uint32_t>(100 + i)));
+    write_file(path("src/many/s" + std::to_string(i)), small.back());
+  }
+  write_file(path("src/many/large"), random_bytes(64 * 1024 + 1, 7));
+  Outcomes opens;
+  for (int r = 0; r < kRanks; ++r)
+    for (int i = r; i < 50; i += kRanks)
+      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, opens.add());
+  start();
+  ASSERT_TRUE(opens.wait()) << "opens not answered";
+  EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
+  for (int r = 0; r < kRanks; ++r) {
+    const auto s = ranks_[static_cast<size_t>(r)].group->stats();
+    EXPECT_EQ(s.transfers, 1U) << "rank " << r;
+    EXPECT_EQ(s.batches, 1U) << "rank " << r;
+    EXPECT_EQ(s.batch_files, 50U) << "rank " << r;
+    EXPECT_EQ(s.requests_sent, 1U) << "rank " << r;
+    for (int i = 0; i < 50; ++i)
+      EXPECT_EQ(read_file(path("cache" + std::to_string(r) + "/data/many/s" + std::to_string(i))),
+                small[static_cast<size_t>(i)])
+          << "rank " << r << " s" << i;
+    EXPECT_FALSE(fs::exists(path("cache" + std::to_string(r) + "/data/many/large"))) << "rank " << r;
+  }
+  // Again on every rank: the batch finds every copy current, nothing is written.
+  std::vector<std::thread> openers;
+  for (auto& k : ranks_)
+    openers.emplace_back([&k] {
+      Outcomes again;
+      k.group->materialize_small_async("many/s1", k.group->epoch(), again.add());
+      EXPECT_TRUE(again.wait());
+      EXPECT_TRUE(again.errors().empty());
+    });
+  for (auto& t : openers) t.join();
+  stop(1);
+  for (int r = 0; r < kRanks; ++r) {
+    auto& k = ranks_[static_cast<size_t>(r)];
+    EXPECT_TRUE(k.result.ok()) << "rank " << r;
+    EXPECT_EQ(k.group->stats().batch_files, 50U) << "rank " << r << " rewrote current copies";
+    EXPECT_EQ(k.group->stats().failures, 0U);
   }
 }
 

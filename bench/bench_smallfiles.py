@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Issue 11 benchmark: a dataset of many small files read by NP ranks-as-nodes, each with its
+own stagefs mount (one mount namespace per rank, tests/mount harness, mpirun on this machine).
+
+Tree: FILES files of 4-64 KiB (random sizes and bytes, seed 11) in DIRS directories.
+Readers: `tar cf - . | wc -c` (tar skips reading when its archive is /dev/null itself) and a
+Python loop with 8 threads (os.walk, then open+read of every file).
+Points, each reader, wall time until every rank finished:
+  source x1      one process reading the tree from the source once (the issue's yardstick)
+  source xNP     NP processes at once reading the source directly
+  stagefs        NP ranks, fresh caches, default --small-file-size (1M): batches by directory
+  stagefs warm   the same mounts again (every file cached)
+  old            --small-file-size 0 (one collective per file) on the first OLD_DIRS directories
+                 only (a 20,000-file run at the old rate takes minutes), with stagefs on the
+                 same subset for a same-run ratio
+The source is warm in the page cache for every point (it was just written; caches are not
+dropped: the machine is shared). Usage:
+  bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+build = os.path.abspath(sys.argv[1])
+np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+nfiles = int(sys.argv[3]) if len(sys.argv) > 3 else 20000
+ndirs = int(sys.argv[4]) if len(sys.argv) > 4 else 100
+old_dirs = int(sys.argv[5]) if len(sys.argv) > 5 else 10
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mount"))
+import stagefs_harness as h  # noqa: E402
+
+if os.environ.get("STAGE_BENCH_INNER") != "1":
+    os.environ["STAGE_BENCH_INNER"] = "1"
+    os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable] + sys.argv)
+h.STAGEFS = os.path.join(build, "tools", "stagefs")
+os.environ.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "OMPI_MCA_btl_tcp_if_include": "lo"})
+
+TAR = "set -o pipefail; tar cf - -C \"$1\" . | wc -c"
+PYLOOP = r"""
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+paths = [os.path.join(r, n) for r, _, fs in os.walk(sys.argv[1]) for n in fs]
+def rd(p):
+    with open(p, 'rb') as f:
+        return len(f.read())
+with ThreadPoolExecutor(8) as ex:
+    total = sum(ex.map(rd, paths))
+print(len(paths), total)
+"""
+
+
+def reader_cmd(kind, root):
+    if kind == "tar":
+        return ["bash", "-c", TAR, "tar", root]
+    return [h.PYTHON, "-c", PYLOOP, root]
+
+
+def make_tree(src):
+    rng = random.Random(11)
+    total = 0
+    for i in range(nfiles):
+        d = os.path.join(src, "d%03d" % (i % ndirs))
+        os.makedirs(d, exist_ok=True)
+        n = rng.randint(4 * 1024, 64 * 1024)
+        with open(os.path.join(d, "f%05d" % i), "wb") as f:
+            f.write(rng.randbytes(n))
+        total += n
+    return total
+
+
+def timed_parallel(cmds):
+    """Runs the commands at once; wall time until all finished, and their outputs."""
+    out = [None] * len(cmds)
+
+    def one(i):
+        out[i] = h.run(cmds[i], timeout=3600)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cmds))]
+    t = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.monotonic() - t, [o.stdout.strip() for o in out]
+
+
+def group_point(work, kind, args, src_note):
+    """A fresh group (fresh caches), every rank runs the reader on its mount at once; then the
+    same again warm. Returns (cold s, warm s, stats of rank 0)."""
+    for k in range(np_):
+        shutil.rmtree(work.file("node%d" % k), ignore_errors=True)
+    g = h.Group(work, np_, *args)
+    try:
+        g.wait_ready(timeout=120)
+        cold, outs = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
+        warm, outs2 = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
+        stats = [g.stats(k) for k in range(np_)]
+        print("  %-6s %-26s cold %7.2f s  warm %6.2f s  transfers %s  outputs %s" %
+              (kind, src_note, cold, warm, [s["transfers"] for s in stats], sorted(set(outs + outs2))), flush=True)
+        return cold, warm, stats[0]
+    finally:
+        problems = g.close()
+        if problems:
+            print("  group close:", problems, flush=True)
+
+
+work = h.Work("bench-smallfiles")
+res = {}
+try:
+    full = work.src
+    total = make_tree(full)
+    # The old-behaviour subset: the first old_dirs directories, in a source of their own.
+    subset = work.file("subset")
+    os.mkdir(subset)
+    sub_files = 0
+    for d in range(old_dirs):
+        shutil.copytree(os.path.join(full, "d%03d" % d), os.path.join(subset, "d%03d" % d))
+        sub_files += len(os.listdir(os.path.join(subset, "d%03d" % d)))
+    print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; %s" %
+          (nfiles, total, ndirs, sub_files, old_dirs, np_, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())),
+          flush=True)
+    for kind in ("tar", "py8"):
+        r = {}
+        r["source_x1"], _ = timed_parallel([reader_cmd(kind, full)])
+        r["source_xnp"], _ = timed_parallel([reader_cmd(kind, full) for _ in range(np_)])
+        print("  %-6s source x1 %.2f s, source x%d %.2f s" % (kind, r["source_x1"], np_, r["source_xnp"]), flush=True)
+        r["stagefs"], r["stagefs_warm"], r["stats"] = group_point(work, kind, [], "stagefs (batches), full")
+        # Same-run subset: batches vs one collective per file.
+        work.src = subset
+        r["sub_source_x1"], _ = timed_parallel([reader_cmd(kind, subset)])
+        r["sub_stagefs"], _, _ = group_point(work, kind, [], "stagefs (batches), subset")
+        r["sub_old"], _, r["old_stats"] = group_point(work, kind, ["--small-file-size", "0"], "old (0), subset")
+        work.src = full
+        res[kind] = r
+    print()
+    print("| reader | source x1 | source x%d | stagefs x%d cold | warm | stagefs / source x1 |"
+          " subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |" %
+          (np_, np_, sub_files))
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, r in res.items():
+        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx | %.2f s | %.2f s | %.2f s (%.1f ms/file) | %.1fx |" %
+              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["stagefs_warm"], r["stagefs"] / r["source_x1"],
+               r["sub_source_x1"], r["sub_stagefs"], r["sub_old"], 1000 * r["sub_old"] / sub_files,
+               r["sub_old"] / r["sub_stagefs"]))
+    print()
+    print("raw:", json.dumps({k: {x: y for x, y in v.items() if "stats" not in x} for k, v in res.items()}))
+finally:
+    work.cleanup()

@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Issue 11: datasets of many small files, staged by directory (ctest label "mount").
+
+Usage: test_smallfiles11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
+
+  Standalone  a tree of small files in several directories (and one large file per directory,
+              and a nested directory) read whole through a standalone mount: one transfer per
+              directory of small files plus one per large file, every file identical to the
+              source, one log line per batch; with --small-file-size 0 one transfer per file
+  Group       (NP ranks, one mount namespace each) every rank reads the whole tree at once:
+              transfers == directories on every rank, every file identical on every rank
+Run as `test_smallfiles11.py compare MNT SRC` inside a node's namespace, it reads every file
+under MNT (8 threads) and compares it with SRC: prints "files N" and one line per mismatch.
+Nothing sleeps to synchronize.
+"""
+import os
+import random
+import re
+import sys
+import threading
+import unittest
+from concurrent.futures import ThreadPoolExecutor
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import stagefs_harness as h  # noqa: E402
+
+KiB = 1024
+MiB = 1024 * KiB
+SCRIPT = os.path.abspath(__file__)
+
+
+def make_tree(src, dirs, per_dir, large=True, seed=11):
+    """dirs directories d00.. of per_dir small files (1-64 KiB), a large file (2 MiB) in each when
+    large, and d00/nested with 5 small files. Returns (small file count, large file count,
+    directories holding small files)."""
+    rng = random.Random(seed)
+    small = 0
+    big = 0
+    for d in range(dirs):
+        dp = os.path.join(src, "d%02d" % d)
+        os.makedirs(dp)
+        for i in range(per_dir):
+            with open(os.path.join(dp, "f%04d" % i), "wb") as f:
+                f.write(rng.randbytes(rng.randint(1 * KiB, 64 * KiB)))
+            small += 1
+        if large:
+            with open(os.path.join(dp, "large.bin"), "wb") as f:
+                f.write(rng.randbytes(2 * MiB))
+            big += 1
+    nested = os.path.join(src, "d00", "nested")
+    os.makedirs(nested)
+    for i in range(5):
+        with open(os.path.join(nested, "n%d" % i), "wb") as f:
+            f.write(rng.randbytes(rng.randint(1, 8 * KiB)))
+        small += 1
+    return small, big, dirs + 1
+
+
+def compare(mnt, src):
+    """Reads every regular file under mnt with 8 threads, compares it with src."""
+    paths = []
+    for root, _, files in os.walk(mnt):
+        for n in files:
+            paths.append(os.path.relpath(os.path.join(root, n), mnt))
+
+    def check(rel):
+        with open(os.path.join(mnt, rel), "rb") as a, open(os.path.join(src, rel), "rb") as b:
+            return None if a.read() == b.read() else rel
+
+    with ThreadPoolExecutor(8) as ex:
+        bad = [r for r in ex.map(check, paths) if r]
+    print("files %d" % len(paths))
+    for r in bad:
+        print("mismatch %s" % r)
+    return 0 if not bad else 1
+
+
+class Standalone(h.MountTestCase):
+    def test_one_transfer_per_directory_and_identical_bytes(self):
+        small, big, dirs = make_tree(self.work.src, 6, 80)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        # tar of the whole tree (as a data loader's first pass), then every file compared.
+        r = h.run(["tar", "cf", "/dev/null", "-C", d.mnt, "."], timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = h.run([h.PYTHON, SCRIPT, "compare", d.mnt, self.work.src], timeout=300, check=False)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        self.assertIn("files %d" % (small + big), out.stdout)
+        s = d.stats()
+        self.assertEqual(s["batches"], dirs, s)
+        self.assertEqual(s["transfers"], dirs + big, s)
+        self.assertEqual(s["batch_files"], small, s)
+        self.assertEqual(s["transfer_failures"], 0, s)
+        self.assertEqual(s["open_errors"], 0, s)
+        self.assertEqual(s["cache"]["files"], small + big, s)
+        self.assertEqual(s["verified"], 0, s)  # copies made in this mount: no CRC re-read
+        self.assertEqual(d.stop(), 0)
+        _, err = d.output()
+        batches = re.findall(r"materialized batch (\S+) \((\d+) small file", err)
+        self.assertEqual(len(batches), dirs, err[-3000:])  # one log line per batch
+        self.assertEqual(sum(int(n) for _, n in batches), small)
+        self.assertEqual(len(re.findall(r"materialized d\d\d/f", err)), 0, "a log line per small file")
+        self.assertEqual(len(h.temp_files(self.work.file("cache"))), 0)
+
+    def test_small_file_size_0_is_one_transfer_per_file(self):
+        small, big, _ = make_tree(self.work.src, 2, 10, large=False)
+        d = self.daemon(self.work.file("cache"), "--small-file-size", "0").wait_ready()
+        out = h.run([h.PYTHON, SCRIPT, "compare", d.mnt, self.work.src], timeout=300, check=False)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:])
+        s = d.stats()
+        self.assertEqual(s["transfers"], small + big, s)
+        self.assertEqual(s["batches"], 0, s)
+
+    def test_bad_small_file_size_is_a_usage_error(self):
+        r = h.run([h.STAGEFS, self.work.src, self.work.mnt, "--cache", self.work.file("c"), "--small-file-size",
+                   "lots"], check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--small-file-size", r.stderr)
+
+
+class Group(h.MountTestCase):
+    def test_every_rank_reads_the_tree_with_one_transfer_per_directory(self):
+        small, _, dirs = make_tree(self.work.src, 8, 60, large=False)
+        g = self.group(h.NP).wait_ready()
+        results = [None] * h.NP
+
+        def reader(k):
+            results[k] = g.on(k, [h.PYTHON, SCRIPT, "compare", g.mnt, self.work.src], timeout=600, check=False)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(h.NP)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=660)
+        for k in range(h.NP):
+            r = results[k]
+            self.assertIsNotNone(r, "node %d did not finish" % k)
+            self.assertEqual(r.returncode, 0, "node %d: %s %s" % (k, r.stdout[-2000:], r.stderr[-2000:]))
+            self.assertIn("files %d" % small, r.stdout)
+        for k in range(h.NP):
+            s = g.stats(k)
+            self.assertEqual(s["transfers"], dirs, "node %d: %s" % (k, s))
+            self.assertEqual(s["batches"], dirs, "node %d: %s" % (k, s))
+            self.assertEqual(s["batch_files"], small, "node %d: %s" % (k, s))
+            self.assertEqual(s["open_errors"], 0, "node %d: %s" % (k, s))
+            self.assertEqual(s["cache"]["files"], small, "node %d: %s" % (k, s))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
+    with_np = len(sys.argv) > 2 and sys.argv[2].isdigit()
+    h.main(__file__, with_np=with_np)

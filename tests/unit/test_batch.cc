@@ -1,0 +1,529 @@
+// Issue 11: small files are materialized by directory. StageFsCore over a GroupService of one
+// rank (SelfComm + LocalControlPlane) and a real cache: the first open of a small file stages
+// every small file of its directory in one transfer; later opens are cache hits; a large file
+// keeps its own transfer; a file that changes during the batch's copy is not served stale.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "bcast/comm.h"
+#include "bcast/store.h"
+#include "fusefs/beneath.h"
+#include "fusefs/cache.h"
+#include "fusefs/core.h"
+#include "fusefs/group.h"
+#include "tmpdir.h"
+
+namespace stagefs {
+namespace {
+
+using stage::testing::TmpDirTest;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kSmall = 64 * 1024;
+
+// Rewrites a file in place (same inode; new bytes, mtime and ctime).
+void rewrite(const std::string& p, const std::string& data) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << data;
+}
+
+// The mount's source reader, except that the first open of one file rewrites that file on
+// the source right after the engine opened it: a change during the copy, seen by the engine's
+// end-of-file check (size, mtime, ctime, inode).
+class ChangingSource final : public stage::SourceReader {
+ public:
+  ChangingSource(BeneathSource& real, std::string victim, std::string path, std::string data)
+      : real_(real), victim_(std::move(victim)), path_(std::move(path)), data_(std::move(data)) {}
+  stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
+    return real_.scan(p, rec, skip);
+  }
+  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max) override {
+    ++scans;
+    return real_.scan_small_files(dir, max);
+  }
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
+    auto f = real_.open(root, e);
+    if (f && (always || !changed) && stage::join_path(root, e.path) == victim_) {
+      changed = true;
+      if (always) data_ += 'x';  // a new size each time
+      rewrite(path_, data_);  // same inode, new bytes, new mtime and ctime
+    }
+    return f;
+  }
+  bool changed = false;
+  bool always = false;  // change at every open: every copy of the file fails
+  int scans = 0;
+
+ private:
+  BeneathSource& real_;
+  std::string victim_, path_, data_;
+};
+
+class BatchTest : public TmpDirTest {
+ protected:
+  void SetUp() override {
+    TmpDirTest::SetUp();
+    spdlog::default_logger_raw();
+    fs::create_directories(path("src/many"));
+    for (int i = 0; i < 50; ++i) {
+      small_.push_back(random_bytes(4096 + static_cast<size_t>(i) * 1200, static_cast<uint32_t>(i + 1)));
+      write_file(path("src/many/" + name(i)), small_.back());
+    }
+    large_ = random_bytes(kSmall + 1, 99);  // one byte over the threshold
+    write_file(path("src/many/large.bin"), large_);
+    auto c = NodeCache::open(path("cache"));
+    ASSERT_TRUE(c) << c.error().message;
+    cache_ = std::move(c.value());
+    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    source_ = std::make_unique<BeneathSource>(root_.get());
+  }
+  void TearDown() override {
+    source_.reset();
+    cache_.reset();
+    root_.reset();
+    TmpDirTest::TearDown();
+  }
+  static std::string name(int i) { return "s" + std::string(i < 10 ? "0" : "") + std::to_string(i); }
+  GroupConfig config() {
+    GroupConfig g;
+    g.source_dir = path("src");
+    g.cache_dir = cache_->store_root();
+    g.bcast.chunk_size = 65536;
+    g.idle_poll = std::chrono::milliseconds(5);
+    g.small_file_size = kSmall;
+    // As the daemon: published copies join the index and count as verified in this mount.
+    g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool, double) {
+      std::vector<std::string> rels;
+      for (const auto& p : published) rels.push_back(stage::join_path(dir, p));
+      for (const auto& r : rels) cache_->added(r);
+      if (core_) core_->copies_made(rels);
+    };
+    return g;
+  }
+  void make_core(Materializer& mat) {
+    CoreConfig cc{path("src"), StallPolicy::eio};
+    cc.small_file_size = kSmall;
+    auto c = StageFsCore::create(cc, *cache_, mat);
+    ASSERT_TRUE(c) << c.error().message;
+    core_ = std::move(c.value());
+  }
+  uint64_t lookup(uint64_t parent, const std::string& n) {
+    auto r = core_->lookup(parent, n);
+    EXPECT_TRUE(r) << n << ": " << r.error().message;
+    return r ? r->first : 0;
+  }
+  static std::string read_fd(int fd) {
+    std::string out;
+    char buf[65536];
+    for (off_t off = 0;;) {
+      const ssize_t n = ::pread(fd, buf, sizeof buf, off);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+      off += n;
+    }
+    return out;
+  }
+
+  std::vector<std::string> small_;
+  std::string large_;
+  std::unique_ptr<NodeCache> cache_;
+  stage::Fd root_;
+  std::unique_ptr<BeneathSource> source_;
+  std::unique_ptr<StageFsCore> core_;  // destroyed before the group (declared in each test)
+  stage::PosixStore store_;
+};
+
+TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeFile) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto first = core_->open(lookup(dir, name(17)), O_RDONLY);
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_FALSE(first->cache_hit);
+  EXPECT_EQ(read_fd(first->fd.get()), small_[17]);
+  auto s = group.stats();
+  EXPECT_EQ(s.transfers, 1U);
+  EXPECT_EQ(s.batches, 1U);
+  EXPECT_EQ(s.batch_files, 50U);
+  EXPECT_EQ(s.requests_sent, 1U);
+  EXPECT_FALSE(fs::exists(path("cache/data/many/large.bin"))) << "a large file went into the batch";
+  EXPECT_EQ(cache_->usage().files, 50U);
+  // Every other small file: a cache hit, no new transfer, the source's bytes, no CRC re-read.
+  for (int i = 0; i < 50; ++i) {
+    auto f = core_->open(lookup(dir, name(i)), O_RDONLY);
+    ASSERT_TRUE(f) << name(i) << ": " << f.error().message;
+    EXPECT_TRUE(f->cache_hit) << name(i);
+    EXPECT_EQ(read_fd(f->fd.get()), small_[static_cast<size_t>(i)]) << name(i);
+    core_->release(f->pinned);
+  }
+  core_->release(first->pinned);
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_EQ(core_->counters().verified, 0U) << "batch copies were CRC-read again on their first open";
+  // The large file: its own transfer.
+  auto large = core_->open(lookup(dir, "large.bin"), O_RDONLY);
+  ASSERT_TRUE(large) << large.error().message;
+  EXPECT_EQ(read_fd(large->fd.get()), large_);
+  s = group.stats();
+  EXPECT_EQ(s.transfers, 2U);
+  EXPECT_EQ(s.batches, 1U);
+  EXPECT_EQ(s.failures, 0U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+TEST_F(BatchTest, ConcurrentOpensOfManySmallFilesShareOneBatchAndANewFileGetsItsOwn) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 50; ++i) ids.push_back(lookup(dir, name(i)));
+  // All 50 opens wait before the service runs: one request, one batch, 50 answers.
+  std::mutex m;
+  std::condition_variable cv;
+  int answered = 0;
+  std::vector<std::string> errors;
+  for (uint64_t id : ids)
+    core_->open_async(id, O_RDONLY, {}, [&](stage::Result<OpenFile> r) {
+      std::lock_guard lk(m);
+      if (!r)
+        errors.push_back(r.error().message);
+      else
+        core_->release(r->pinned);
+      ++answered;
+      cv.notify_all();
+    });
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  {
+    std::unique_lock lk(m);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return answered == 50; }));
+  }
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_EQ(group.stats().requests_sent, 1U);
+  // A small file created after the batch: a new batch, which copies only that file.
+  write_file(path("src/many/zz-new"), "new");
+  auto f = core_->open(lookup(dir, "zz-new"), O_RDONLY);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(read_fd(f->fd.get()), "new");
+  core_->release(f->pinned);
+  const auto s = group.stats();
+  EXPECT_EQ(s.transfers, 2U);
+  EXPECT_EQ(s.batch_files, 51U) << "the second batch copied current files again";
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// One file changes on the source while the batch is copied: the engine's end-of-file check
+// fails the stream, the group runs the batch once more, which publishes every file, the
+// changed one at its new version. An open that looked the file up before the change gets
+// ESTALE (the kernel then looks it up again); the new id opens the new bytes. Nothing stale
+// is ever served.
+TEST_F(BatchTest, AFileChangedDuringTheCopyIsStagedAgainAndNeverServedStale) {
+  const std::string fresh = random_bytes(small_[5].size() + 100, 555);
+  ChangingSource changing(*source_, "many/" + name(5), path("src/many/" + name(5)), fresh);
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, changing, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  const uint64_t old_id = lookup(dir, name(5));
+  const uint64_t other = lookup(dir, name(30));
+  auto r = core_->open(other, O_RDONLY);  // the batch: name(5) changes during its copy
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), small_[30]);
+  core_->release(r->pinned);
+  EXPECT_TRUE(changing.changed);
+  EXPECT_EQ(changing.scans, 2) << "the failed batch was not run again";
+  auto s = group.stats();
+  EXPECT_EQ(s.transfers, 1U);
+  EXPECT_EQ(s.failures, 0U);
+  EXPECT_EQ(s.batch_files, 50U);
+  // The unchanged files are published and served.
+  for (int i = 0; i < 50; ++i) {
+    if (i == 5) continue;
+    EXPECT_EQ(read_file(path("cache/data/many/" + name(i))), small_[static_cast<size_t>(i)]) << name(i);
+  }
+  // The changed file: its copy is the new version; the old id is refused, the new one served.
+  EXPECT_EQ(read_file(path("cache/data/many/" + name(5))), fresh);
+  auto old_open = core_->open(old_id, O_RDONLY);
+  ASSERT_FALSE(old_open);
+  EXPECT_EQ(old_open.error().to_errno(), ESTALE);
+  auto now = core_->open(lookup(dir, name(5)), O_RDONLY);
+  ASSERT_TRUE(now) << now.error().message;
+  EXPECT_TRUE(now->cache_hit);
+  EXPECT_EQ(read_fd(now->fd.get()), fresh);
+  core_->release(now->pinned);
+  EXPECT_EQ(group.stats().transfers, 1U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// A file that fails every copy (here: it changes at every read; in life a pseudo file) fails
+// both runs of its directory's batch. The other files' opens then stage their file alone and
+// succeed; the bad file's open fails as it would alone; later small files of that directory
+// are staged alone (no batch that is known to fail).
+TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
+  ChangingSource changing(*source_, "many/" + name(9), path("src/many/" + name(9)), "v");
+  changing.always = true;
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, changing, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(20)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), small_[20]);
+  core_->release(r->pinned);
+  auto s = group.stats();
+  EXPECT_EQ(s.batches, 1U);
+  EXPECT_EQ(s.failures, 1U);
+  EXPECT_EQ(changing.scans, 2);  // the batch and its one retry
+  EXPECT_EQ(s.transfers, 2U);    // the batch, then name(20) alone
+  auto r2 = core_->open(lookup(dir, name(21)), O_RDONLY);
+  ASSERT_TRUE(r2) << r2.error().message;
+  core_->release(r2->pinned);
+  EXPECT_EQ(changing.scans, 2) << "a batch known to fail was tried again";
+  EXPECT_EQ(group.stats().transfers, 3U);
+  auto bad = core_->open(lookup(dir, name(9)), O_RDONLY);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().to_errno(), EIO) << bad.error().message;
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// The source file changes after the open checked its version but before the batch lists the
+// directory: the batch succeeds with the new version, which is not what the open looked up.
+// The open gets ESTALE (the kernel looks the name up again), not the new bytes under the old
+// attributes, not EIO.
+class ChangeFirst final : public Materializer {
+ public:
+  ChangeFirst(Materializer& inner, std::string path) : inner_(inner), path_(std::move(path)) {}
+  void materialize_async(const std::string& rel, Done done) override { inner_.materialize_async(rel, std::move(done)); }
+  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override {
+    rewrite(path_, "changed");
+    inner_.materialize_small_async(rel, since, std::move(done));
+  }
+
+ private:
+  Materializer& inner_;
+  std::string path_;
+};
+
+TEST_F(BatchTest, AFileChangedBeforeTheBatchListedItGetsEstale) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  ChangeFirst mat(group, path("src/many/" + name(3)));
+  make_core(mat);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(3)), O_RDONLY);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().to_errno(), ESTALE) << r.error().message;
+  EXPECT_EQ(group.stats().transfers, 1U);
+  auto again = core_->open(lookup(dir, name(3)), O_RDONLY);  // what the kernel does next
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_TRUE(again->cache_hit);
+  EXPECT_EQ(read_fd(again->fd.get()), "changed");
+  core_->release(again->pinned);
+  EXPECT_EQ(group.stats().transfers, 1U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// A small file that grew past the threshold between its open and the batch's listing is not in
+// the batch: the core stages it alone (a second transfer) rather than failing the open.
+TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  // The materializer asks for the batch, but the group's threshold is smaller than the core's
+  // (as after a file grew): the batch leaves the file out.
+  GroupConfig g = config();
+  g.small_file_size = 4096;  // only s00 (4096 bytes) is in the batch
+  GroupService group(comm, ctl, *source_, store_, g);
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), small_[10]);
+  core_->release(r->pinned);
+  const auto s = group.stats();
+  EXPECT_EQ(s.transfers, 2U);
+  EXPECT_EQ(s.batches, 1U);
+  EXPECT_EQ(s.batch_files, 1U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// A small file that not every user may read (no o+r) is never in a batch: one user's open of
+// another file must not copy it. Its own open (after its caller's access check) stages it alone.
+TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
+  ASSERT_EQ(::chmod(path("src/many/" + name(7)).c_str(), 0640), 0);
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  core_->release(r->pinned);
+  EXPECT_EQ(group.stats().batch_files, 49U);
+  EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(7))));
+  auto p = core_->open(lookup(dir, name(7)), O_RDONLY);
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(read_fd(p->fd.get()), small_[7]);
+  core_->release(p->pinned);
+  const auto s = group.stats();
+  EXPECT_EQ(s.transfers, 2U);
+  EXPECT_EQ(s.batches, 1U);  // its own transfer, not a batch
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// An open that looked into the cache just before its directory's batch published the copy, and
+// asks after the batch completed, is answered at once (it looks again and finds the copy)
+// instead of costing the group another batch; one that looked after the batch asks anew.
+TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer) {
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  const uint64_t before = group.epoch();
+  auto ask = [&](const std::string& rel, uint64_t since) {
+    std::promise<stage::Status> p;
+    auto f = p.get_future();
+    group.materialize_small_async(rel, since, [&p](stage::Status st) { p.set_value(std::move(st)); });
+    return f.get();
+  };
+  ASSERT_TRUE(ask("many/" + name(1), before).ok());
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_TRUE(ask("many/" + name(2), before).ok());  // looked before the batch completed
+  EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_TRUE(ask("many/" + name(2), group.epoch()).ok());  // looked after: a new batch
+  EXPECT_EQ(group.stats().transfers, 2U);
+  group.request_shutdown();
+  service.join();
+}
+
+// The engine's side: a batch lists only the small regular files directly in the directory
+// (no symlink, subdirectory, FIFO or large file), makes the cache directory 0700 (not the
+// source directory's mode), and publishes N files with one sync for the whole batch (the data,
+// before any rename) instead of an fsync per file and per rename.
+class CountingStore final : public stage::LocalStore {
+ public:
+  stage::Result<stage::LocalState> inspect(const std::string& p) override { return real_.inspect(p); }
+  stage::Result<uint64_t> checksum(const std::string& p) override { return real_.checksum(p); }
+  stage::Result<uint64_t> free_bytes(const std::string& p) override { return real_.free_bytes(p); }
+  stage::Status sync_filesystem(const std::string& p) override {
+    ++syncfs;
+    return real_.sync_filesystem(p);
+  }
+  stage::Status make_dir(const std::string& p, uint32_t m) override { return real_.make_dir(p, m); }
+  stage::Status make_parents(const std::string& p) override { return real_.make_parents(p); }
+  stage::Status make_symlink(const std::string& p, const std::string& t) override { return real_.make_symlink(p, t); }
+  int remove_stale_temps(const std::string& p) override { return real_.remove_stale_temps(p); }
+  stage::Result<std::unique_ptr<stage::Txn>> begin(const std::string& p) override {
+    auto t = real_.begin(p);
+    if (!t) return t.error();
+    return std::unique_ptr<stage::Txn>(new CountingTxn(std::move(t.value()), *this));
+  }
+  int syncfs = 0, fsyncs = 0, synced_commits = 0, renames = 0;
+
+ private:
+  class CountingTxn final : public stage::Txn {
+   public:
+    CountingTxn(std::unique_ptr<stage::Txn> in, CountingStore& s) : in_(std::move(in)), s_(s) {}
+    stage::Status write(uint64_t off, std::span<const std::byte> d) override { return in_->write(off, d); }
+    stage::Status finish(const stage::FileMeta& m, uint64_t crc) override { return in_->finish(m, crc); }
+    stage::Status sync() override {
+      ++s_.fsyncs;
+      return in_->sync();
+    }
+    stage::Result<uint64_t> crc_on_disk() override { return in_->crc_on_disk(); }
+    stage::Result<uint64_t> size_on_disk() override { return in_->size_on_disk(); }
+    stage::Status commit() override {
+      ++s_.synced_commits;
+      return in_->commit();
+    }
+    stage::Status commit_unsynced() override {
+      ++s_.renames;
+      return in_->commit_unsynced();
+    }
+    void abort() noexcept override { in_->abort(); }
+    [[nodiscard]] const std::string& temp_path() const override { return in_->temp_path(); }
+
+   private:
+    std::unique_ptr<stage::Txn> in_;
+    CountingStore& s_;
+  };
+  stage::PosixStore real_{stage::StoreOptions{.direct_io = false, .parent_mode = 0700}};  // as the cache's
+};
+
+TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
+  fs::create_directories(path("src/many/sub"));
+  write_file(path("src/many/sub/deep"), "not recursive");
+  write_file(path("secret"), "outside the directory");
+  fs::create_symlink("../../secret", path("src/many/link"));
+  ASSERT_EQ(::mkfifo(path("src/many/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(::chmod(path("src/many").c_str(), 0751), 0);
+  CountingStore store;
+  stage::SelfComm comm;
+  stage::StageOptions opt;
+  opt.pre = stage::Validate::origin;
+  opt.small_files_max = kSmall;
+  opt.chunk_size = 65536;
+  const stage::StageEndpoint ep{"many", path("dest/many"), true};
+  auto rep = stage::stage_transfer(comm, source_.get(), store, opt, ep);
+  ASSERT_TRUE(rep.ok) << (rep.errors.empty() ? "" : rep.errors.front());
+  EXPECT_EQ(rep.files, 50U);
+  EXPECT_EQ(rep.published.size(), 50U);
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(read_file(path("dest/many/" + name(i))), small_[static_cast<size_t>(i)]) << name(i);
+  for (const char* absent : {"large.bin", "sub", "link", "fifo"})
+    EXPECT_FALSE(fs::exists(fs::symlink_status(path(std::string("dest/many/") + absent)))) << absent;
+  struct stat st {};
+  ASSERT_EQ(::stat(path("dest/many").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700U) << "the batch's directory took the source directory's mode";
+  EXPECT_EQ(store.fsyncs, 0);
+  EXPECT_EQ(store.synced_commits, 0);
+  EXPECT_EQ(store.renames, 50);
+  EXPECT_EQ(store.syncfs, 1);  // the data, before the renames
+  // Again: every copy current, nothing copied, nothing synced.
+  auto again = stage::stage_transfer(comm, source_.get(), store, opt, ep);
+  ASSERT_TRUE(again.ok);
+  EXPECT_TRUE(again.published.empty());
+  EXPECT_EQ(again.bytes_streamed, 0U);
+  EXPECT_EQ(store.syncfs, 1);
+}
+
+}  // namespace
+}  // namespace stagefs
