@@ -526,6 +526,18 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
 Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
   std::deque<BufPtr> inflight;  // submitted to the stream, in chunk order (outlives the stream)
+  // On a failure, a send or receive MPI could not cancel may still use a submitted buffer
+  // after we give up: those buffers are then left allocated, never unmapped or reused (a few
+  // chunks, once per failed transfer; a stagefs group stops transferring after a failure).
+  bool ok = false;
+  struct Quarantine {
+    std::deque<BufPtr>& bufs;
+    const bool& ok;
+    ~Quarantine() {
+      if (!ok)
+        for (auto& b : bufs) quarantine(std::shared_ptr<void>(std::move(b)));
+    }
+  } quarantine{inflight, ok};
   ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
   uint64_t submitted = 0, completed = 0;
@@ -566,13 +578,15 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
       b->hdr = h;
       (write_here ? q.write_q : q.free_q).push(std::move(b));
       if (progress_) progress_(range.offset + range.length, layout.bytes());
-      if (++completed == 2) test_hold("mid-file", comm_.rank());  // chunks 0 and 1 are with the writer
+      if (++completed == 2 && completed < nchunks)  // chunks 0 and 1 are with the writer, more follow
+        test_hold("mid-file", comm_.rank());
     }
     const bool busy = stream.pending() > 0 || !done.empty();  // else: waiting for the reader or writer
     if (!moved && !*r) stream.idle();
     if (busy) r_.pipe.bcast += seconds_between(t_iter, Clock::now());
   }
   if (auto st = stream.finish(); !st) return st;
+  ok = true;
   for (auto& b : inflight) q.free_q.push(std::move(b));  // receives dropped after an abort
   return {};
 }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <ctime>
 #include <deque>
+#include <mutex>
 #include <numeric>
 #include <utility>
 
@@ -109,10 +110,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kSegmentTags = 16384;            // data tags: segment index modulo this
-constexpr int kAckTag = kSegmentTags + 1;      // a child's "my subtree has it"
 constexpr int kReleaseTag = kSegmentTags + 2;  // tree: "every subtree has it"
 constexpr int kHeaderTag = kSegmentTags + 3;   // a chunk's header
-static_assert(kHeaderTag <= PointToPoint::kMaxTag);
+constexpr int kCreditTag = kSegmentTags + 4;   // child -> parent: chunks handed back
+constexpr int kSubtreeTag = kSegmentTags + 5;  // child -> parent: chunks its whole subtree holds
+static_assert(kSubtreeTag <= PointToPoint::kMaxTag);
 
 // One pending request: cancelled if it is dropped before it completed.
 class Op {
@@ -207,6 +209,7 @@ struct ChunkStream::Impl {
     bool have_hdr = false;  // root: always; elsewhere once the header arrived
     uint64_t nseg = 0;      // payload segments (valid with the header)
     uint64_t first = 0;     // stream-wide number of its first segment (valid with the header)
+    bool dropped = false;   // after an abort: its header receive was cancelled (finish())
     std::deque<Op> hdr_recv;
   };
   struct Out {  // one child
@@ -216,9 +219,16 @@ struct ChunkStream::Impl {
     uint64_t seg_next = 0;  // next stream segment to send
     uint64_t seg_done = 0;  // segment sends completed (in order)
     std::deque<Op> hdr_sends, seg_sends;
-    std::deque<Op> ack;  // tree: the child's acknowledgement (posted by finish())
-    std::byte ack_byte{};
+    uint64_t credit = 0;   // chunks the child has handed back (flow control)
+    uint64_t subtree = 0;  // chunks the child's whole subtree holds (progress, completion)
+    uint64_t credit_in = 0, subtree_in = 0;    // receive buffers
+    std::deque<Op> credit_recv, subtree_recv;  // one receive of each posted at a time
   };
+  // A parent sends a child the segments of chunk k only once the child has handed back chunk
+  // k - kCreditChunks: at most this many chunks per link are in flight or waiting at the
+  // child, so a slow node never has the rest of the stream piled up in its MPI library's
+  // unexpected-message queue (eager sends complete without the receiver).
+  static constexpr uint64_t kCreditChunks = 4;
 
   PointToPoint& p2p;
   const int root;
@@ -227,7 +237,6 @@ struct ChunkStream::Impl {
   const uint64_t seg;
   const size_t window;
   const Links links;
-  const int tail;
   const bool is_root;
   std::deque<Item> items;
   uint64_t submitted = 0;    // chunks submitted
@@ -239,6 +248,25 @@ struct ChunkStream::Impl {
   Backoff backoff;
   Clock::time_point last_progress = Clock::now();
   std::byte flag_out{1}, flag_in{};
+  bool failed = false;  // a call returned an error: see ~ChunkStream
+  uint64_t handed = 0;        // chunks handed back on this rank
+  uint64_t credit_sent = 0;   // the last "handed back" value sent to the parent
+  uint64_t subtree_sent = 0;  // the last "my subtree holds" value sent to the parent
+  std::deque<uint64_t> up_vals;  // the values of the messages to the parent in flight
+  std::deque<Op> up_sends;
+
+  // Cancels and releases every request of the stream (their buffers stay where they are).
+  void drop_requests() {
+    for (Item& it : items) it.hdr_recv.clear();
+    recvs.clear();
+    for (Out& o : outs) {
+      o.hdr_sends.clear();
+      o.seg_sends.clear();
+      o.credit_recv.clear();
+      o.subtree_recv.clear();
+    }
+    up_sends.clear();
+  }
 
   Impl(PointToPoint& p, int r, BcastAlgorithm shape, const PipelineOptions& o)
       : p2p(p),
@@ -248,7 +276,6 @@ struct ChunkStream::Impl {
         seg(o.segment != 0 ? o.segment : kDefaultSegment),
         window(std::clamp<uint64_t>(o.window_bytes / seg, 2, 64)),
         links(links_of(shape, broadcast_order(p.placement(), r), p.rank())),
-        tail(broadcast_order(p.placement(), r).back()),
         is_root(p.rank() == r) {
     outs.resize(links.children.size());
     for (size_t k = 0; k < outs.size(); ++k) outs[k].rank = links.children[k];
@@ -302,6 +329,7 @@ struct ChunkStream::Impl {
     // once every earlier one is, so segment numbers are the same on every rank.
     for (Item& it : items) {
       if (it.have_hdr) continue;
+      if (it.dropped) break;
       auto r = poll_in_order(it.hdr_recv, [](uint64_t) {});
       if (!r) return r.error();
       if (!it.hdr_recv.empty()) break;
@@ -334,7 +362,8 @@ struct ChunkStream::Impl {
       }
       while (o.seg_next < received && o.seg_sends.size() < window) {
         Item& it = item_of_segment(o.seg_next);
-        if (it.seq >= o.hdr_next) break;  // its header first
+        if (it.seq >= o.hdr_next) break;                    // its header first
+        if (it.seq >= o.credit + kCreditChunks) break;      // the child is that far behind
         auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
         if (!id) return id.error();
         o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
@@ -345,16 +374,51 @@ struct ChunkStream::Impl {
       auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
       if (!d) return d.error();
       any = any || *h || *d;
+      // The child's counts: one receive of each kind posted while more can come.
+      for (auto [ops, in, count] : {std::tuple{&o.credit_recv, &o.credit_in, &o.credit},
+                                    std::tuple{&o.subtree_recv, &o.subtree_in, &o.subtree}}) {
+        auto got_count = poll_in_order(*ops, [&](uint64_t) { *count = std::max(*count, *in); });
+        if (!got_count) return got_count.error();
+        any = any || *got_count;
+        if (ops->empty() && *count < submitted) {
+          auto id = p2p.irecv(std::as_writable_bytes(std::span(in, 1)), o.rank,
+                              ops == &o.credit_recv ? kCreditTag : kSubtreeTag);
+          if (!id) return id.error();
+          ops->emplace_back(p2p, *id, 0);
+        }
+      }
     }
     while (!items.empty() && complete(items.front())) {
       done.push_back(items.front().hdr);
       items.pop_front();
+      ++handed;
       any = true;
+    }
+    // Tell the parent: chunks handed back here (its credit), chunks this whole subtree holds.
+    if (!is_root) {
+      uint64_t sub = handed;
+      for (const Out& o : outs) sub = std::min(sub, o.subtree);
+      for (auto [tag, value, sent] : {std::tuple{kCreditTag, handed, &credit_sent},
+                                      std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
+        if (value <= *sent) continue;
+        up_vals.push_back(value);
+        auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);
+        if (!id) return id.error();
+        up_sends.emplace_back(p2p, *id, 0);
+        *sent = value;
+        any = true;
+      }
+      auto u = poll_in_order(up_sends, [&](uint64_t) { up_vals.pop_front(); });
+      if (!u) return u.error();
+      any = any || *u;
     }
     return any;
   }
 
   std::string waiting_for() const {
+    for (const Out& o : outs)
+      if (!items.empty() && items.front().seq >= o.credit + kCreditChunks)
+        return "rank " + std::to_string(o.rank) + " to take chunk " + std::to_string(o.credit);
     if (!items.empty() && !items.front().have_hdr)
       return "the header of chunk " + std::to_string(items.front().seq) + " from rank " +
              std::to_string(links.parent);
@@ -366,9 +430,32 @@ struct ChunkStream::Impl {
 ChunkStream::ChunkStream(PointToPoint& p2p, int root, BcastAlgorithm shape, const PipelineOptions& opt)
     : impl_(std::make_unique<Impl>(p2p, root, shape, opt)) {}
 
-ChunkStream::~ChunkStream() = default;
+// A request the MPI library could not cancel (a send already under way, a receive already
+// matched) is still completed by it after MPI_Request_free, into or from its buffer. So after
+// a failure, or with chunks still in flight, the stream's own buffers (headers, flags) are
+// left allocated: a few bytes per chunk, once per failed transfer. The chunk buffers are the
+// caller's to keep alive the same way (Transfer::stream_chunks does).
+ChunkStream::~ChunkStream() {
+  if (impl_ && (impl_->failed || !impl_->items.empty())) {
+    impl_->drop_requests();
+    quarantine(std::shared_ptr<void>(std::move(impl_)));
+  }
+}
+
+void quarantine(std::shared_ptr<void> memory) {
+  static std::mutex m;
+  static std::vector<std::shared_ptr<void>>* kept = new std::vector<std::shared_ptr<void>>;  // never destroyed
+  const std::lock_guard lock(m);
+  kept->push_back(std::move(memory));
+}
 
 Status ChunkStream::submit(std::span<std::byte> buf, const ChunkHeader& hdr) {
+  auto st = submit_one(buf, hdr);
+  if (!st) impl_->failed = true;
+  return st;
+}
+
+Status ChunkStream::submit_one(std::span<std::byte> buf, const ChunkHeader& hdr) {
   Impl& s = *impl_;
   Impl::Item& it = s.items.emplace_back();
   it.buf = buf;
@@ -392,10 +479,14 @@ Status ChunkStream::submit(std::span<std::byte> buf, const ChunkHeader& hdr) {
 Result<bool> ChunkStream::progress(std::vector<ChunkHeader>& done) {
   Impl& s = *impl_;
   auto r = s.step(done);
-  if (!r) return r;
+  if (!r) {
+    s.failed = true;
+    return r;
+  }
   if (*r) {
     s.moved();
   } else if (!s.items.empty() && s.past_stall()) {
+    s.failed = true;
     return s.stalled(s.waiting_for()).error();
   } else if (s.items.empty()) {
     s.last_progress = Clock::now();  // nothing to wait for (the caller's reader is busy)
@@ -408,93 +499,93 @@ void ChunkStream::idle() { impl_->backoff.wait(); }
 size_t ChunkStream::pending() const { return impl_->items.size(); }
 
 Status ChunkStream::finish() {
+  auto st = finish_round();
+  if (!st) impl_->failed = true;
+  return st;
+}
+
+Status ChunkStream::finish_round() {
   Impl& s = *impl_;
-  // Chunks announced to this rank but never sent (after an abort): drop their receives.
-  while (!s.items.empty() && !s.items.back().have_hdr) s.items.pop_back();
-  if (!s.items.empty())
-    return stage_error(Errc::bad_message, "broadcast stream finished with " + std::to_string(s.items.size()) +
-                                              " chunk(s) in flight");
-  const int n = s.p2p.size();
-  if (n <= 1) return {};
-  std::deque<Op> confirm_recv, confirm_sends, ack_send, release_recv, release_sends;
-  auto post_flags = [&](const std::vector<int>& to, int flag_tag, std::deque<Op>& ops) -> Status {
-    for (int r : to) {
-      auto id = s.p2p.isend(std::span<const std::byte>(&s.flag_out, 1), r, flag_tag);
-      if (!id) return id.error();
-      ops.emplace_back(s.p2p, *id, 0);
+  // Chunks this rank was ready for but that never came (after an abort): their header
+  // receives are cancelled; the items stay (a cancelled receive's buffer is never freed, see
+  // ~ChunkStream) but no longer count.
+  size_t live = 0;
+  for (Impl::Item& it : s.items) {
+    if (it.have_hdr) {
+      ++live;
+      continue;
     }
-    return {};
-  };
-  const bool is_tail = s.p2p.rank() == s.tail;
-  if (s.chain) {
-    if (is_tail) {
-      std::vector<int> others;
-      for (int r = 0; r < n; ++r)
-        if (r != s.tail) others.push_back(r);
-      if (auto st = post_flags(others, kAckTag, confirm_sends); !st) return st;
-    } else {
-      auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.tail, kAckTag);
-      if (!id) return id.error();
-      confirm_recv.emplace_back(s.p2p, *id, 0);
-    }
-  } else {
-    for (Impl::Out& o : s.outs) {
-      auto id = s.p2p.irecv(std::span(&o.ack_byte, 1), o.rank, kAckTag);
-      if (!id) return id.error();
-      o.ack.emplace_back(s.p2p, *id, 0);
-    }
-    if (!s.is_root) {
-      auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.links.parent, kReleaseTag);
-      if (!id) return id.error();
-      release_recv.emplace_back(s.p2p, *id, 0);
+    if (!it.dropped) {
+      it.hdr_recv.clear();
+      it.dropped = true;
+      --s.submitted;
     }
   }
-  bool ack_posted = false, release_posted = false;
+  if (live > 0)
+    return stage_error(Errc::bad_message, "broadcast stream finished with " + std::to_string(live) +
+                                              " chunk(s) in flight");
+  if (s.p2p.size() <= 1) return {};
+  // Completion: every child's subtree holds every chunk (its "subtree" count, which also
+  // moves while a slow rank far below catches up, so a healthy but slow node never looks
+  // like a stall), and this rank's own counts reached its parent. In the chain that is the
+  // end: the ranks above a rank held the data before passing it on. In the tree the root
+  // then releases its subtrees, so each rank also knows the other branches hold it.
+  std::deque<Op> release_recv, release_sends;
+  if (!s.chain && !s.is_root) {
+    auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.links.parent, kReleaseTag);
+    if (!id) return id.error();
+    release_recv.emplace_back(s.p2p, *id, 0);
+  }
+  bool release_posted = false;
   s.moved();
+  std::vector<ChunkHeader> none;
   for (;;) {
-    bool any = false;
-    bool all_acked = true;
-    for (Impl::Out& o : s.outs) {
-      auto a = poll_in_order(o.ack, [](uint64_t) {});
-      if (!a) return a.error();
-      any = any || *a;
-      all_acked = all_acked && o.ack.empty();
-    }
-    for (auto* ops : {&confirm_recv, &confirm_sends, &ack_send, &release_recv, &release_sends}) {
+    auto r = s.step(none);
+    if (!r) return r.error();
+    bool any = *r;
+    for (auto* ops : {&release_recv, &release_sends}) {
       auto d = poll_in_order(*ops, [](uint64_t) {});
       if (!d) return d.error();
       any = any || *d;
     }
-    if (s.chain) {
-      if (confirm_recv.empty() && confirm_sends.empty()) return {};
-    } else {
-      if (all_acked && !s.is_root && !ack_posted) {
-        if (auto st = post_flags({s.links.parent}, kAckTag, ack_send); !st) return st;
-        ack_posted = any = true;
-      }
-      const bool up_done = all_acked && (s.is_root || (ack_posted && ack_send.empty()));
-      if (up_done && release_recv.empty() && !release_posted) {
-        if (auto st = post_flags(s.links.children, kReleaseTag, release_sends); !st) return st;
+    bool below = true;
+    for (const Impl::Out& o : s.outs) below = below && o.subtree >= s.handed;
+    const bool up = s.is_root || (s.subtree_sent >= s.handed && s.up_sends.empty());
+    if (below && up) {
+      if (s.chain) break;
+      if (release_recv.empty() && !release_posted) {
+        for (int c : s.links.children) {
+          auto id = s.p2p.isend(std::span<const std::byte>(&s.flag_out, 1), c, kReleaseTag);
+          if (!id) return id.error();
+          release_sends.emplace_back(s.p2p, *id, 0);
+        }
         release_posted = any = true;
       }
-      if (release_posted && release_sends.empty()) return {};
+      if (release_posted && release_sends.empty()) break;
     }
     if (any) {
       s.moved();
       continue;
     }
     if (s.past_stall()) {
-      const std::string what = s.chain ? (is_tail ? "its confirmations to the other ranks"
-                                                  : "the confirmation of the last rank, " + std::to_string(s.tail))
-                               : !all_acked ? "the acknowledgement of the rank(s) below"
-                               : !ack_posted || !ack_send.empty()
-                                   ? "its acknowledgement to rank " + std::to_string(s.links.parent)
-                               : !release_recv.empty() ? "the release from rank " + std::to_string(s.links.parent)
-                                                       : "its releases to the rank(s) below";
+      std::string what;
+      for (const Impl::Out& o : s.outs)
+        if (what.empty() && o.subtree < s.handed)
+          what = "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
+      if (what.empty())
+        what = !up ? "its counts to reach rank " + std::to_string(s.links.parent)
+                   : "the release from rank " + std::to_string(s.links.parent);
       return s.stalled(what);
     }
     s.backoff.wait();
   }
+  // The receives for counts that will not come (after an abort) are dropped here; none is
+  // pending otherwise.
+  for (Impl::Out& o : s.outs) {
+    o.credit_recv.clear();
+    o.subtree_recv.clear();
+  }
+  return {};
 }
 
 Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, BcastAlgorithm shape,

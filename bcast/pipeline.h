@@ -109,7 +109,10 @@ BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes);
 // so a lost node or link fails every rank instead of leaving some inside a later collective.
 // Failure: a failed request, a header that does not fit the buffer, or nothing moving for
 // `stall_timeout` while this rank waits for something (data, a header, its sends, the
-// confirmation) ends the stream with an error; the destructor cancels what is pending.
+// confirmation) ends the stream with an error; the destructor cancels what is pending. A
+// request MPI could not cancel may still use its buffer later: after a failure (or with
+// chunks still in flight) the destructor leaves the stream's own small buffers allocated,
+// and the caller must likewise never free or reuse the chunk buffers it had submitted.
 // COLLECTIVE over p2p as a whole (every rank submits the same number of chunks); NOT
 // thread-safe.
 class ChunkStream {
@@ -134,12 +137,19 @@ class ChunkStream {
   Status finish();
 
  private:
+  Status submit_one(std::span<std::byte> buf, const ChunkHeader& hdr);
+  Status finish_round();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
+// Keeps `memory` allocated (and reachable) until the process exits: the buffers of requests
+// that MPI could not cancel after a failure. Thread-safe.
+void quarantine(std::shared_ptr<void> memory);
+
 // Pipelined broadcast of one buffer from `root` (shape: chain or tree): a ChunkStream of one
-// chunk. COLLECTIVE over p2p (every rank passes the same length).
+// chunk. COLLECTIVE over p2p (every rank passes the same length). After an error, `buf` may
+// still be used by a request MPI could not cancel (see ChunkStream).
 Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, BcastAlgorithm shape,
                       const PipelineOptions& opt);
 

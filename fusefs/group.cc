@@ -160,7 +160,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
   for (auto& cb : cbs) cb(st);
 }
 
-void GroupService::run_transfer(const Message& a) {
+bool GroupService::run_transfer(const Message& a) {
   const auto t0 = Clock::now();
   stage::StageOptions opt = cfg_.bcast;
   opt.pre = stage::Validate::origin;
@@ -208,12 +208,13 @@ void GroupService::run_transfer(const Message& a) {
              stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
                           why});
   }
+  return !report.comm_broken;
 }
 
 // A batch: every small file of directory a.path in one transfer. Collective like a single
 // transfer: every rank runs it, every rank sees the same outcome, so every rank agrees on
 // the one retry.
-void GroupService::run_batch(const Message& a) {
+bool GroupService::run_batch(const Message& a) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
   stage::StageOptions opt = cfg_.bcast;
@@ -285,10 +286,11 @@ void GroupService::run_batch(const Message& a) {
                                                   : stage::make_error_code(stage::Errc::peer_failed),
                                why});
   }
+  return !report.comm_broken;
 }
 
-stage::Status GroupService::control_failed(const stage::Error& e) {
-  spdlog::error("{}: control plane failed: {}", stage::host_name(), e.message);
+stage::Status GroupService::control_failed(const stage::Error& e, const char* what) {
+  spdlog::error("{}: {} failed: {}", stage::host_name(), what, e.message);
   Ready ready;
   {
     std::lock_guard lk(m_);
@@ -373,10 +375,19 @@ stage::Status GroupService::run() {
         run_ready(ready);
         return {};
       }
-      if (m.type == MsgType::batch)
-        run_batch(m);
-      else
-        run_transfer(m);
+      const bool data_ok = m.type == MsgType::batch ? run_batch(m) : run_transfer(m);
+      if (!data_ok) {
+        // The ranks may no longer be in step: no MPI call may follow. The group is broken
+        // (later cache misses fail at once or go to the source; cached files are still
+        // served) and this thread waits, without MPI, for the mount to be shut down.
+        (void)control_failed(stage::stage_error(stage::Errc::group_broken,
+                                                "the mount group stops transferring (the broadcast of " +
+                                                    (m.path.empty() ? std::string("/") : m.path) + " broke)"),
+                             "data path");
+        std::unique_lock lk(m_);
+        service_cv_.wait(lk, [&] { return shutdown_requested_; });
+        return {};
+      }
     }
     if (busy) {
       idle = std::chrono::milliseconds(1);

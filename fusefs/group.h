@@ -122,11 +122,13 @@ class GroupService final : public Materializer {
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
   void wait_for(Key key, Done done, uint64_t since = UINT64_MAX);
-  void run_transfer(const Message& a);
-  void run_batch(const Message& a);
+  // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
+  // not be used again, so the group stops transferring.
+  bool run_transfer(const Message& a);
+  bool run_batch(const Message& a);
   stage::Result<bool> forward_local();  // true if it sent anything
   stage::Result<bool> coordinate();     // coordinator's node; true if anything happened
-  stage::Status control_failed(const stage::Error& e);
+  stage::Status control_failed(const stage::Error& e, const char* what = "control plane");
   void complete(const Key& key, const stage::Status& st);
   Ready fail_all_locked(const stage::Error& e);
   static void run_ready(Ready& r);

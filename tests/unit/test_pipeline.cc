@@ -167,10 +167,10 @@ TEST(PipelineTest, TheSourceSendsTheBufferOnceInAChainTwiceInATree) {
     FakeNet net(9);
     auto o = run_bcast(net, 0, bytes, shape, opt);
     for (const auto& st : o.status) ASSERT_TRUE(st);
-    // + the 32-byte header per child, one acknowledgement byte up, and in the tree one
-    // release byte per child
+    // + the 32-byte header per child, two 8-byte counts up (handed back, subtree holds), and
+    // in the tree one release byte per child
     const uint64_t hdr = sizeof(ChunkHeader);
-    const uint64_t per_rank = shape == BcastAlgorithm::chain ? bytes + hdr + 1 : 2 * (bytes + hdr) + 3;
+    const uint64_t per_rank = shape == BcastAlgorithm::chain ? bytes + hdr + 16 : 2 * (bytes + hdr) + 16 + 2;
     EXPECT_EQ(net.bytes_sent(0), shape == BcastAlgorithm::chain ? bytes + hdr : 2 * (bytes + hdr) + 2);
     for (int r = 1; r < 9; ++r) EXPECT_LE(net.bytes_sent(r), per_rank);
   }
@@ -359,18 +359,102 @@ TEST(ChunkStreamTest, TheSourceDoesNotWaitForTheEndOfTheChainBetweenChunks) {
   }
 }
 
-// One completion round per stream, not per chunk: the chain's last rank sends each other rank
-// one confirmation byte in all, whatever the number of chunks.
-TEST(ChunkStreamTest, OneConfirmationPerStream) {
+// Flow control: a child that takes nothing (no buffer posted) gets at most kCreditChunks (4)
+// chunks' data from its parent, whatever the parent has ready (eager sends complete without
+// the receiver: without credits the whole stream would pile up at a slow node). The parent
+// then reports the stall, naming the child.
+TEST(ChunkStreamTest, ASlowChildGetsAtMostFourChunksAhead) {
   PipelineOptions opt;
-  opt.segment = 4096;
-  const int n = 6;
+  opt.segment = 1024;
+  opt.stall_timeout = milliseconds(300);
+  FakeNet net(2);
+  Status root_status;
+  std::thread root([&] {
+    FakeP2P p(net, 0);
+    ChunkStream s(p, 0, BcastAlgorithm::chain, opt);
+    std::vector<std::vector<std::byte>> bufs(10, std::vector<std::byte>(4096));
+    for (uint64_t k = 0; k < 10; ++k)
+      if (auto st = s.submit(std::span(bufs[k]), ChunkHeader{k, 4096, 0, 0, 0}); !st) root_status = st;
+    std::vector<ChunkHeader> done;
+    for (;;) {
+      auto r = s.progress(done);
+      if (!r) {
+        root_status = r.error();
+        return;
+      }
+      if (!*r) s.idle();
+    }
+  });
+  root.join();
+  ASSERT_FALSE(root_status);
+  EXPECT_NE(root_status.error().message.find("rank 1 to take chunk 0"), std::string::npos)
+      << root_status.error().message;
+  EXPECT_EQ(net.bytes_sent(0), 4 * 4096 + 10 * sizeof(ChunkHeader));
+}
+
+// A healthy but slow node (its writer holds each chunk 100 ms, one buffer) at the end of a
+// chain: the ranks above it finish long before it, and wait in finish() for more than the
+// stall timeout in all; its progress reaches them through the subtree counts, so nobody
+// reports a stall (with one confirmation at the end, every rank but the slow one failed).
+TEST(ChunkStreamTest, ASlowButHealthyNodeDoesNotFailTheOthers) {
+  PipelineOptions opt;
+  opt.segment = 1024;
+  opt.stall_timeout = milliseconds(400);
+  const int n = 4;
+  const uint64_t nch = 12, len = 8192;
   FakeNet net(n);
-  const std::vector<std::pair<size_t, uint32_t>> chunks(8, {20000, 0});
-  auto o = run_stream(net, 0, chunks, BcastAlgorithm::chain, opt);
-  for (const auto& st : o.status) ASSERT_TRUE(st);
-  const int tail = broadcast_order(net.placement(), 0).back();
-  EXPECT_EQ(net.bytes_sent(tail), static_cast<uint64_t>(n - 1));
+  const auto order = broadcast_order(net.placement(), 0);
+  std::vector<Status> res(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      FakeP2P p(net, r, 3 + static_cast<unsigned>(r));
+      ChunkStream s(p, 0, BcastAlgorithm::chain, opt);
+      const bool slow = r == order.back();
+      std::deque<std::vector<std::byte>> free_bufs(slow ? 1 : 4, std::vector<std::byte>(len)), inflight;
+      uint64_t next = 0, got = 0;
+      std::vector<ChunkHeader> done;
+      auto busy_until = std::chrono::steady_clock::now();
+      while (got < nch) {
+        if (r == 0) {
+          while (next < nch && s.pending() < 4) {
+            inflight.emplace_back(len);
+            if (auto st = s.submit(std::span(inflight.back()), ChunkHeader{next, len, 0, 0, 0}); !st) {
+              res[static_cast<size_t>(r)] = st;
+              return;
+            }
+            ++next;
+          }
+        } else if (std::chrono::steady_clock::now() >= busy_until) {
+          while (next < nch && !free_bufs.empty()) {
+            inflight.push_back(std::move(free_bufs.front()));
+            free_bufs.pop_front();
+            if (auto st = s.submit(std::span(inflight.back()), ChunkHeader{}); !st) {
+              res[static_cast<size_t>(r)] = st;
+              return;
+            }
+            ++next;
+          }
+        }
+        done.clear();
+        auto m = s.progress(done);
+        if (!m) {
+          res[static_cast<size_t>(r)] = m.error();
+          return;
+        }
+        for (size_t k = 0; k < done.size(); ++k) {
+          if (r != 0) free_bufs.push_back(std::move(inflight.front()));
+          inflight.pop_front();
+          ++got;
+          if (slow) busy_until = std::chrono::steady_clock::now() + milliseconds(100);
+        }
+        if (!*m) s.idle();
+      }
+      res[static_cast<size_t>(r)] = s.finish();
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(res[static_cast<size_t>(r)]) << "rank " << r << ": " << res[static_cast<size_t>(r)].error().message;
 }
 
 // The source's abort (its read failed) ends the stream at the same chunk on every rank: the
