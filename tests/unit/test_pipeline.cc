@@ -392,16 +392,17 @@ TEST(ChunkStreamTest, ASlowChildGetsAtMostFourChunksAhead) {
   EXPECT_EQ(net.bytes_sent(0), 4 * 4096 + 10 * sizeof(ChunkHeader));
 }
 
-// A healthy but slow node (its writer holds each chunk 100 ms, one buffer) at the end of a
-// chain: the ranks above it finish long before it, and wait in finish() for more than the
-// stall timeout in all; its progress reaches them through the subtree counts, so nobody
-// reports a stall (with one confirmation at the end, every rank but the slow one failed).
+// A healthy but slow node (its writer holds each chunk 250 ms, one buffer) at the end of a
+// chain: the ranks above it are done long before it and wait 4 s in all, more than the
+// stall timeout (3 s, far above any scheduling gap of a loaded machine); its progress
+// reaches them through the subtree counts, so nobody reports a stall (with one confirmation
+// at the end, every rank but the slow one failed).
 TEST(ChunkStreamTest, ASlowButHealthyNodeDoesNotFailTheOthers) {
   PipelineOptions opt;
   opt.segment = 1024;
-  opt.stall_timeout = milliseconds(400);
+  opt.stall_timeout = milliseconds(3000);
   const int n = 4;
-  const uint64_t nch = 12, len = 8192;
+  const uint64_t nch = 16, len = 8192;
   FakeNet net(n);
   const auto order = broadcast_order(net.placement(), 0);
   std::vector<Status> res(n);
@@ -446,7 +447,7 @@ TEST(ChunkStreamTest, ASlowButHealthyNodeDoesNotFailTheOthers) {
           if (r != 0) free_bufs.push_back(std::move(inflight.front()));
           inflight.pop_front();
           ++got;
-          if (slow) busy_until = std::chrono::steady_clock::now() + milliseconds(100);
+          if (slow) busy_until = std::chrono::steady_clock::now() + milliseconds(250);
         }
         if (!*m) s.idle();
       }
