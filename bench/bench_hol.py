@@ -16,15 +16,10 @@ build = os.path.abspath(sys.argv[1])
 np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 size_mb = int(sys.argv[3]) if len(sys.argv) > 3 else 512
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mount"))
-import stagefs_harness as h  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
-if os.environ.get("STAGE_BENCH_INNER") != "1":
-    os.environ["STAGE_BENCH_INNER"] = "1"
-    os.execvp("unshare", ["unshare", "-m", "--propagation", "private", sys.executable] + sys.argv)
-h.STAGEFS = os.path.join(build, "tools", "stagefs")
-os.environ.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                   "OMPI_MCA_btl_tcp_if_include": "lo"})
+h = benchlib.enter(build)
 OPEN = "import sys; open(sys.argv[1], 'rb').close()"
 work = h.Work("bench-hol")
 g = None
