@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -94,6 +95,7 @@ class Transfer {
     BlockingQueue<BufPtr> free_q, full_q, write_q;
   };
   Status broadcast_chunks(const Layout& layout, bool write_here, Queues& q);
+  bool valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const;
   Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
@@ -124,7 +126,58 @@ class Transfer {
   std::optional<Error> source_err_;        // root: reading the source failed (reader thread, then main)
   std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
   std::vector<BufPtr> buffers_;            // allocated by prepare(), used by copy()
+  // Reads before the copy ends (StageOptions::live, a single-file transfer): chunks go in
+  // the order readers want them; the file CRCs are combined from per-chunk CRCs at the end.
+  bool adaptive_ = false;
+  std::mutex want_m_;
+  std::deque<uint64_t> want_q_;            // root: chunks to read next (MPI thread -> reader)
+  std::vector<uint64_t> want_scratch_;     // calling thread
+  std::vector<uint64_t> reader_chunk_crc_;  // root, reader thread
+  std::vector<uint64_t> writer_chunk_crc_;  // writer thread
+  uint64_t writer_chunks_ = 0;              // writer thread: chunks written (adaptive)
+  void push_want(uint64_t index) {
+    const std::lock_guard lk(want_m_);
+    want_q_.push_back(index);
+  }
+  // Calling thread: the wants of this rank's readers go to the reader (root) or up the
+  // stream (elsewhere, when there is one); the root also takes its subtree's.
+  void route_wants(ChunkStream* stream);
+  // Root's reader: the next chunk to read (see LiveCopy).
+  uint64_t pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low);
 };
+
+void Transfer::route_wants(ChunkStream* stream) {
+  if (!adaptive_) return;
+  want_scratch_.clear();
+  opt_.live->take_wanted(want_scratch_);
+  for (uint64_t w : want_scratch_) {
+    if (is_root())
+      push_want(w);
+    else if (stream != nullptr)
+      stream->want(w);
+  }
+  if (stream != nullptr && is_root())
+    while (auto w = stream->take_want()) push_want(*w);
+}
+
+uint64_t Transfer::pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low) {
+  const uint64_t n = sent.size();
+  {
+    const std::lock_guard lk(want_m_);
+    while (!want_q_.empty()) {
+      const uint64_t w = want_q_.front();
+      want_q_.pop_front();
+      if (w < n && sent[w] == 0) {
+        next = w + 1;
+        return w;
+      }
+    }
+  }
+  if (next < n && sent[next] == 0) return next++;
+  while (low < n && sent[low] != 0) ++low;
+  next = low + 1;
+  return low;
+}
 
 // Root broadcasts "did I fail?" and its message; every rank returns the same error.
 Status Transfer::share_root_status(std::optional<Error>& err) {
@@ -371,10 +424,16 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
     full_q.push(std::move(*b));
     return;
   }
-  for (uint64_t i = 0; i < nchunks; ++i) {
+  std::vector<char> sent(adaptive_ ? nchunks : 0);
+  uint64_t next = 0, low = 0;
+  if (adaptive_) reader_chunk_crc_.assign(nchunks, 0);
+  for (uint64_t k = 0; k < nchunks; ++k) {
     auto t_wait = Clock::now();
     auto b = free_q.pop();
     if (!b) return;
+    // Chosen once a buffer is free: as late as possible, so the latest wants count.
+    const uint64_t i = adaptive_ ? pick_chunk(sent, next, low) : k;
+    if (adaptive_) sent[i] = 1;
     const auto t_read = Clock::now();
     r_.pipe.read_wait += seconds_between(t_wait, t_read);
     const Accumulate busy(r_.pipe.read, t_read);
@@ -415,10 +474,20 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
         piece_crc = crc64_zeros(p.length);
       }
       crc = crc64_combine(crc, piece_crc, p.length);
+      if (adaptive_) continue;  // one piece per chunk; the file's CRC and end check below
       reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
       if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
         source_err_ = check_source_end(*file, e);
         if (source_err_) break;
+      }
+    }
+    if (adaptive_ && !source_err_) {
+      reader_chunk_crc_[i] = crc;
+      if (k + 1 == nchunks) {  // every chunk read: the file's CRC, and is it still the same file?
+        for (uint64_t j = 0; j < nchunks; ++j)
+          reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
+                                              chunk_range(layout.bytes(), opt_.chunk_size, j).length);
+        source_err_ = check_source_end(*file, m_.entries[layout.segments()[0].entry]);
       }
     }
     if (source_err_) {
@@ -471,6 +540,17 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
             break;
           }
         }
+        if (adaptive_) {  // chunks in any order: the file's CRC once all are here
+          writer_chunk_crc_[buf.hdr.index] = piece_crc[k];
+          opt_.live->chunk_written(buf.hdr.index, zero);
+          if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
+          for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
+            file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
+                                                 chunk_range(layout.bytes(), opt_.chunk_size, j).length);
+          if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st) writer_err_ = st.error();
+          finished_[seg.entry] = 1;
+          continue;
+        }
         file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], piece_crc[k], p.length);
         if (p.file_off + p.length == seg.size) {
           if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st)
@@ -487,19 +567,27 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
 // (Comm::bcast). Used with --bcast-algorithm mpi, one rank, or a stream too small to pipeline.
 Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues& q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  std::vector<char> seen(nchunks);
+  uint64_t done_bytes = 0;
   for (uint64_t i = 0; i < nchunks; ++i) {
     if (i == 2) {  // let the writer catch up so "mid-file" means data is on disk
       test_hold("mid-file", comm_.rank());
     }
-    auto b = is_root() ? q.full_q.pop() : q.free_q.pop();
+    std::optional<BufPtr> b;
+    if (is_root() && adaptive_) {  // the root's own readers' wants reach its reader while it waits
+      do route_wants(nullptr);
+      while (!(b = q.full_q.pop_for(std::chrono::milliseconds(1))));
+    } else {
+      b = is_root() ? q.full_q.pop() : q.free_q.pop();
+    }
     if (!b) return {};
     const Accumulate in_bcast(r_.pipe.bcast);
     Buffer& buf = **b;
     ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
     if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !st) return st;
-    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
-    if (h.index != i || h.length != range.length || (h.flags & ~(kChunkZero | kChunkAbort)) != 0)
+    if (!valid_header(h, layout, i, seen))
       return stage_error(Errc::bad_message, "chunk header " + std::to_string(i));  // out of step: stop
+    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
     if ((h.flags & kChunkAbort) != 0) {
       q.free_q.push(std::move(*b));
       return {};  // every rank sees the same header and leaves the loop at the same chunk
@@ -514,9 +602,23 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
     ++r_.chunks;
     buf.hdr = h;
     (write_here ? q.write_q : q.free_q).push(std::move(*b));
-    if (progress_) progress_(range.offset + range.length, layout.bytes());
+    done_bytes += range.length;
+    if (progress_) progress_(done_bytes, layout.bytes());
   }
   return {};
+}
+
+// A chunk header from the stream: a known flag set; an abort ends the stream wherever it
+// comes; any other chunk must be the next one (in file order) or, with readers steering the
+// order, one not seen yet; its length must be its chunk's.
+bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const {
+  if ((h.flags & ~(kChunkZero | kChunkAbort)) != 0) return false;
+  if ((h.flags & kChunkAbort) != 0) return true;
+  const uint64_t n = seen.size();
+  if (adaptive_ ? (h.index >= n || seen[h.index] != 0) : h.index != seq) return false;
+  if (h.length != chunk_range(layout.bytes(), opt_.chunk_size, h.index).length) return false;
+  seen[h.index] = 1;
+  return true;
 }
 
 // Every chunk through one pipelined chain or tree (ChunkStream, bcast/pipeline.h): chunk
@@ -540,12 +642,14 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
   } quarantine{inflight, ok};
   ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
-  uint64_t submitted = 0, completed = 0;
+  std::vector<char> seen(nchunks);
+  uint64_t submitted = 0, completed = 0, done_bytes = 0;
   bool ended = false;      // the abort chunk came out of the stream
   bool abort_sent = false;  // root: the reader's abort chunk is in the stream
   while (completed < nchunks && !ended) {
     const auto t_iter = Clock::now();
     bool moved = false;
+    route_wants(&stream);
     while (submitted < nchunks && !abort_sent) {
       auto b = is_root() ? q.full_q.try_pop() : q.free_q.try_pop();
       if (!b) break;
@@ -565,9 +669,9 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
     for (const ChunkHeader& h : done) {
       BufPtr b = std::move(inflight.front());
       inflight.pop_front();
-      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, completed);
-      if (h.index != completed || h.length != range.length)
+      if (!valid_header(h, layout, completed, seen))
         return stage_error(Errc::bad_message, "chunk header " + std::to_string(completed));
+      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
       if ((h.flags & kChunkAbort) != 0) {  // every rank sees it at the same chunk
         q.free_q.push(std::move(b));
         ended = true;
@@ -577,7 +681,8 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
       ++r_.chunks;
       b->hdr = h;
       (write_here ? q.write_q : q.free_q).push(std::move(b));
-      if (progress_) progress_(range.offset + range.length, layout.bytes());
+      done_bytes += range.length;
+      if (progress_) progress_(done_bytes, layout.bytes());
       if (++completed == 2 && completed < nchunks)  // chunks 0 and 1 are with the writer, more follow
         test_hold("mid-file", comm_.rank());
     }
@@ -595,6 +700,13 @@ Status Transfer::copy() {
   const Layout layout(m_, need_any_);
   r_.files_streamed = layout.segments().size();
   const bool write_here = ep_.writer && r_.this_node_wrote;
+  // The same on every rank (the manifest and the options are).
+  adaptive_ = opt_.live != nullptr && !m_.tree && opt_.small_files_max == 0 && layout.segments().size() == 1;
+  if (adaptive_) {
+    const size_t e = layout.segments()[0].entry;
+    writer_chunk_crc_.assign(chunk_count(layout.bytes(), opt_.chunk_size), 0);
+    if (write_here && need_local_[e] != 0 && txn_[e]) opt_.live->started(m_.entries[e].meta, opt_.chunk_size, *txn_[e]);
+  }
   Queues q;
   for (auto& b : buffers_) q.free_q.push(std::move(b));
   buffers_.clear();

@@ -37,6 +37,28 @@
 
 namespace stage {
 
+// Reads before the copy ends (issue 11): what the stagefs mount learns of a transfer while it
+// runs, and how its readers steer it. Used when the transfer streams exactly one file (not a
+// tree, not a batch): chunk i is then the file's bytes [i x chunk_size, ...), and the source
+// rank reads the chunks in an order that follows the readers: first every chunk a reader on
+// any rank asked for (passed up the chain or tree, ChunkStream::want; with the MPI path, the
+// source rank's own readers only), then on from there in file order, then any chunk left
+// behind. Each chunk still travels once; every chunk still carries its CRC, and the whole
+// file's CRC is still checked before anything is published.
+class LiveCopy {
+ public:
+  virtual ~LiveCopy() = default;
+  // The calling thread, on a rank that writes the file, once its temporary file exists (after
+  // the prepare agreement, before any chunk): the source version being copied.
+  virtual void started(const FileMeta& source, uint64_t chunk_size, const Txn& txn) = 0;
+  // The writer thread: chunk `index` is verified (its CRC) and in the temporary file; zero: it
+  // is a hole (nothing written: it reads as zeros).
+  virtual void chunk_written(uint64_t index, bool zero) = 0;
+  // The calling thread, at every turn of the copy loop, on every rank: chunk indices readers
+  // here wait for, appended to `out`. Must be cheap when there are none.
+  virtual void take_wanted(std::vector<uint64_t>& out) = 0;
+};
+
 // size: same size and mtime; checksum: same CRC-64; none: always copy;
 // origin: the copy's recorded origin (xattr) matches the source's size, mtime, ctime and
 // inode (the stagefs cache: a touched or replaced source is copied again).
@@ -59,6 +81,8 @@ struct StageOptions {
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
   std::function<bool()> cancelled;
+  // Reads before the copy ends (see LiveCopy); nullptr: chunks in file order, no hooks.
+  LiveCopy* live = nullptr;
   // How the chunks travel (bcast/pipeline.h): chain or tree, all chunks of a transfer as one
   // pipelined stream with their headers in-band; mpi (or a stream too small to pipeline,
   // or a Comm without a point-to-point seam), a header broadcast and Comm::bcast per chunk.

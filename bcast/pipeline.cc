@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <utility>
 
 #include "bcast/chunk.h"
@@ -114,7 +115,8 @@ constexpr int kReleaseTag = kSegmentTags + 2;  // tree: "every subtree has it"
 constexpr int kHeaderTag = kSegmentTags + 3;   // a chunk's header
 constexpr int kCreditTag = kSegmentTags + 4;   // child -> parent: chunks handed back
 constexpr int kSubtreeTag = kSegmentTags + 5;  // child -> parent: chunks its whole subtree holds
-static_assert(kSubtreeTag <= PointToPoint::kMaxTag);
+constexpr int kWantTag = kSegmentTags + 6;     // child -> parent: a chunk readers below wait for
+static_assert(kWantTag <= PointToPoint::kMaxTag);
 
 // One pending request: cancelled if it is dropped before it completed.
 class Op {
@@ -254,6 +256,20 @@ struct ChunkStream::Impl {
   uint64_t subtree_sent = 0;  // the last "my subtree holds" value sent to the parent
   std::deque<uint64_t> up_vals;  // the values of the messages to the parent in flight
   std::deque<Op> up_sends;
+  // Wants (chunks readers wait for), passed up hop by hop to the root: each rank forwards a
+  // chunk index at most once per stream, so a link carries at most one want per chunk.
+  std::set<uint64_t> wanted;           // asked for here or below (forwarded, or at the root queued)
+  std::deque<uint64_t> wants_out;      // to send to the parent
+  std::deque<uint64_t> want_vals;      // values of the want sends in flight
+  std::deque<Op> want_sends;
+  std::deque<uint64_t> wants_at_root;  // root: for the caller (take_want)
+  std::deque<uint64_t> want_in;        // receive buffers, one per child
+  std::deque<std::deque<Op>> want_recv;
+
+  void want(uint64_t index) {
+    if (!wanted.insert(index).second) return;
+    (is_root ? wants_at_root : wants_out).push_back(index);
+  }
 
   // Cancels and releases every request of the stream (their buffers stay where they are).
   void drop_requests() {
@@ -266,6 +282,8 @@ struct ChunkStream::Impl {
       o.subtree_recv.clear();
     }
     up_sends.clear();
+    want_sends.clear();
+    for (auto& r : want_recv) r.clear();
   }
 
   Impl(PointToPoint& p, int r, BcastAlgorithm shape, const PipelineOptions& o)
@@ -279,6 +297,8 @@ struct ChunkStream::Impl {
         is_root(p.rank() == r) {
     outs.resize(links.children.size());
     for (size_t k = 0; k < outs.size(); ++k) outs[k].rank = links.children[k];
+    want_in.resize(outs.size());
+    want_recv.resize(outs.size());
   }
 
   static int tag(uint64_t s) { return static_cast<int>(s % kSegmentTags); }
@@ -334,7 +354,7 @@ struct ChunkStream::Impl {
       if (!r) return r.error();
       if (!it.hdr_recv.empty()) break;
       const uint32_t known = kChunkZero | kChunkAbort;
-      if ((it.hdr.flags & ~known) != 0 || it.hdr.index != it.seq || payload(it.hdr) > it.buf.size())
+      if ((it.hdr.flags & ~known) != 0 || payload(it.hdr) > it.buf.size())
         return stage_error(Errc::bad_message, "chunk header " + std::to_string(it.seq) + " from rank " +
                                                   std::to_string(links.parent));
       place(it);
@@ -388,6 +408,10 @@ struct ChunkStream::Impl {
         }
       }
     }
+    if (auto w = step_wants(); !w)
+      return w.error();
+    else
+      any = any || *w;
     while (!items.empty() && complete(items.front())) {
       done.push_back(items.front().hdr);
       items.pop_front();
@@ -415,6 +439,36 @@ struct ChunkStream::Impl {
     return any;
   }
 
+  // Wants from the children (one receive posted per child at all times) and to the parent.
+  // Not counted as progress of the stream: a want moves no data.
+  Result<bool> step_wants() {
+    for (size_t k = 0; k < outs.size(); ++k) {
+      for (;;) {
+        if (want_recv[k].empty()) {
+          auto id = p2p.irecv(std::as_writable_bytes(std::span(&want_in[k], 1)), outs[k].rank, kWantTag);
+          if (!id) return id.error();
+          want_recv[k].emplace_back(p2p, *id, 0);
+        }
+        bool got = false;
+        auto r = poll_in_order(want_recv[k], [&](uint64_t) { got = true; });
+        if (!r) return r.error();
+        if (!got) break;
+        want(want_in[k]);
+      }
+    }
+    if (is_root) return false;
+    while (!wants_out.empty()) {
+      want_vals.push_back(wants_out.front());
+      wants_out.pop_front();
+      auto id = p2p.isend(std::as_bytes(std::span(&want_vals.back(), 1)), links.parent, kWantTag);
+      if (!id) return id.error();
+      want_sends.emplace_back(p2p, *id, 0);
+    }
+    auto u = poll_in_order(want_sends, [&](uint64_t) { want_vals.pop_front(); });
+    if (!u) return u.error();
+    return false;
+  }
+
   std::string waiting_for() const {
     for (const Out& o : outs)
       if (!items.empty() && items.front().seq >= o.credit + kCreditChunks)
@@ -436,7 +490,7 @@ ChunkStream::ChunkStream(PointToPoint& p2p, int root, BcastAlgorithm shape, cons
 // left allocated: a few bytes per chunk, once per failed transfer. The chunk buffers are the
 // caller's to keep alive the same way (Transfer::stream_chunks does).
 ChunkStream::~ChunkStream() {
-  if (impl_ && (impl_->failed || !impl_->items.empty())) {
+  if (impl_ && (impl_->failed || !impl_->items.empty() || !impl_->want_sends.empty())) {
     impl_->drop_requests();
     quarantine(std::shared_ptr<void>(std::move(impl_)));
   }
@@ -461,8 +515,7 @@ Status ChunkStream::submit_one(std::span<std::byte> buf, const ChunkHeader& hdr)
   it.buf = buf;
   it.seq = s.submitted++;
   if (s.is_root) {
-    it.hdr = hdr;
-    it.hdr.index = it.seq;
+    it.hdr = hdr;  // its index is the caller's (chunks may travel in any order)
     if (Impl::payload(hdr) != buf.size())
       return stage_error(Errc::bad_message, "chunk " + std::to_string(it.seq) + ": payload and header disagree");
     s.place(it);
@@ -495,6 +548,16 @@ Result<bool> ChunkStream::progress(std::vector<ChunkHeader>& done) {
 }
 
 void ChunkStream::idle() { impl_->backoff.wait(); }
+
+void ChunkStream::want(uint64_t index) { impl_->want(index); }
+
+std::optional<uint64_t> ChunkStream::take_want() {
+  Impl& s = *impl_;
+  if (s.wants_at_root.empty()) return std::nullopt;
+  const uint64_t i = s.wants_at_root.front();
+  s.wants_at_root.pop_front();
+  return i;
+}
 
 size_t ChunkStream::pending() const { return impl_->items.size(); }
 
@@ -585,6 +648,7 @@ Status ChunkStream::finish_round() {
     o.credit_recv.clear();
     o.subtree_recv.clear();
   }
+  for (auto& r : s.want_recv) r.clear();  // wants that come later are for nothing now
   return {};
 }
 

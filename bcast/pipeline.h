@@ -97,7 +97,8 @@ BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes);
 // nodes projected to 73 s instead of 5.6 s for a 16 GB image, bench/results/bench_scale.md.)
 //
 // Use, on every rank, by the thread that owns the PointToPoint:
-//   submit() a buffer per chunk, in chunk order (the root: the chunk's header and payload;
+//   submit() a buffer per chunk (the root: the chunk's header and payload, in any order of
+//   ChunkHeader::index, which the stream carries unchanged;
 //   the others: an empty buffer big enough for any chunk, into which the next chunk is
 //   received); call progress() until it hands the chunks back, in order, each complete on
 //   this rank (received in full and passed on to every child); idle() between calls that
@@ -133,6 +134,14 @@ class ChunkStream {
   void idle();
   // Chunks submitted and not yet handed back.
   [[nodiscard]] size_t pending() const;
+  // Reads before the copy ends (issue 11): a chunk (the caller's ChunkHeader::index) that
+  // readers on this rank wait for. Passed up the chain or tree to the root, hop by hop, each
+  // index at most once per stream and link; the root's caller collects them with
+  // take_want() and sends those chunks next. A hint: an index may arrive after its chunk
+  // went, or (left over from an earlier stream) not be a chunk of this one.
+  void want(uint64_t index);
+  // Root: the next wanted chunk index from any rank (its own included), if any.
+  std::optional<uint64_t> take_want();
   // Every chunk done (or the abort seen): waits until every rank holds every chunk.
   Status finish();
 

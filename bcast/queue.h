@@ -27,6 +27,16 @@ class BlockingQueue {
     q_.pop_front();
     return v;
   }
+  // pop(), giving up after `d` (nullopt: nothing came, or closed and empty).
+  template <class Duration>
+  std::optional<T> pop_for(Duration d) {
+    std::unique_lock lk(m_);
+    cv_.wait_for(lk, d, [&] { return !q_.empty() || closed_; });
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    return v;
+  }
   // The front element if there is one, without waiting.
   std::optional<T> try_pop() {
     const std::lock_guard lk(m_);

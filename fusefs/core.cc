@@ -15,6 +15,7 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
+#include "fusefs/live.h"
 
 namespace stagefs {
 
@@ -386,7 +387,7 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
 }
 
 Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
-  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false, {}};
+  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
@@ -394,7 +395,7 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
     if (fd) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
-      return OpenFile{std::move(fd.value()), false, true, {}};
+      return OpenFile{std::move(fd.value()), false, true, {}, {}};
     }
   }
   ++counters_.open_errors;
@@ -446,7 +447,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     if (verified) {
       ++counters_.cache_hits;
       cache_.touch(rel, fd->get());
-      return done(OpenFile{std::move(fd.value()), true, false, {}});
+      return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }
   post([this, rel, src = *st, done = std::move(done)]() mutable {
@@ -454,7 +455,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     if (auto fd = open_verified(rel, src, false)) {
       ++counters_.cache_hits;
       cache_.touch(rel, fd->get());
-      return done(OpenFile{std::move(fd.value()), true, false, {}});
+      return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
     if (auto alive = cache_.alive(); !alive) {
       ++counters_.open_errors;
@@ -470,9 +471,11 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
 }
 
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                                        OpenDone done) {
-  auto then = [this, rel, src, small, done = std::move(done)](stage::Status outcome) mutable {
-    post([this, rel, src, small, outcome = std::move(outcome), done = std::move(done)]() mutable {
+                                        OpenDone done_) {
+  // Exactly one of `then` and `early` is called.
+  auto shared = std::make_shared<OpenDone>(std::move(done_));
+  auto then = [this, rel, src, small, shared](stage::Status outcome) mutable {
+    post([this, rel, src, small, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
       if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
           outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
@@ -481,7 +484,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         return materialize_then_open(rel, src, false, 0, std::move(done));
       }
       if (small && outcome.ok()) {
-        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}});
+        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
         // version), or it was not in the batch (grew, appeared after the listing): alone.
@@ -495,10 +498,23 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       done(finish_open(rel, src, outcome));
     });
   };
-  if (small)
-    mat_.materialize_small_async(rel, since, std::move(then));
-  else
-    mat_.materialize_async(rel, std::move(then));
+  if (small) return mat_.materialize_small_async(rel, since, std::move(then));
+  if (!cfg_.read_during_copy) return mat_.materialize_async(rel, std::move(then));
+  auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
+    post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
+      if (live->source() != stage::meta_from_stat(src)) {
+        // The transfer copies a newer version than this open looked up.
+        ++counters_.stale_opens;
+        ++counters_.open_errors;
+        return done(stage::sys_error(ESTALE, "open (the source changed while it was being staged)", rel));
+      }
+      ++counters_.early_opens;
+      OpenFile f;
+      f.live = std::move(live);
+      done(std::move(f));
+    });
+  };
+  mat_.materialize_live_async(rel, std::move(then), std::move(early));
 }
 
 void StageFsCore::copies_made(const std::vector<std::string>& rels) {

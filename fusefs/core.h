@@ -53,6 +53,7 @@
 namespace stagefs {
 
 class NodeCache;
+class LiveFile;
 
 class Materializer {
  public:
@@ -69,6 +70,16 @@ class Materializer {
   // costing a new transfer.
   virtual void materialize_small_async(const std::string& rel, uint64_t since, Done done) {
     (void)since;
+    materialize_async(rel, std::move(done));
+  }
+  // Reads before the copy ends (issue 11): as materialize_async(), but once the transfer of
+  // rel runs on this node with its temporary file open (LiveFile), early(live) is called
+  // instead of done, and done never: the open returns then and reads wait for their chunks.
+  // If that never happens (the transfer failed first, or this materializer cannot), done
+  // as above.
+  using Early = std::function<void(std::shared_ptr<LiveFile>)>;
+  virtual void materialize_live_async(const std::string& rel, Done done, Early early) {
+    (void)early;
     materialize_async(rel, std::move(done));
   }
   // A counter of completed transfers (0 if the materializer has none).
@@ -89,6 +100,10 @@ struct CoreConfig {
   // materialized with their directory's other small files
   // (Materializer::materialize_small_async); 0: every file alone.
   uint64_t small_file_size = 0;
+  // An open of a file being materialized returns once its transfer runs on this node
+  // (Materializer::materialize_live_async); its reads are served by the daemon from the copy
+  // in progress (OpenFile::live) for the life of that handle.
+  bool read_during_copy = false;
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -103,6 +118,7 @@ struct OpenFile {
   bool cache_hit = false;    // served from a copy that was already there
   bool from_source = false;  // stall fallback: reads go to the shared source
   std::string pinned;        // the cache copy held while this file is open: pass to release()
+  std::shared_ptr<LiveFile> live;  // set: the copy is in progress; read through live (fd unused)
 };
 
 struct DirEntry {
@@ -115,6 +131,7 @@ using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
 struct CoreCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
   std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
+  std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
 };
 
 class StageFsCore {

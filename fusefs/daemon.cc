@@ -199,6 +199,7 @@ std::string Daemon::setup_local() {
   // Batches of small files (issue 11): the same, for every small file of the directory,
   // with one make_room for the batch; afterwards each published copy joins the index.
   g.small_file_size = cfg_.small_file_size;
+  g.read_during_copy = cfg_.read_during_copy;
   g.before_batch = [this](const std::string& dir) {
     auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (!dfd) return;
@@ -254,6 +255,7 @@ std::string Daemon::setup_local() {
   group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g);
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
+  core_cfg.read_during_copy = cfg_.read_during_copy;
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());

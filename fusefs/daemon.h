@@ -41,6 +41,9 @@ struct DaemonConfig {
   // --small-file-size: files of at most this many bytes are staged with every other small
   // file of their directory in one transfer (0: every file alone).
   uint64_t small_file_size = 1024 * 1024;
+  // --read-during-copy: an open of a file being copied returns once its transfer runs here;
+  // reads wait for their chunks only (and ask for them first).
+  bool read_during_copy = true;
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
   std::string metrics_file;         // --metrics-file (empty: none)

@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 
+#include "fusefs/live.h"
 #include "fusefs/mount.h"
 #include "fusefs/privilege.h"
 
@@ -38,6 +39,7 @@ namespace {
 
 struct FileHandle {
   stage::Fd fd;
+  std::shared_ptr<LiveFile> live;  // the copy is in progress: reads go through it
   uint64_t node = 0;
   bool passthrough = false;
   std::string pinned;  // the cache copy kept from eviction while this handle is open
@@ -201,7 +203,8 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   h->fd = std::move(r->fd);
   h->node = ino;
   h->pinned = std::move(r->pinned);
-  const int id = r->from_source ? -1 : m.acquire_backing(ino, h->fd.get());
+  h->live = std::move(r->live);
+  const int id = r->from_source || h->live ? -1 : m.acquire_backing(ino, h->fd.get());
   if (id >= 0) {
     h->passthrough = true;
     Passthrough::arm_open_reply(id);
@@ -234,6 +237,17 @@ void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
 
 void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct fuse_file_info* fi) {
   const auto* h = reinterpret_cast<FileHandle*>(fi->fh);
+  if (h->live) {  // the copy is in progress: at once if the range is here, else when it is
+    FuseMount* m = &fm(req);
+    return guarded(req, [&] {
+      h->live->read_async(static_cast<uint64_t>(off), size, [m, req](stage::Result<std::string> r) {
+        const auto alive = m->reply_guard();
+        if (!alive) return;  // the session is gone
+        if (!r) return reply_err(req, r.error());
+        fuse_reply_buf(req, r->data(), r->size());
+      });
+    });
+  }
   fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
   buf.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
   buf.buf[0].fd = h->fd.get();

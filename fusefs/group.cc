@@ -43,14 +43,40 @@ void GroupService::materialize_small_async(const std::string& rel, uint64_t sinc
   wait_for(Key{MsgType::batch, std::move(dir)}, std::move(done), since);
 }
 
+void GroupService::materialize_live_async(const std::string& rel, Done done, Early early) {
+  if (!cfg_.read_during_copy) return materialize_async(rel, std::move(done));
+  wait_for(Key{MsgType::materialize, rel}, std::move(done), UINT64_MAX, std::move(early));
+}
+
+// The transfer of rel runs here, its temporary file open: the opens waiting for it go on.
+void GroupService::live_started(const std::string& rel) {
+  std::vector<std::pair<Early, Done>> early;
+  std::shared_ptr<LiveFile> live;
+  {
+    std::lock_guard lk(m_);
+    auto l = live_.find(rel);
+    if (l == live_.end()) return;
+    live = l->second;
+    if (auto it = waits_.find(Key{MsgType::materialize, rel}); it != waits_.end()) early = std::move(it->second->early);
+  }
+  for (auto& [e, d] : early) e(live);
+}
+
 uint64_t GroupService::epoch() const {
   std::lock_guard lk(m_);
   return epoch_;
 }
 
-void GroupService::wait_for(Key key, Done done, uint64_t since) {
+void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
   std::unique_lock lk(m_);
   const std::string& rel = key.second;
+  if (early) {  // the copy is in progress here: no new request, go on with it
+    if (auto l = live_.find(rel); l != live_.end() && l->second->ready()) {
+      auto live = l->second;
+      lk.unlock();
+      return early(std::move(live));
+    }
+  }
   if (key.first == MsgType::batch) {
     // The directory's batch completed after the caller looked into the cache: that look may
     // have come just before the copy was published. Answered: the caller looks again.
@@ -76,7 +102,10 @@ void GroupService::wait_for(Key key, Done done, uint64_t since) {
     service_cv_.notify_one();
     watchdog_cv_.notify_all();
   }
-  slot->callbacks.push_back(std::move(done));
+  if (early)
+    slot->early.emplace_back(std::move(early), std::move(done));
+  else
+    slot->callbacks.push_back(std::move(done));
 }
 
 // The stall rule for every waiting open, on a thread of its own.
@@ -110,10 +139,15 @@ void GroupService::watchdog() {
 
 GroupService::Ready GroupService::fail_all_locked(const stage::Error& e) {
   Ready ready;
-  for (auto& [rel, w] : waits_)
+  for (auto& [rel, w] : waits_) {
     for (auto& cb : w->callbacks) ready.emplace_back(std::move(cb), e);
+    for (auto& [early, cb] : w->early) ready.emplace_back(std::move(cb), e);
+  }
   waits_.clear();
   outbox_.clear();
+  // Reads waiting for chunks of a copy in progress fail too (EIO for what is missing): the
+  // service thread may never come back from MPI to end it.
+  for (auto& [rel, live] : live_) ready.emplace_back([live](const stage::Status&) { live->end(false); }, e);
   return ready;
 }
 
@@ -155,6 +189,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
     auto it = waits_.find(key);
     if (it == waits_.end()) return;
     cbs = std::move(it->second->callbacks);
+    for (auto& [early, cb] : it->second->early) cbs.push_back(std::move(cb));
     waits_.erase(it);
   }
   for (auto& cb : cbs) cb(st);
@@ -169,6 +204,13 @@ bool GroupService::run_transfer(const Message& a) {
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
   opt.cancelled = cfg_.cancelled;
+  std::shared_ptr<LiveFile> live;
+  if (cfg_.read_during_copy) {
+    live = std::make_shared<LiveFile>([this, rel = a.path] { live_started(rel); });
+    std::lock_guard lk(m_);
+    live_[a.path] = live;
+    opt.live = live.get();
+  }
   if (cfg_.before_transfer) cfg_.before_transfer(a.path);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
   {
@@ -184,6 +226,13 @@ bool GroupService::run_transfer(const Message& a) {
     stats_.current_total = total;
   });
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (live) {
+    {
+      std::lock_guard lk(m_);
+      live_.erase(a.path);
+    }
+    live->end(report.ok);  // reads of chunks that never came: EIO
+  }
   if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);
   {
     std::lock_guard lk(m_);

@@ -15,6 +15,11 @@
 // is run once more at once (every rank agrees: the outcome is collective): a file that
 // changed on the source during the copy fails the whole stream, and the second run
 // publishes the unchanged files with the changed one at its new version.
+// Reads before the copy ends (issue 11, GroupConfig::read_during_copy): each single-file
+// transfer gets a LiveFile (live.h) that the engine keeps informed; once this node's
+// temporary file exists, the opens waiting for that file are answered with it
+// (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
+// missing chunks through it; the engine passes the wants to the source rank.
 // Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
 // transfer completes. A watchdog thread (not the service thread, which may be stuck in MPI)
 // enforces the stall timeout.
@@ -47,6 +52,7 @@
 #include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 #include "fusefs/core.h"
+#include "fusefs/live.h"
 
 namespace stagefs {
 
@@ -70,6 +76,8 @@ struct GroupConfig {
   // Batches: the largest small file (0: no batches, every file alone), and the hooks as
   // above for a batch of directory dir (after_batch gets the files this node published).
   uint64_t small_file_size = 0;
+  // Reads before the copy ends: single-file transfers get a LiveFile (materialize_live_async).
+  bool read_during_copy = false;
   std::function<void(const std::string& dir)> before_batch;
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
       after_batch;
@@ -103,6 +111,7 @@ class GroupService final : public Materializer {
   void materialize_async(const std::string& rel, Done done) override;
   // rel is small: one batch for its directory (or alone when batches are off).
   void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
+  void materialize_live_async(const std::string& rel, Done done, Early early) override;
   [[nodiscard]] uint64_t epoch() const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
@@ -117,11 +126,13 @@ class GroupService final : public Materializer {
   struct Waiter {
     Clock::time_point requested;
     std::vector<Done> callbacks;
+    std::vector<std::pair<Early, Done>> early;  // answered by early() once the copy runs here
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
-  void wait_for(Key key, Done done, uint64_t since = UINT64_MAX);
+  void wait_for(Key key, Done done, uint64_t since = UINT64_MAX, Early early = {});
+  void live_started(const std::string& rel);  // MPI thread, from the LiveFile
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
   bool run_transfer(const Message& a);
@@ -151,6 +162,8 @@ class GroupService final : public Materializer {
   // Directories whose batch failed (both runs): their small files are staged alone from then
   // on, for the life of the mount, so one bad file does not cost every open a failed batch.
   std::set<std::string> batch_failed_;
+  // The single-file transfer in progress and its LiveFile (read_during_copy).
+  std::map<std::string, std::shared_ptr<LiveFile>> live_;
   bool shutdown_requested_ = false;
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;

@@ -38,7 +38,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", cache_size,
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", cache_size,
       small_file_size = "1M", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
@@ -107,6 +107,13 @@ int main(int argc, char** argv) {
                  "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
                  "recently used copies not open on the node are evicted to make room (default: no "
                  "limit beyond the filesystem's free space)");
+  app.add_option("--read-during-copy", read_during_copy,
+                 "on: an open of a file being copied returns as soon as its transfer runs on this "
+                 "node; a read waits only for the chunks it needs, and the source sends the chunks "
+                 "readers on any node wait for first (such a handle is served by the daemon, not "
+                 "kernel passthrough). off: an open waits for the whole verified copy")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--small-file-size", small_file_size,
                  "files of at most this size (bytes with K/M/G) are staged by directory: the first "
                  "open of one copies every small file of its directory (not subdirectories) in one "
@@ -175,6 +182,7 @@ int main(int argc, char** argv) {
   cfg.bcast_algorithm = *stage::parse_bcast_algorithm(bcast_algorithm);  // checked by CLI11 above
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
+  cfg.read_during_copy = read_during_copy == "on";
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;
