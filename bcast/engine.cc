@@ -470,6 +470,18 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
         any_data = true;
         piece_crc = crc64(dst);
       } else {
+        // A hole, or the end of a file that shrank since the scan: zeros only for a hole
+        // (a reader of the copy in progress may see this chunk before the end check).
+        auto now = file->stat_now();
+        if (!now) {
+          source_err_ = now.error();
+          break;
+        }
+        if (now->size < p.file_off + p.length) {
+          source_err_ = stage_error(Errc::source_changed, "source", join_path(ep_.source, e.path));
+          source_err_->message += " (it shrank during the copy)";
+          break;
+        }
         std::memset(dst.data(), 0, dst.size());
         piece_crc = crc64_zeros(p.length);
       }

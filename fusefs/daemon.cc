@@ -303,6 +303,9 @@ MountStatus Daemon::status() const {
   s.transfer_failures = g.failures;
   s.requests = g.requests_sent;
   s.waiting = g.waiting;
+  s.early_opens = c.early_opens;
+  s.early_reads_waited = g.early_reads_waited;
+  s.chunks_wanted = g.chunks_wanted;
   s.current = g.current;
   s.current_done = g.current_done;
   s.current_total = g.current_total;

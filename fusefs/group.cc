@@ -232,6 +232,10 @@ bool GroupService::run_transfer(const Message& a) {
       live_.erase(a.path);
     }
     live->end(report.ok);  // reads of chunks that never came: EIO
+    const LiveFile::Stats ls = live->stats();
+    std::lock_guard lk(m_);
+    stats_.early_reads_waited += ls.reads_waited;
+    stats_.chunks_wanted += ls.chunks_wanted;
   }
   if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);
   {

@@ -92,6 +92,7 @@ struct GroupStats {
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t waiting = 0;        // files this node waits for
+  uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers
   // The transfer in flight, if any.
   std::string current;
   uint64_t current_done = 0, current_total = 0;

@@ -33,6 +33,9 @@ std::string to_json(const MountStatus& s) {
   j["transfer_failures"] = s.transfer_failures;
   j["requests"] = s.requests;
   j["waiting"] = s.waiting;
+  j["early_opens"] = s.early_opens;
+  j["early_reads_waited"] = s.early_reads_waited;
+  j["chunks_wanted"] = s.chunks_wanted;
   j["cache"] = {{"dir", s.cache_dir},          {"bytes", s.cache.bytes},
                 {"limit", s.cache.limit},      {"files", s.cache.files},
                 {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes}};

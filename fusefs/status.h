@@ -21,6 +21,9 @@ struct MountStatus {
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here
   uint64_t waiting = 0;
+  // reads before the copy ends: opens answered during their copy; reads of theirs that waited
+  // for chunks; chunks this node asked the source to send first
+  uint64_t early_opens = 0, early_reads_waited = 0, chunks_wanted = 0;
   std::string current;  // the transfer in flight ("" if none)
   uint64_t current_done = 0, current_total = 0;
   double current_seconds = 0;

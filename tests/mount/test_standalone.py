@@ -238,6 +238,8 @@ class CachePageCache(h.MountTestCase):
         d = self.daemon(cache, *extra).wait_ready()
         fd = os.open(os.path.join(self.work.mnt, "img"), os.O_RDONLY)  # materializes, reads nothing
         try:
+            # The open may return while the copy is still being made (--read-during-copy).
+            h.wait_for(lambda: d.stats()["transfers"] == 1, 60, "the copy to be published")
             out = h.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
                          os.path.join(cache, "data", "img")]).stdout
         finally:

@@ -2,11 +2,14 @@
 // (fake_p2p.h: threads, random completion order, links that go silent or fail).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -519,6 +522,58 @@ TEST(ChunkStreamTest, RefusesAChunkLargerThanTheBuffer) {
   EXPECT_EQ(st[1].error().code, make_error_code(Errc::bad_message));
 }
 
+// Reads before the copy ends: a rank's wants travel up the chain or tree to the root, each
+// chunk index once however many ranks below ask for it (and however often).
+TEST(ChunkStreamTest, WantsReachTheRootOncePerChunk) {
+  PipelineOptions opt;
+  opt.segment = 1000;
+  opt.stall_timeout = milliseconds(20000);
+  for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
+    const int n = 6;
+    FakeNet net(n);
+    std::vector<uint64_t> at_root;
+    std::vector<Status> st(static_cast<size_t>(n));
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        FakeP2P p(net, r, 5 + static_cast<unsigned>(r));
+        ChunkStream s(p, 0, shape, opt);
+        std::vector<std::byte> buf(3000);
+        std::vector<ChunkHeader> done;
+        auto run = [&]() -> Status {
+          if (r == 0) {  // every want first (each rank asks for 5 and 7, rank 1 also for 9)
+            s.want(7);  // the root's own want counts once too
+            while (at_root.size() < 3) {
+              auto m = s.progress(done);
+              if (!m) return m.error();
+              while (auto w = s.take_want()) at_root.push_back(*w);
+              if (!*m) s.idle();
+            }
+            if (auto sub = s.submit(std::span(buf), ChunkHeader{0, buf.size(), 0, 0, 0}); !sub) return sub;
+          } else {
+            if (auto sub = s.submit(std::span(buf), ChunkHeader{}); !sub) return sub;
+            for (int k = 0; k < 2; ++k) {
+              s.want(5);
+              s.want(7);
+            }
+            if (r == 1) s.want(9);
+          }
+          while (done.empty()) {
+            auto m = s.progress(done);
+            if (!m) return m.error();
+            if (!*m) s.idle();
+          }
+          return s.finish();
+        };
+        st[static_cast<size_t>(r)] = run();
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(st[static_cast<size_t>(r)]) << to_string(shape) << " rank " << r;
+    std::sort(at_root.begin(), at_root.end());
+    EXPECT_EQ(at_root, (std::vector<uint64_t>{5, 7, 9})) << to_string(shape);
+  }
+}
+
 TEST(PipelineTest, ResolveKeepsSmallBuffersAndSeamlessCommsOnMpi) {
   World w(1);
   ThreadComm one(w, 0);
@@ -574,6 +629,88 @@ TEST_F(EnginePipelineTest, StagesThroughChainAndTree) {
       EXPECT_EQ(net.bytes_sent(3), data.size() + chunks * hdr);
     else
       EXPECT_EQ(net.bytes_sent(3), 2 * (data.size() + chunks * hdr) + 2);
+  }
+}
+
+// Reads before the copy ends: a LiveCopy that records the order in which chunks are written
+// and, on one rank, wants the last chunk from the start.
+class RecordingLive final : public LiveCopy {
+ public:
+  explicit RecordingLive(std::optional<uint64_t> want) : want_(want) {}
+  void started(const FileMeta& source, uint64_t chunk_size, const Txn& /*txn*/) override {
+    size = source.size;
+    chunk = chunk_size;
+    ++starts;
+  }
+  void chunk_written(uint64_t index, bool /*zero*/) override {
+    const std::lock_guard lk(m);
+    order.push_back(index);
+  }
+  void take_wanted(std::vector<uint64_t>& out) override {
+    if (want_) out.push_back(*std::exchange(want_, std::nullopt));
+  }
+  std::mutex m;
+  std::vector<uint64_t> order;
+  uint64_t size = 0, chunk = 0;
+  int starts = 0;
+
+ private:
+  std::optional<uint64_t> want_;
+};
+
+// The last chunk, wanted by the chain's last rank (or, alone, by the source rank itself),
+// is written long before its turn in file order; every chunk is written once, and the copy
+// is the source byte for byte.
+TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
+  const uint64_t chunk = 4096;
+  const uint64_t nchunks = 64;
+  const std::string data = random_bytes(chunk * nchunks, 9);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  PosixStore store;
+  for (int n : {1, 3}) {
+    for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
+      if (n == 1 && algo == BcastAlgorithm::tree) continue;  // one rank: the MPI path
+      World w(n);
+      FakeNet net(n);
+      StageOptions opt;
+      opt.chunk_size = chunk;
+      opt.bcast_algorithm = algo;
+      opt.pipeline.segment = 1024;
+      opt.pre = Validate::none;
+      std::vector<std::unique_ptr<RecordingLive>> live;
+      for (int r = 0; r < n; ++r)
+        live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(nchunks - 1)
+                                                                  : std::nullopt));
+      std::vector<StageReport> reports(static_cast<size_t>(n));
+      const std::string tag = std::to_string(n) + to_string(algo);
+      run_ranks(w, [&](ThreadComm& c) {
+        FakeP2P p(net, c.rank());
+        if (n > 1) c.attach(&p);
+        StageOptions mine = opt;
+        mine.live = live[static_cast<size_t>(c.rank())].get();
+        StageEndpoint ep{path("src.bin"), path("live" + tag + std::to_string(c.rank()) + "/f"), true};
+        reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
+      });
+      for (int r = 0; r < n; ++r) {
+        const auto i = static_cast<size_t>(r);
+        ASSERT_TRUE(reports[i].ok) << tag << " rank " << r << ": "
+                                   << (reports[i].errors.empty() ? "" : reports[i].errors.front());
+        EXPECT_EQ(read_file(path("live" + tag + std::to_string(r) + "/f")), data);
+        EXPECT_EQ(live[i]->starts, 1);
+        EXPECT_EQ(live[i]->size, data.size());
+        auto sorted = live[i]->order;
+        std::sort(sorted.begin(), sorted.end());
+        std::vector<uint64_t> all(nchunks);
+        std::iota(all.begin(), all.end(), 0);
+        EXPECT_EQ(sorted, all) << tag << " rank " << r << ": every chunk written exactly once";
+      }
+      // The wanted chunk overtook the middle of the file: the source's reader holds at most a
+      // few buffers ahead, and each link at most a few chunks (flow control).
+      const auto& order = live[static_cast<size_t>(n - 1)]->order;
+      const auto pos = std::find(order.begin(), order.end(), nchunks - 1) - order.begin();
+      EXPECT_LT(pos, static_cast<std::ptrdiff_t>(nchunks / 2)) << tag;
+    }
   }
 }
 
