@@ -24,6 +24,7 @@ using stage::Result;
 
 namespace {
 constexpr const char* kControlPrefix = "user.stagefs.";
+constexpr const char* kSelinuxXattr = "security.selinux";
 
 std::string proc_path(int fd) {
   return "/proc/self/fd/" + std::to_string(fd);
@@ -309,6 +310,13 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, 
   // Expected answers, not logged. The kernel fails permission checks on an ACL read that
   // answers EOPNOTSUPP: ACL names are ENODATA then; other names pass the source's answer.
   const int err = r.error().to_errno();
+  // No SELinux label on this file: "not supported", which `ls` (and cp, tar) remember per
+  // device and stop asking, instead of "no such attribute", which `ls -l` asks again for
+  // every entry (one FUSE round trip each: a 100,000-entry `ls -l` 2.8x the source's time).
+  // A file that has a label still shows it. (With SELinux enabled, the kernel answers this
+  // name from the mount's context and never asks the daemon.)
+  if (err == ENODATA && name == kSelinuxXattr)
+    return stage::Error{std::error_code(EOPNOTSUPP, std::generic_category()), ""};
   if (err == ENODATA || (err == EOPNOTSUPP && name.rfind("system.posix_acl_", 0) == 0))
     return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
   if (err == EOPNOTSUPP) return stage::Error{std::error_code(EOPNOTSUPP, std::generic_category()), ""};

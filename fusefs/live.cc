@@ -10,6 +10,10 @@
 namespace stagefs {
 
 void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) {
+  // A file of one chunk is complete one chunk later anyway: its opens wait for the verified
+  // copy as before (and a pseudo file, empty by stat, fails its open rather than reading as
+  // an empty file).
+  if (source.size <= chunk_size) return;
   // The temporary file, just created by this daemon in its own cache (O_EXCL, 0700 parents):
   // no symlink is followed all the same.
   stage::Fd fd(::open(txn.temp_path().c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));

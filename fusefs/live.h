@@ -13,6 +13,7 @@
 //     copy: nothing is published, but the chunks that did arrive were verified and are
 //     served).
 // Holes travel as "zero" chunks and read as zeros. Bytes past the source's size read as EOF.
+// A file of one chunk or less never becomes ready: its opens wait for the whole copy.
 //
 // Thread-safety: every method is thread-safe (one mutex). started() and take_wanted() come
 // from the MPI thread, chunk_written() from the engine's writer thread, read_async() and

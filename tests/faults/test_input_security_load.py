@@ -896,7 +896,7 @@ class Load(h.MountTestCase):
                                  (h.sha256_file(os.path.join(src, r)), os.path.getsize(os.path.join(src, r))), r)
         total = sum(os.path.getsize(os.path.join(src, r)) for r in big)
         h.log("LOAD materialized %d files, %.0f MiB, in %.1f s" % (self.NBIG, total / MiB, time.monotonic() - t0))
-        s0 = g.stats(0)
+        s0 = g.wait_transfers(0, self.NBIG)
         self.assertEqual((s0["transfers"], s0["bytes_broadcast"]), (self.NBIG, total), s0)
         base = self.measure(g, "before the readers")
 

@@ -394,6 +394,12 @@ class Daemon:
     def stats(self):
         return json.loads(os.getxattr(self.mnt, "user.stagefs.stats"))
 
+    def wait_transfers(self, n, timeout=60):
+        """Stats once at least n transfers ended. An open may return while its copy is still
+        being made (--read-during-copy): a read can end before the transfer is counted."""
+        return wait_for(lambda: (lambda s: s if s["transfers"] >= n else None)(self.stats()), timeout,
+                        "%d transfer(s) to end" % n)
+
     def wait_exit(self, timeout):
         try:
             return self.proc.wait(timeout=timeout)
@@ -495,6 +501,11 @@ class Group:
 
     def stats(self, k):
         return json.loads(self.on(k, [PYTHON, HARNESS, "stats", self.mnt]).stdout)
+
+    def wait_transfers(self, k, n, timeout=60):
+        """Node k's stats once at least n transfers ended there (see Daemon.wait_transfers)."""
+        return wait_for(lambda: (lambda s: s if s["transfers"] >= n else None)(self.stats(k)), timeout,
+                        "%d transfer(s) to end on node %d" % (n, k))
 
     def sha256_on(self, k, *paths):
         """{path: (sha256, size)} of files read on node k."""

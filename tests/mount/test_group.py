@@ -92,8 +92,10 @@ class Staging(GroupCase):
         g = self.start()
         mp = os.path.join(g.mnt, rel)
 
-        # the first open, on node 1
+        # the first open, on node 1 (the read may end before the transfer: wait for it)
         self.assertEqual(g.sha256_on(1, mp)[mp], (want, size))
+        for k in range(g.np):
+            g.wait_transfers(k, 1)
         for k in range(g.np):
             with self.subTest(cache_of_node=k):
                 c = g.cache_file(k, rel)
@@ -137,7 +139,7 @@ class Concurrency(GroupCase):
         mp = os.path.join(g.mnt, "shared.bin")
         per_node = 4
         results = self.readers(g, [(k, [mp]) for k in range(g.np) for _ in range(per_node)])
-        s = [g.stats(k) for k in range(g.np)]
+        s = [g.wait_transfers(k, 1) for k in range(g.np)]
         with self.subTest("one transfer"):
             self.assertEqual(s[0]["transfers"], 1, s[0])
             self.assertEqual(s[0]["bytes_broadcast"], size, "the file was broadcast more than once: %s" % s[0])
@@ -169,7 +171,7 @@ class Concurrency(GroupCase):
         results = self.readers(g, jobs)
         for (k, paths, lines, rc, err), n in zip(results, names):
             self.assertEqual((rc, lines), (0, [want[n]]), "%s read on node %d: %s" % (n, k, err))
-        s = [g.stats(k) for k in range(g.np)]
+        s = [g.wait_transfers(k, len(names)) for k in range(g.np)]
         self.assertEqual(s[0]["transfers"], len(names), s[0])
         self.assertEqual(s[0]["bytes_broadcast"], sum(sizes), s[0])
         for k in range(g.np):
@@ -278,6 +280,7 @@ class Interrupt(GroupCase):
                 if k == 1:  # the cache still works
                     with open(os.path.join(self.work.mnt, "big.bin"), "rb") as f:
                         f.read(MiB)
+                    d.wait_transfers(1)  # the open may return during the copy
                     self.assertTrue(h.files_equal(g.cache_file(k, "big.bin"), big))
                 self.assertEqual(d.stop(), 0)
         return left

@@ -107,8 +107,8 @@ class Mirror(h.MountTestCase):
         # through the symlink as well
         with open(os.path.join(self.mnt, "link"), "rb") as f:
             self.assertEqual(f.read(), b"deep\n" * 1000)
-        after = self.d.stats()
         n = len(self.files)
+        after = self.d.wait_transfers(before["transfers"] + n)
         self.assertEqual(after["materializations"] - before["materializations"], n, after)
         self.assertEqual(after["transfers"] - before["transfers"], n, after)
         self.assertEqual(after["cache_hits"] - before["cache_hits"], 1, after)  # the symlink's target

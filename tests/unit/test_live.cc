@@ -130,6 +130,13 @@ TEST_F(LiveFileTest, NotReadyBeforeTheTransferStarts) {
   counted.started(meta_, kChunk, *txn_);
   EXPECT_EQ(started, 1);
   EXPECT_TRUE(counted.ready());
+  // One chunk or less: the copy is complete one chunk later anyway; opens wait for it.
+  LiveFile one([&] { ++started; });
+  stage::FileMeta small = meta_;
+  small.size = kChunk;
+  one.started(small, kChunk, *txn_);
+  EXPECT_FALSE(one.ready());
+  EXPECT_EQ(started, 1);
 }
 
 }  // namespace

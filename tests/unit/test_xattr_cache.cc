@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/xattr.h>
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -166,7 +167,8 @@ TEST_F(CoreXattrTest, RepeatedCallsCostNoLoadsAndChangesAreSeen) {
   ASSERT_TRUE(f);
   uint64_t loads = 0;
   for (int i = 0; i < 5; ++i) {  // what `ls -l` asks of every entry
-    EXPECT_EQ(err(core_->getxattr(f->first, "security.selinux")), ENODATA);
+    // No label: "not supported" (ls then stops asking for this device), not ENODATA.
+    EXPECT_EQ(err(core_->getxattr(f->first, "security.selinux")), EOPNOTSUPP);
     EXPECT_EQ(err(core_->getxattr(f->first, "system.posix_acl_access")), ENODATA);
     EXPECT_EQ(core_->getxattr(f->first, "user.k").value(), "v1");
     if (i == 0) loads = core_->xattr_stats().loads;
@@ -175,7 +177,7 @@ TEST_F(CoreXattrTest, RepeatedCallsCostNoLoadsAndChangesAreSeen) {
   write_file(path("src/d/g"), "");
   auto g = core_->lookup(d->first, "g");
   ASSERT_TRUE(g);
-  EXPECT_EQ(err(core_->getxattr(g->first, "security.selinux")), ENODATA);
+  EXPECT_EQ(err(core_->getxattr(g->first, "security.selinux")), EOPNOTSUPP);
   EXPECT_EQ(core_->xattr_stats().loads, loads + 1);  // g's list; the absent answer is the device's
   EXPECT_NE(core_->listxattr(f->first).value().find("user.k"), std::string::npos);
 
@@ -197,6 +199,21 @@ TEST_F(CoreXattrTest, RepeatedCallsCostNoLoadsAndChangesAreSeen) {
   ASSERT_EQ(::removexattr(path("src/d").c_str(), "user.k"), 0);
   ASSERT_TRUE(core_->getattr(d->first));
   EXPECT_EQ(err(core_->getxattr(d->first, "user.k")), ENODATA);
+}
+
+// A file that has an SELinux label shows it; the others answer "not supported".
+TEST_F(CoreXattrTest, ALabelShowsTheOthersAreNotSupported) {
+  write_file(path("src/d/labelled"), "");
+  if (::setxattr(path("src/d/labelled").c_str(), "security.selinux", "u:r:t:s0", 8, 0) != 0)
+    GTEST_SKIP() << "cannot set security.selinux here: " << std::strerror(errno);
+  auto d = core_->lookup(StageFsCore::kRootId, "d");
+  ASSERT_TRUE(d);
+  auto l = core_->lookup(d->first, "labelled");
+  auto f = core_->lookup(d->first, "f");
+  ASSERT_TRUE(l && f);
+  EXPECT_EQ(core_->getxattr(l->first, "security.selinux").value(), "u:r:t:s0");
+  EXPECT_EQ(err(core_->getxattr(f->first, "security.selinux")), EOPNOTSUPP);
+  EXPECT_EQ(err(core_->getxattr(f->first, "system.posix_acl_access")), ENODATA);  // the ACL check needs ENODATA
 }
 
 TEST_F(CoreXattrTest, TrustedNamesStayHiddenFromUsers) {
