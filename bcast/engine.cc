@@ -38,6 +38,10 @@ namespace {
 // An estimate: holes are skipped per chunk, so holes inside a chunk that also holds data are
 // written as zeros; if the disk fills anyway, the copy fails with ENOSPC and nothing is
 // published.
+// Single-file transfers of at most this many chunks travel in the order readers want
+// (StageOptions::live): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
+constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
+
 uint64_t expected_disk_bytes(const Entry& e) {
   if (e.type != EntryType::file) return 0;
   return e.allocated == 0 ? e.meta.size : std::min(e.meta.size, e.allocated);
@@ -149,7 +153,7 @@ class Transfer {
 void Transfer::route_wants(ChunkStream* stream) {
   if (!adaptive_) return;
   want_scratch_.clear();
-  opt_.live->take_wanted(want_scratch_);
+  if (opt_.live != nullptr) opt_.live->take_wanted(want_scratch_);
   for (uint64_t w : want_scratch_) {
     if (is_root())
       push_want(w);
@@ -554,7 +558,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
         }
         if (adaptive_) {  // chunks in any order: the file's CRC once all are here
           writer_chunk_crc_[buf.hdr.index] = piece_crc[k];
-          opt_.live->chunk_written(buf.hdr.index, zero);
+          if (opt_.live != nullptr) opt_.live->chunk_written(buf.hdr.index, zero);
           if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
           for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
             file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
@@ -712,12 +716,16 @@ Status Transfer::copy() {
   const Layout layout(m_, need_any_);
   r_.files_streamed = layout.segments().size();
   const bool write_here = ep_.writer && r_.this_node_wrote;
-  // The same on every rank (the manifest and the options are).
-  adaptive_ = opt_.live != nullptr && !m_.tree && opt_.small_files_max == 0 && layout.segments().size() == 1;
+  // The same on every rank: it depends on the manifest and the chunk size only (not on
+  // whether this rank has readers: nodes started with different --read-during-copy still
+  // agree). At most kMaxAdaptiveChunks (a few bytes of state per chunk and rank).
+  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  adaptive_ = !m_.tree && opt_.small_files_max == 0 && layout.segments().size() == 1 && nchunks <= kMaxAdaptiveChunks;
   if (adaptive_) {
     const size_t e = layout.segments()[0].entry;
-    writer_chunk_crc_.assign(chunk_count(layout.bytes(), opt_.chunk_size), 0);
-    if (write_here && need_local_[e] != 0 && txn_[e]) opt_.live->started(m_.entries[e].meta, opt_.chunk_size, *txn_[e]);
+    writer_chunk_crc_.assign(nchunks, 0);
+    if (opt_.live != nullptr && write_here && need_local_[e] != 0 && txn_[e])
+      opt_.live->started(m_.entries[e].meta, opt_.chunk_size, *txn_[e]);
   }
   Queues q;
   for (auto& b : buffers_) q.free_q.push(std::move(b));

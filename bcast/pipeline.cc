@@ -613,7 +613,8 @@ Status ChunkStream::finish_round() {
     }
     bool below = true;
     for (const Impl::Out& o : s.outs) below = below && o.subtree >= s.handed;
-    const bool up = s.is_root || (s.subtree_sent >= s.handed && s.up_sends.empty());
+    // (want sends complete too: eager 8-byte messages, never cancelled on a healthy stream)
+    const bool up = s.is_root || (s.subtree_sent >= s.handed && s.up_sends.empty() && s.want_sends.empty());
     if (below && up) {
       if (s.chain) break;
       if (release_recv.empty() && !release_posted) {

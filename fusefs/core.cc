@@ -411,7 +411,11 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
   return stage::stage_error(stage::Errc::checksum_mismatch, "no valid copy after materializing", rel);
 }
 
-void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done_) {
+void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
+  open_impl(id, flags, who, std::move(done), cfg_.read_during_copy);
+}
+
+void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
   auto pinned = std::make_shared<std::string>();
@@ -458,7 +462,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }
-  post([this, rel, src = *st, done = std::move(done)]() mutable {
+  post([this, rel, src = *st, early_ok, done = std::move(done)]() mutable {
     const uint64_t since = mat_.epoch();  // before the look into the cache
     if (auto fd = open_verified(rel, src, false)) {
       ++counters_.cache_hits;
@@ -474,22 +478,22 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
     // Batches hold only files every user may read (BeneathSource::scan_small_files).
     const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
                        (src.st_mode & S_IROTH) != 0;
-    materialize_then_open(rel, src, small, since, std::move(done));
+    materialize_then_open(rel, src, small, since, std::move(done), early_ok);
   });
 }
 
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                                        OpenDone done_) {
+                                        OpenDone done_, bool early_ok) {
   // Exactly one of `then` and `early` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
-  auto then = [this, rel, src, small, shared](stage::Status outcome) mutable {
-    post([this, rel, src, small, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
+  auto then = [this, rel, src, small, shared, early_ok](stage::Status outcome) mutable {
+    post([this, rel, src, small, early_ok, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
       if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
           outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
         // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
         // fails the whole stream. This file alone then: it gets its own outcome, as before.
-        return materialize_then_open(rel, src, false, 0, std::move(done));
+        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
       }
       if (small && outcome.ok()) {
         if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
@@ -501,16 +505,20 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
           ++counters_.open_errors;
           return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
         }
-        return materialize_then_open(rel, src, false, 0, std::move(done));
+        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
       }
       done(finish_open(rel, src, outcome));
     });
   };
   if (small) return mat_.materialize_small_async(rel, since, std::move(then));
-  if (!cfg_.read_during_copy) return mat_.materialize_async(rel, std::move(then));
+  if (!early_ok) return mat_.materialize_async(rel, std::move(then));
   auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
-      if (live->source() != stage::meta_from_stat(src)) {
+      // The same version: size, times and inode (the device number is this node's own for
+      // a network filesystem; the copy's validity rule ignores it too).
+      const stage::FileMeta copied = live->source(), opened = stage::meta_from_stat(src);
+      if (copied.size != opened.size || copied.mtime_ns != opened.mtime_ns || copied.ctime_ns != opened.ctime_ns ||
+          copied.ino != opened.ino) {
         // The transfer copies a newer version than this open looked up.
         ++counters_.stale_opens;
         ++counters_.open_errors;
@@ -519,10 +527,45 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       ++counters_.early_opens;
       OpenFile f;
       f.live = std::move(live);
+      if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
+        auto fd = open_beneath(root_.get(), rel, O_RDONLY);
+        struct stat now {};
+        if (fd && ::fstat(fd->get(), &now) == 0 && stage::meta_from_stat(now) == stage::meta_from_stat(src))
+          f.fd = std::move(fd.value());
+      }
       done(std::move(f));
     });
   };
   mat_.materialize_live_async(rel, std::move(then), std::move(early));
+}
+
+void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
+                            std::function<void(stage::Result<std::string>)> done) {
+  // A range that is here is read on the caller's thread; one that waits is read on the
+  // completion pool once its chunks are written (not on the engine's writer thread).
+  auto finish = [this, live, source_fd, off, size](std::error_code ec) -> Result<std::string> {
+    if (!ec) return live->read(off, size);
+    const bool stalled = ec == stage::make_error_code(stage::Errc::timed_out) ||
+                         ec == stage::make_error_code(stage::Errc::group_broken);
+    if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
+    ++counters_.source_fallbacks;  // --on-stall source: the version this handle opened
+    std::string buf(size, '\0');
+    size_t got = 0;
+    while (got < size) {
+      const ssize_t n = ::pread(source_fd, buf.data() + got, size - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return stage::sys_error(errno, "read of the source after a stall");
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    buf.resize(got);
+    return buf;
+  };
+  auto shared = std::make_shared<std::function<void(stage::Result<std::string>)>>(std::move(done));
+  auto now = live->await(off, size, [this, finish, shared](std::error_code ec) {
+    post([finish, shared, ec] { (*shared)(finish(ec)); });
+  });
+  if (now) (*shared)(finish(*now));
 }
 
 void StageFsCore::copies_made(const std::vector<std::string>& rels) {
@@ -543,11 +586,12 @@ void StageFsCore::release(const std::string& pinned) {
 
 void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
   ++counters_.prefetches;
-  open_async(id, O_RDONLY, who, [this, done = std::move(done)](Result<OpenFile> r) {
+  // Done when the copy is complete (not when it starts, as an open may be).
+  open_impl(id, O_RDONLY, who, [this, done = std::move(done)](Result<OpenFile> r) {
     if (!r) return done(r.error());
     release(r->pinned);
     done({});
-  });
+  }, false);
 }
 
 stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {

@@ -118,7 +118,8 @@ struct OpenFile {
   bool cache_hit = false;    // served from a copy that was already there
   bool from_source = false;  // stall fallback: reads go to the shared source
   std::string pinned;        // the cache copy held while this file is open: pass to release()
-  std::shared_ptr<LiveFile> live;  // set: the copy is in progress; read through live (fd unused)
+  std::shared_ptr<LiveFile> live;  // set: the copy is in progress; read through read_live()
+                                   // (fd: the source for --on-stall source, else unset)
 };
 
 struct DirEntry {
@@ -156,6 +157,13 @@ class StageFsCore {
   // else later from the completion pool.
   void open_async(uint64_t id, int flags, const Caller& who, OpenDone done);
   stage::Result<OpenFile> open(uint64_t id, int flags, const Caller& who = {});  // blocking form
+  // A read of a handle opened during its copy (OpenFile::live): at once or when its chunks
+  // are here (done may run on another thread). Reads of chunks that never come fail with
+  // EIO, or, when the group stalled and the mount falls back to the source (--on-stall
+  // source), come from source_fd (OpenFile::fd of that handle: the source, opened at the
+  // open and checked to be the version being copied; -1: none).
+  void read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
+                 std::function<void(stage::Result<std::string>)> done);
   // The handle of an open is gone: its copy may be evicted again.
   void release(const std::string& pinned);
   // stagectl: start the materialization of a file the caller may read (as an open would);
@@ -192,7 +200,9 @@ class StageFsCore {
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
   void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                             OpenDone done);
+                             OpenDone done, bool early_ok);
+  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
+  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
   void post(std::function<void()> fn);
   void completion_loop();
 

@@ -40,6 +40,7 @@ namespace {
 struct FileHandle {
   stage::Fd fd;
   std::shared_ptr<LiveFile> live;  // the copy is in progress: reads go through it
+  bool live_counted = false;       // FuseMount::begin_live
   uint64_t node = 0;
   bool passthrough = false;
   std::string pinned;  // the cache copy kept from eviction while this handle is open
@@ -204,15 +205,25 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   h->node = ino;
   h->pinned = std::move(r->pinned);
   h->live = std::move(r->live);
+  if (h->live) {
+    // Served by the daemon from the copy in progress (a cached-mode open: mmap works). The
+    // kernel refuses to mix cached-mode and passthrough opens of one inode (EIO to whoever
+    // comes second): while such handles are open, new opens of the node splice instead of
+    // passthrough; if passthrough handles are open already, this one uses direct I/O.
+    h->live_counted = m.begin_live(ino);
+    if (!h->live_counted) fi.direct_io = 1;
+    fi.keep_cache = 0;
+  }
   const int id = r->from_source || h->live ? -1 : m.acquire_backing(ino, h->fd.get());
   if (id >= 0) {
     h->passthrough = true;
     Passthrough::arm_open_reply(id);
     m.note_read_path(ReadPath::passthrough);
-  } else {
+  } else if (!h->live) {
     // Keep the page cache only when this open found the copy already there.
     fi.keep_cache = r->cache_hit ? 1 : 0;
-    if (!r->from_source) m.note_read_path(ReadPath::splice);  // a stall fallback says so itself
+    // (a stall fallback says so itself; -EBUSY: a handle opened during the copy is open)
+    if (!r->from_source && id != -EBUSY) m.note_read_path(ReadPath::splice);
   }
   fi.fh = reinterpret_cast<uint64_t>(h.get());
   const int rc = fuse_reply_open(req, &fi);
@@ -223,6 +234,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   }
   // interrupted: the kernel will not send RELEASE
   if (h->passthrough) m.release_backing(ino);
+  if (h->live_counted) m.end_live(ino);
   m.core().release(h->pinned);
 }
 
@@ -240,7 +252,7 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
   if (h->live) {  // the copy is in progress: at once if the range is here, else when it is
     FuseMount* m = &fm(req);
     return guarded(req, [&] {
-      h->live->read_async(static_cast<uint64_t>(off), size, [m, req](stage::Result<std::string> r) {
+      m->core().read_live(h->live, h->fd.get(), static_cast<uint64_t>(off), size, [m, req](stage::Result<std::string> r) {
         const auto alive = m->reply_guard();
         if (!alive) return;  // the session is gone
         if (!r) return reply_err(req, r.error());
@@ -258,6 +270,7 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
 void op_release(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
   auto* h = reinterpret_cast<FileHandle*>(fi->fh);
   if (h->passthrough) fm(req).release_backing(h->node);
+  if (h->live_counted) fm(req).end_live(h->node);
   fm(req).core().release(h->pinned);
   delete h;
   fuse_reply_err(req, 0);
@@ -597,8 +610,21 @@ FuseMount::~FuseMount() {
   fuse_session_destroy(se_);
 }
 
+bool FuseMount::begin_live(uint64_t node) {
+  std::lock_guard lk(backing_m_);
+  if (backing_.contains(node)) return false;
+  ++live_opens_[node];
+  return true;
+}
+
+void FuseMount::end_live(uint64_t node) {
+  std::lock_guard lk(backing_m_);
+  if (auto it = live_opens_.find(node); it != live_opens_.end() && --it->second <= 0) live_opens_.erase(it);
+}
+
 int FuseMount::acquire_backing(uint64_t node, int fd) {
   std::lock_guard lk(backing_m_);
+  if (live_opens_.contains(node)) return -EBUSY;  // splice from the copy instead
   if (auto it = backing_.find(node); it != backing_.end()) {
     ++it->second.second;
     return it->second.first;

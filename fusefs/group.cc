@@ -112,18 +112,27 @@ void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
 void GroupService::watchdog() {
   std::unique_lock lk(m_);
   while (!stop_watchdog_) {
-    if (waits_.empty() || state_ != GroupState::running) {
+    // Armed while an open waits, or while a copy that was opened early runs (its reads may
+    // wait for chunks: the same stall rule for them, checked every stall_timeout / 4).
+    if ((waits_.empty() && live_.empty()) || state_ != GroupState::running) {
       watchdog_cv_.wait(lk);
       continue;
     }
     auto oldest = Clock::time_point::max();
     for (const auto& [rel, w] : waits_) oldest = std::min(oldest, w->requested);
+    for (const auto& [rel, live] : live_)
+      if (auto t = live->oldest_wait()) oldest = std::min(oldest, *t);
+    if (oldest == Clock::time_point::max()) {  // only copies in progress, no read waits
+      watchdog_cv_.wait_for(lk, cfg_.stall_timeout / 4);
+      continue;
+    }
     const auto deadline = std::max(oldest, last_progress_) + cfg_.stall_timeout;
     if (Clock::now() < deadline) {
       watchdog_cv_.wait_until(lk, deadline);
       continue;
     }
-    const std::string rel = waits_.begin()->first.first == MsgType::batch
+    const std::string rel = waits_.empty() ? (live_.empty() ? std::string("-") : live_.begin()->first)
+                            : waits_.begin()->first.first == MsgType::batch
                                 ? "the small files of " + (waits_.begin()->first.second.empty() ? std::string("/")
                                                                                                : waits_.begin()->first.second)
                                 : waits_.begin()->first.second;
@@ -147,7 +156,8 @@ GroupService::Ready GroupService::fail_all_locked(const stage::Error& e) {
   outbox_.clear();
   // Reads waiting for chunks of a copy in progress fail too (EIO for what is missing): the
   // service thread may never come back from MPI to end it.
-  for (auto& [rel, live] : live_) ready.emplace_back([live](const stage::Status&) { live->end(false); }, e);
+  for (auto& [rel, live] : live_)
+    ready.emplace_back([live, why = e.code](const stage::Status&) { live->end(false, why); }, e);
   return ready;
 }
 
@@ -209,7 +219,9 @@ bool GroupService::run_transfer(const Message& a) {
     live = std::make_shared<LiveFile>([this, rel = a.path] { live_started(rel); });
     std::lock_guard lk(m_);
     live_[a.path] = live;
+    last_progress_ = Clock::now();
     opt.live = live.get();
+    watchdog_cv_.notify_all();
   }
   if (cfg_.before_transfer) cfg_.before_transfer(a.path);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
@@ -231,7 +243,10 @@ bool GroupService::run_transfer(const Message& a) {
       std::lock_guard lk(m_);
       live_.erase(a.path);
     }
-    live->end(report.ok);  // reads of chunks that never came: EIO
+    // Reads of chunks that never came: EIO, or the stall error when the data path broke (the
+    // core then reads the source for them with --on-stall source).
+    live->end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
+                                            : std::error_code(EIO, std::generic_category()));
     const LiveFile::Stats ls = live->stats();
     std::lock_guard lk(m_);
     stats_.early_reads_waited += ls.reads_waited;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 namespace stagefs {
 
@@ -17,6 +16,11 @@ void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const
   // The temporary file, just created by this daemon in its own cache (O_EXCL, 0700 parents):
   // no symlink is followed all the same.
   stage::Fd fd(::open(txn.temp_path().c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return;  // not ready: opens wait for the whole copy as before
+  {
+    std::unique_lock fdlk(fd_m_);
+    fd_ = std::move(fd);
+  }
   {
     std::lock_guard lk(m_);
     source_ = source;
@@ -24,11 +28,6 @@ void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const
     const uint64_t n = (source.size + chunk_ - 1) / chunk_;
     state_.assign(n, kMissing);
     asked_.assign(n, 0);
-    if (!fd.valid()) {
-      open_error_ = std::strerror(errno);
-      return;  // not ready: opens wait for the whole copy as before
-    }
-    fd_ = std::move(fd);
     started_ = true;
   }
   if (on_started_) on_started_();
@@ -50,21 +49,22 @@ void LiveFile::want_locked(uint64_t off, uint64_t end) {
 }
 
 void LiveFile::chunk_written(uint64_t index, bool zero) {
-  std::vector<Pending> now;
+  std::vector<Ready> now;
   {
     std::lock_guard lk(m_);
-    if (index >= state_.size()) return;
+    if (index >= state_.size() || state_[index] != kMissing) return;
     state_[index] = zero ? kZero : kData;
+    // Only the reads that wait for this chunk (one chunk-range test each).
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (have_locked(it->off, it->end)) {
-        now.push_back(std::move(*it));
+      if (it->off / chunk_ <= index && index * chunk_ < it->end && have_locked(it->off, it->end)) {
+        now.push_back(std::move(it->ready));
         it = pending_.erase(it);
       } else {
         ++it;
       }
     }
   }
-  for (auto& p : now) p.done(read_now(p.off, p.end));
+  for (auto& r : now) r({});
 }
 
 void LiveFile::take_wanted(std::vector<uint64_t>& out) {
@@ -73,57 +73,60 @@ void LiveFile::take_wanted(std::vector<uint64_t>& out) {
   wants_.clear();
 }
 
-void LiveFile::end(bool ok) {
-  std::vector<Pending> failed, ready;
+void LiveFile::end(bool ok, std::error_code why) {
+  std::vector<Ready> failed;
   {
     std::lock_guard lk(m_);
+    if (ended_ && !ok_) return;  // the first failure's reason stands
     ended_ = true;
     ok_ = ok;
-    for (auto& p : pending_) (have_locked(p.off, p.end) ? ready : failed).push_back(std::move(p));
+    why_ = why;
+    // (ok: every chunk is here and nothing waits; any waiter then simply reads)
+    for (auto& p : pending_) failed.push_back(std::move(p.ready));
+    if (!ok) stats_.reads_failed += pending_.size();
     pending_.clear();
-    stats_.reads_failed += failed.size();
   }
-  for (auto& p : ready) p.done(read_now(p.off, p.end));
-  for (auto& p : failed)
-    p.done(stage::sys_error(EIO, "read (the copy failed before this range arrived)"));
+  if (!ok) {  // free the failed copy's space now (see the header)
+    std::unique_lock fdlk(fd_m_);
+    fd_.reset();
+  }
+  for (auto& r : failed) r(ok ? std::error_code{} : why);
 }
 
-void LiveFile::read_async(uint64_t off, size_t size, ReadDone done) {
-  uint64_t end = 0;
-  {
-    std::unique_lock lk(m_);
-    ++stats_.reads;
-    end = std::min<uint64_t>(source_.size, off + size);
-    if (off >= end) {
-      lk.unlock();
-      return done(std::string());
-    }
-    if (!have_locked(off, end)) {
-      if (ended_) {
-        ++stats_.reads_failed;
-        lk.unlock();
-        return done(stage::sys_error(EIO, "read (the copy failed before this range arrived)"));
-      }
-      ++stats_.reads_waited;
-      want_locked(off, end);
-      pending_.push_back(Pending{off, end, std::move(done)});
-      return;
-    }
+std::optional<std::error_code> LiveFile::await(uint64_t off, size_t size, Ready ready) {
+  std::lock_guard lk(m_);
+  ++stats_.reads;
+  if (ended_ && !ok_) {
+    ++stats_.reads_failed;
+    return why_;
   }
-  done(read_now(off, end));
+  const uint64_t end = std::min<uint64_t>(source_.size, off + size);
+  if (off >= end || have_locked(off, end)) return std::error_code{};
+  ++stats_.reads_waited;
+  want_locked(off, end);
+  pending_.push_back(Pending{off, end, std::move(ready), std::chrono::steady_clock::now()});
+  return std::nullopt;
 }
 
-stage::Result<std::string> LiveFile::read_now(uint64_t off, uint64_t end) {
+stage::Result<std::string> LiveFile::read(uint64_t off, size_t size) {
   std::vector<char> states;
+  uint64_t end = 0, chunk = 0;
   {
     std::lock_guard lk(m_);
-    for (uint64_t c = off / chunk_; c * chunk_ < end; ++c) states.push_back(state_[c]);
+    if (ended_ && !ok_) return stage::Error{why_, "read (the copy failed)"};
+    end = std::min<uint64_t>(source_.size, off + size);
+    if (off >= end) return std::string();
+    if (!have_locked(off, end)) return stage::sys_error(EIO, "read of a range not yet copied");
+    chunk = chunk_;
+    for (uint64_t c = off / chunk; c * chunk < end; ++c) states.push_back(state_[c]);
   }
   std::string out(end - off, '\0');
-  const uint64_t first = off / chunk_;
+  std::shared_lock fdlk(fd_m_);
+  if (!fd_.valid()) return stage::sys_error(EIO, "read (the copy failed)");
+  const uint64_t first = off / chunk;
   for (uint64_t pos = off; pos < end;) {
-    const uint64_t c = pos / chunk_;
-    const uint64_t stop = std::min(end, (c + 1) * chunk_);
+    const uint64_t c = pos / chunk;
+    const uint64_t stop = std::min(end, (c + 1) * chunk);
     if (states[c - first] == kData) {
       for (uint64_t at = pos; at < stop;) {
         const ssize_t n = ::pread(fd_.get(), out.data() + (at - off), stop - at, static_cast<off_t>(at));
@@ -135,6 +138,14 @@ stage::Result<std::string> LiveFile::read_now(uint64_t off, uint64_t end) {
     pos = stop;
   }
   return out;
+}
+
+std::optional<std::chrono::steady_clock::time_point> LiveFile::oldest_wait() const {
+  std::lock_guard lk(m_);
+  if (pending_.empty()) return std::nullopt;
+  auto t = pending_.front().since;
+  for (const auto& p : pending_) t = std::min(t, p.since);
+  return t;
 }
 
 bool LiveFile::ready() const {

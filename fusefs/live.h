@@ -1,31 +1,38 @@
 // LiveFile: a file this node is materializing, readable before its copy ends (issue 11).
 //
 // The engine tells it, through stage::LiveCopy, when the temporary file exists (started) and
-// which chunks are in it, verified against their CRC (chunk_written). Readers ask for byte
-// ranges (read_async):
-//   - a range whose chunks are all here is read at once from the temporary file (one
-//     read-only descriptor, opened when the transfer starts; after the publish the same inode
-//     is the copy, so the descriptor stays good whatever happens to the name),
-//   - a range beyond waits for its chunks only, and asks for them (take_wanted: the source
-//     rank sends wanted chunks next, so a reader of the end of a 50 GB image does not wait
-//     for the middle),
-//   - once the transfer ended, a range with a chunk that never came fails with EIO (a failed
-//     copy: nothing is published, but the chunks that did arrive were verified and are
-//     served).
+// which chunks are in it, verified against their CRC (chunk_written). A reader asks for a
+// byte range (await):
+//   - here: every chunk of the range is written; read() it now, from the temporary file (one
+//     read-only descriptor, opened when the transfer starts; after the publish the same
+//     inode is the copy, so the descriptor stays good whatever happens to the name),
+//   - waiting: the range's missing chunks are asked for (take_wanted: the source rank sends
+//     wanted chunks next, so a reader of the end of a 50 GB image does not wait for the
+//     middle) and `ready` is called once they are written, or once the transfer failed,
+//   - failed: the transfer failed; nothing is published and the descriptor is closed at
+//     once, so the failed copy's disk space is freed even while handles stay open (else a
+//     user who can change a source file could pin one unlinked, almost complete copy per
+//     handle). Every read of the handle then fails.
 // Holes travel as "zero" chunks and read as zeros. Bytes past the source's size read as EOF.
 // A file of one chunk or less never becomes ready: its opens wait for the whole copy.
 //
-// Thread-safety: every method is thread-safe (one mutex). started() and take_wanted() come
-// from the MPI thread, chunk_written() from the engine's writer thread, read_async() and
-// end() from any thread. A read's callback runs on the thread that completes it (the
-// caller's, the writer's, or end()'s), never under the lock: it must be quick (it replies).
+// Thread-safety: every method is thread-safe. started() and take_wanted() come from the MPI
+// thread, chunk_written() from the engine's writer thread (which only collects the ready
+// callbacks and calls them after the lock: they must be quick, e.g. post the read to a pool),
+// await(), read() and end() from any thread. A read never races the descriptor's close (a
+// shared lock around each pread).
 #pragma once
 
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "bcast/engine.h"
@@ -35,7 +42,7 @@ namespace stagefs {
 
 class LiveFile final : public stage::LiveCopy {
  public:
-  using ReadDone = std::function<void(stage::Result<std::string>)>;
+  using Ready = std::function<void(std::error_code)>;
   // on_started: called (without the lock) once the temporary file is open for reading.
   explicit LiveFile(std::function<void()> on_started = {}) : on_started_(std::move(on_started)) {}
 
@@ -44,12 +51,19 @@ class LiveFile final : public stage::LiveCopy {
   void chunk_written(uint64_t index, bool zero) override;
   void take_wanted(std::vector<uint64_t>& out) override;
 
-  // The transfer ended on this node; ok: it published the copy. Fails the reads still waiting.
-  void end(bool ok);
-  // Reads [off, off + size) (shorter at the end of the file); done gets the bytes or EIO.
-  void read_async(uint64_t off, size_t size, ReadDone done);
+  // The transfer ended on this node; ok: it published the copy. Otherwise waiting reads get
+  // `why` (EIO; the group's stall error when the transfer stalled: the core may then read the
+  // source instead, --on-stall source), and so does every later await().
+  void end(bool ok, std::error_code why = std::error_code(EIO, std::generic_category()));
+  // [off, off + size): std::error_code{} if it is here now (read() it), an error if it will
+  // never be, nullopt if `ready` was kept and will be called once, from another thread.
+  std::optional<std::error_code> await(uint64_t off, size_t size, Ready ready);
+  // The bytes of a range that is here (shorter at the end of the file, empty past it).
+  stage::Result<std::string> read(uint64_t off, size_t size);
 
   [[nodiscard]] bool ready() const;  // started and not failed: an open may use it
+  // When the longest-waiting read started waiting, if any waits (the group's stall rule).
+  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> oldest_wait() const;
   [[nodiscard]] stage::FileMeta source() const;
   struct Stats {
     uint64_t reads = 0, reads_waited = 0, reads_failed = 0, chunks_wanted = 0;
@@ -59,22 +73,23 @@ class LiveFile final : public stage::LiveCopy {
  private:
   struct Pending {
     uint64_t off, end;
-    ReadDone done;
+    Ready ready;
+    std::chrono::steady_clock::time_point since;
   };
   enum : char { kMissing = 0, kData = 1, kZero = 2 };
   bool have_locked(uint64_t off, uint64_t end) const;
   void want_locked(uint64_t off, uint64_t end);
-  stage::Result<std::string> read_now(uint64_t off, uint64_t end);
 
   std::function<void()> on_started_;
   mutable std::mutex m_;
+  std::shared_mutex fd_m_;  // shared: a pread; exclusive: the close (m_ is never taken inside)
   stage::Fd fd_;
   stage::FileMeta source_{};
   uint64_t chunk_ = 0;
   bool started_ = false, ended_ = false, ok_ = false;
-  std::string open_error_;
-  std::vector<char> state_;   // per chunk
-  std::vector<char> asked_;   // per chunk: already wanted
+  std::error_code why_{EIO, std::generic_category()};
+  std::vector<char> state_;  // per chunk
+  std::vector<char> asked_;  // per chunk: already wanted
   std::vector<uint64_t> wants_;
   std::deque<Pending> pending_;
   Stats stats_;

@@ -65,8 +65,15 @@ class FuseMount {
   }
   // The kernel allows one backing file per inode while it is open in passthrough mode: every
   // open of a node shares one refcounted backing id. Returns the id, or -errno.
+  // Returns -EBUSY while the node has handles opened during its copy (begin_live): the kernel
+  // refuses a passthrough open of an inode that has cached-mode opens (EIO to the caller).
   int acquire_backing(uint64_t node, int fd);
   void release_backing(uint64_t node);
+  // A handle opened during the copy (served by the daemon, cached mode): counted per node.
+  // false if the node has passthrough handles open (the kernel would refuse a cached-mode
+  // open): the handle must then be opened with direct I/O.
+  bool begin_live(uint64_t node);
+  void end_live(uint64_t node);
 
  private:
   FuseMount(StageFsCore& core, const MountOptions& opt) : core_(core), opt_(opt), pt_(opt.passthrough) {}
@@ -82,6 +89,7 @@ class FuseMount {
   std::atomic<bool> logged_fallback_{false};
   std::mutex backing_m_;                                       // guards backing_
   std::unordered_map<uint64_t, std::pair<int, int>> backing_;  // node -> (backing id, opens)
+  std::unordered_map<uint64_t, int> live_opens_;               // node -> cached-mode live handles
 };
 
 // Why a mount point cannot be used (missing, not a directory, not empty, already mounted, a

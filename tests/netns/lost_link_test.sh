@@ -378,8 +378,9 @@ recovery_run() {
       fail "$name: reader on node $k did not return within 120 s"
     fi
   done
+  # (a read may end before its transfer does: the open returns during the copy)
   for ((k = 1; k <= N; k++)); do
-    cmp -s "$(cache_file "$k")" "$SRC/$FILE" && pass "$name: node $k: its cache holds the complete copy" \
+    wait_until 60 cmp -s "$(cache_file "$k")" "$SRC/$FILE" && pass "$name: node $k: its cache holds the complete copy" \
       || fail "$name: node $k: cache copy missing or different"
   done
   for ((k = 1; k <= N; k++)); do
