@@ -5,8 +5,8 @@
 
 One standalone mount; per round a fresh file of SIZE_MB: open it (returns during the copy),
 wait until the transfer is done, drop the page cache, read it whole through the early
-handle; drop the page cache, read it through a new handle; drop it, read the cache file
-directly. 1 MiB reads. Reports medians of ROUNDS and the ratios.
+handle, through a new handle and the cache file directly (the order rotates per round; the
+page cache dropped before each). 1 MiB reads. Reports medians of ROUNDS and the ratios.
 Usage: bench_live_readpath.py BUILD_DIR [SIZE_MB=1024] [ROUNDS=3]"""
 import os
 import statistics
@@ -55,19 +55,21 @@ try:
         early = os.open(os.path.join(d.mnt, name), os.O_RDONLY)
         h.wait_for(lambda: d.stats()["transfers"] == r + 1, 600, "the copy of %s" % name)
         assert d.stats()["early_opens"] == r + 1, d.stats()
-        drop_caches()
-        secs, n = read_fd(early)
-        assert n == size_mb * MiB
-        res["early handle"].append(secs)
+        order = ["early handle", "new handle", "cache file"]
+        order = order[r % 3:] + order[:r % 3]  # each reader first once in 3 rounds
+        for kind in order:
+            drop_caches()
+            if kind == "early handle":
+                fd = early
+            else:
+                fd = os.open(os.path.join(d.mnt, name) if kind == "new handle" else os.path.join(cache, "data", name),
+                             os.O_RDONLY)
+            secs, n = read_fd(fd)
+            assert n == size_mb * MiB
+            res[kind].append(secs)
+            if kind != "early handle":
+                os.close(fd)
         os.close(early)
-        drop_caches()
-        fd = os.open(os.path.join(d.mnt, name), os.O_RDONLY)
-        res["new handle"].append(read_fd(fd)[0])
-        os.close(fd)
-        drop_caches()
-        fd = os.open(os.path.join(cache, "data", name), os.O_RDONLY)
-        res["cache file"].append(read_fd(fd)[0])
-        os.close(fd)
     s = d.stats()
     med = {k: statistics.median(v) for k, v in res.items()}
     print("## live read path: %d MiB, cold page cache, medians of %d (read path of new handles: %s)" %
