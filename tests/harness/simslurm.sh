@@ -336,6 +336,7 @@ dump_logs() {
       [[ -s $f ]] && { echo "----- tail $f" >&2; tail -n 8 "$f" >&2; break; }
     done
   done
+  return 0  # (a last missing log must not end the caller under set -e before its message)
 }
 
 # ---------------------------------------------------------------------------------------
@@ -406,7 +407,12 @@ up_locked() {
   setsid slurmctld -D -i -f "$CONF" 9>&- </dev/null >>"$ROOT/ctld/stdout.log" 2>&1 &
   echo $! >"$ROOT/ctld/pid"
   local ctld_ok=0
-  ctld_ping() { pid_is "$(ctld_pid)" slurmctld || return 0; slurm scontrol ping 2>/dev/null | grep -q UP && ctld_ok=1; }
+  # (setsid is still "setsid" until it execs slurmctld: a loaded machine showed that state at
+  # the first ping, which was taken for a dead slurmctld)
+  ctld_ping() {
+    starting_or_alive "$(ctld_pid)" slurmctld || return 0
+    slurm scontrol ping 2>/dev/null | grep -q UP && ctld_ok=1
+  }
   wait_until 30 "slurmctld to answer ping" ctld_ping || true
   if ((ctld_ok == 0)); then
     dump_logs; teardown || true; die "slurmctld did not come up within 30s (logs above, $ROOT/ctld/)"
