@@ -2,11 +2,17 @@
 // temporary file is a real one (PosixStore's Txn); the test plays the engine's writer.
 #include "fusefs/live.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "bcast/store.h"
+#include "fusefs/cache.h"
+#include "fusefs/core.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -149,6 +155,82 @@ TEST_F(LiveFileTest, NotReadyBeforeTheTransferStarts) {
   one.started(small, kChunk, *txn_);
   EXPECT_FALSE(one.ready());
   EXPECT_EQ(started, 1);
+}
+
+}  // namespace
+}  // namespace stagefs
+
+namespace stagefs {
+namespace {
+
+// The core's early open (StageFsCore::materialize_then_open) over a materializer that answers
+// with a LiveFile of a given version: a node compares the version being copied with the one
+// it looked up by size, times and inode. The device number is each node's own (NFS, Lustre),
+// so a different one must not make early opens fail with ESTALE; a different inode must.
+class EarlyMaterializer final : public Materializer {
+ public:
+  EarlyMaterializer(stage::LocalStore& store, std::string temp, stage::FileMeta meta)
+      : store_(store), temp_(std::move(temp)), meta_(meta) {}
+  void materialize_async(const std::string& rel, Done done) override {
+    done(stage::sys_error(EIO, "not in this test", rel));
+  }
+  void materialize_live_async(const std::string& rel, Done done, Early early) override {
+    auto t = store_.begin(temp_);
+    if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
+    txn_ = std::move(t.value());
+    live_ = std::make_shared<LiveFile>();
+    live_->started(meta_, 4096, *txn_);
+    early(live_);
+  }
+  std::shared_ptr<LiveFile> live_;
+  std::unique_ptr<stage::Txn> txn_;
+
+ private:
+  stage::LocalStore& store_;
+  std::string temp_;
+  stage::FileMeta meta_;
+};
+
+using stage::testing::TmpDirTest;
+
+class LiveOpenTest : public TmpDirTest {
+ protected:
+  // Opens src/f through a core whose materializer copies `meta` (this node's stat of f, changed
+  // by `change`); returns the open's outcome.
+  stage::Result<OpenFile> open_with(const std::function<void(stage::FileMeta&)>& change) {
+    write_file(path("src/f"), random_bytes(5 * 4096, 4));
+    struct stat st {};
+    EXPECT_EQ(::stat(path("src/f").c_str(), &st), 0);
+    stage::FileMeta meta = stage::meta_from_stat(st);
+    change(meta);
+    auto cache = NodeCache::open(path("cache"));
+    EXPECT_TRUE(cache);
+    stage::PosixStore store;
+    std::filesystem::create_directories(path("tmpcopy"));
+    EarlyMaterializer mat(store, path("tmpcopy/f"), meta);
+    CoreConfig cfg{path("src")};
+    cfg.read_during_copy = true;
+    auto core = StageFsCore::create(cfg, **cache, mat);
+    EXPECT_TRUE(core);
+    auto f = (*core)->lookup(StageFsCore::kRootId, "f");
+    EXPECT_TRUE(f);
+    auto r = (*core)->open(f->first, O_RDONLY);
+    if (r) (*core)->release(r->pinned);
+    (*core)->stop();
+    return r;
+  }
+};
+
+TEST_F(LiveOpenTest, ADeviceNumberOfAnotherNodeIsTheSameVersion) {
+  auto r = open_with([](stage::FileMeta& m) { m.dev += 1; });
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->live);
+}
+
+TEST_F(LiveOpenTest, AnotherInodeIsAnotherVersion) {
+  auto r = open_with([](stage::FileMeta& m) { m.ino += 1; });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().to_errno(), ESTALE);
 }
 
 }  // namespace
