@@ -544,11 +544,25 @@ void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd
   // A range that is here is read on the caller's thread; one that waits is read on the
   // completion pool once its chunks are written (not on the engine's writer thread).
   auto finish = [this, live, source_fd, off, size](std::error_code ec) -> Result<std::string> {
-    if (!ec) return live->read(off, size);
+    if (!ec) {
+      auto r = live->read(off, size);
+      if (r) return r;
+      ec = r.error().code;  // the copy failed after the range was found here
+    }
     const bool stalled = ec == stage::make_error_code(stage::Errc::timed_out) ||
                          ec == stage::make_error_code(stage::Errc::group_broken);
     if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
-    ++counters_.source_fallbacks;  // --on-stall source: the version this handle opened
+    // --on-stall source: the source, if it is still the version this handle opened.
+    struct stat now {};
+    const stage::FileMeta want = live->source();
+    if (::fstat(source_fd, &now) != 0 || static_cast<uint64_t>(now.st_size) != want.size ||
+        stage::to_ns(now.st_mtim) != want.mtime_ns || stage::to_ns(now.st_ctim) != want.ctime_ns)
+      return stage::sys_error(EIO, "read after a stall (the source changed too)");
+    if (live->first_fallback()) {
+      ++counters_.source_fallbacks;
+      spdlog::warn("{}: mount group stalled: reading the rest of a file opened during its copy from the shared source",
+                   stage::host_name());
+    }
     std::string buf(size, '\0');
     size_t got = 0;
     while (got < size) {

@@ -205,16 +205,24 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   h->node = ino;
   h->pinned = std::move(r->pinned);
   h->live = std::move(r->live);
-  if (h->live) {
-    // Served by the daemon from the copy in progress (a cached-mode open: mmap works). The
-    // kernel refuses to mix cached-mode and passthrough opens of one inode (EIO to whoever
-    // comes second): while such handles are open, new opens of the node splice instead of
-    // passthrough; if passthrough handles are open already, this one uses direct I/O.
-    h->live_counted = m.begin_live(ino);
-    if (!h->live_counted) fi.direct_io = 1;
-    fi.keep_cache = 0;
+  // A handle opened during the copy is served by the daemon from the copy in progress (a
+  // cached-mode open: mmap works). The kernel refuses to mix cached-mode and passthrough opens
+  // of one inode (EIO to whoever comes second; direct I/O is refused next to passthrough too):
+  // while a node has cached-mode handles, its new opens splice (and count as cached-mode);
+  // if it has passthrough handles, an early open is served through their backing file (the
+  // same version: a node id is one version).
+  if (h->live) h->live_counted = m.begin_live(ino);
+  int id = -1;
+  if (!r->from_source && !(h->live && h->live_counted)) id = m.acquire_backing(ino, h->fd.get());
+  if (id == -EBUSY) h->live_counted = true;  // counted by acquire_backing: a cached-mode handle
+  if (h->live && !h->live_counted) {
+    if (id < 0) {  // the passthrough handles closed in between: the caller retries
+      m.core().release(h->pinned);
+      return reply_err(req, stage::sys_error(EAGAIN, "open (the file changed read mode meanwhile)"));
+    }
+    h->live.reset();
   }
-  const int id = r->from_source || h->live ? -1 : m.acquire_backing(ino, h->fd.get());
+  if (h->live) fi.keep_cache = 0;
   if (id >= 0) {
     h->passthrough = true;
     Passthrough::arm_open_reply(id);
@@ -624,7 +632,10 @@ void FuseMount::end_live(uint64_t node) {
 
 int FuseMount::acquire_backing(uint64_t node, int fd) {
   std::lock_guard lk(backing_m_);
-  if (live_opens_.contains(node)) return -EBUSY;  // splice from the copy instead
+  if (auto it = live_opens_.find(node); it != live_opens_.end()) {  // splice, a cached-mode handle too
+    ++it->second;
+    return -EBUSY;
+  }
   if (auto it = backing_.find(node); it != backing_.end()) {
     ++it->second.second;
     return it->second.first;

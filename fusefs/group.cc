@@ -123,7 +123,7 @@ void GroupService::watchdog() {
     for (const auto& [rel, live] : live_)
       if (auto t = live->oldest_wait()) oldest = std::min(oldest, *t);
     if (oldest == Clock::time_point::max()) {  // only copies in progress, no read waits
-      watchdog_cv_.wait_for(lk, cfg_.stall_timeout / 4);
+      watchdog_cv_.wait_for(lk, std::max<std::chrono::milliseconds>(cfg_.stall_timeout / 4, std::chrono::milliseconds(10)));
       continue;
     }
     const auto deadline = std::max(oldest, last_progress_) + cfg_.stall_timeout;

@@ -77,7 +77,7 @@ void LiveFile::end(bool ok, std::error_code why) {
   std::vector<Ready> failed;
   {
     std::lock_guard lk(m_);
-    if (ended_ && !ok_) return;  // the first failure's reason stands
+    if (ended_) return;  // the first outcome stands (a late failure must not close a good copy)
     ended_ = true;
     ok_ = ok;
     why_ = why;

@@ -23,6 +23,7 @@
 // shared lock around each pread).
 #pragma once
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -62,6 +63,8 @@ class LiveFile final : public stage::LiveCopy {
   stage::Result<std::string> read(uint64_t off, size_t size);
 
   [[nodiscard]] bool ready() const;  // started and not failed: an open may use it
+  // True once: the first read served from the source after a stall (counted per copy).
+  bool first_fallback() { return !fell_back_.exchange(true); }
   // When the longest-waiting read started waiting, if any waits (the group's stall rule).
   [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> oldest_wait() const;
   [[nodiscard]] stage::FileMeta source() const;
@@ -93,6 +96,7 @@ class LiveFile final : public stage::LiveCopy {
   std::vector<uint64_t> wants_;
   std::deque<Pending> pending_;
   Stats stats_;
+  std::atomic<bool> fell_back_{false};
 };
 
 }  // namespace stagefs

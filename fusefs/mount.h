@@ -65,13 +65,15 @@ class FuseMount {
   }
   // The kernel allows one backing file per inode while it is open in passthrough mode: every
   // open of a node shares one refcounted backing id. Returns the id, or -errno.
-  // Returns -EBUSY while the node has handles opened during its copy (begin_live): the kernel
+  // Returns -EBUSY while the node has cached-mode handles open (begin_live): the kernel
   // refuses a passthrough open of an inode that has cached-mode opens (EIO to the caller).
+  // The handle is then a spliced, cached-mode one too, and counted as such (release it with
+  // end_live).
   int acquire_backing(uint64_t node, int fd);
   void release_backing(uint64_t node);
-  // A handle opened during the copy (served by the daemon, cached mode): counted per node.
-  // false if the node has passthrough handles open (the kernel would refuse a cached-mode
-  // open): the handle must then be opened with direct I/O.
+  // A cached-mode handle of a node that may get passthrough opens (one opened during the
+  // copy): counted per node. false if the node has passthrough handles open (the kernel
+  // would refuse the cached-mode open; nothing counted).
   bool begin_live(uint64_t node);
   void end_live(uint64_t node);
 

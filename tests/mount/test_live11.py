@@ -167,9 +167,17 @@ class Standalone(h.MountTestCase):
                 with open(os.path.join(d.mnt, "big"), "rb") as f:
                     self.assertEqual(f.read(), data)
             self.assertEqual(os.pread(fd, 4096, 5 * MiB), data[5 * MiB:5 * MiB + 4096])
+            # a handle opened now (spliced: the early one is open) outlives the early one
+            kept = os.open(os.path.join(d.mnt, "big"), os.O_RDONLY)
         finally:
             os.close(fd)
-        with open(os.path.join(d.mnt, "big"), "rb") as f:  # and after it closed
+        try:
+            with open(os.path.join(d.mnt, "big"), "rb") as f:  # the early handle closed, `kept` open
+                self.assertEqual(f.read(4096), data[:4096])
+            self.assertEqual(os.pread(kept, 4096, 7 * MiB), data[7 * MiB:7 * MiB + 4096])
+        finally:
+            os.close(kept)
+        with open(os.path.join(d.mnt, "big"), "rb") as f:  # and after every handle closed
             self.assertEqual(f.read(4096), data[:4096])
         self.assertEqual(d.stats()["open_errors"], 0)
 

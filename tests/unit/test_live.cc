@@ -140,6 +140,17 @@ TEST_F(LiveFileTest, AFailedCopyFailsItsReadsAndFreesItsSpace) {
   EXPECT_EQ(live_->stats().reads_failed, 3U);
 }
 
+// A late failure (the watchdog's, after the transfer ended well) must not close a good copy.
+TEST_F(LiveFileTest, TheFirstOutcomeStands) {
+  for (uint64_t i = 0; i < 11; ++i) write_chunk(i);
+  live_->end(true);
+  live_->end(false);
+  EXPECT_TRUE(live_->ready());
+  auto r = read(3 * kChunk + 7, 100);
+  ASSERT_TRUE(r->got && r->got->ok());
+  EXPECT_EQ(r->got->value(), data_.substr(3 * kChunk + 7, 100));
+}
+
 TEST_F(LiveFileTest, NotReadyBeforeTheTransferStarts) {
   LiveFile fresh;
   EXPECT_FALSE(fresh.ready());
