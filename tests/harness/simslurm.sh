@@ -257,12 +257,26 @@ write_conf() {
     echo "KillWait=5"
     echo "MessageTimeout=20"
     echo "TmpFS=/tmp"
+    echo "EpilogSlurmctld=$ROOT/etc/job_ended.sh"
     for ((i = 1; i <= n; i++)); do
       echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_BASE + i)) CPUs=$(nproc) RealMemory=1000 State=UNKNOWN"
     done
     echo "PartitionName=sim Nodes=n[1-$n] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
   } >"$CONF.new"
   mv "$CONF.new" "$CONF"
+
+  # EpilogSlurmctld: the controller runs it when a job has ended. It writes one line, the
+  # job's exit code ("exit:signal"), to $ROOT/ended/JOBID: into the FIFO a waiting test blocks
+  # on (tests/slurm/checks.sh wait_job), or as a plain file when nobody waits yet. A FIFO
+  # whose reader is gone is given up after 10 s, so the job's completion is never held longer.
+  rm -rf "$ROOT/ended" # job ids start at 1 again with a new controller state
+  mkdir -p "$ROOT/ended"
+  cat >"$ROOT/etc/job_ended.sh" <<EOF_EPILOG
+#!/bin/sh
+timeout 10 sh -c 'echo "\$1" > "\$2"' sh "\${SLURM_JOB_EXIT_CODE2:-unknown}" "$ROOT/ended/\$SLURM_JOB_ID" 2>/dev/null
+exit 0
+EOF_EPILOG
+  chmod 0755 "$ROOT/etc/job_ended.sh"
 
   # /etc/hosts seen inside the node namespaces: the host's plus n1..nN
   { cat /etc/hosts; echo "# $PROG nodes"; for ((i = 1; i <= n; i++)); do echo "127.0.0.1 n$i"; done; } >"$ROOT/etc/hosts"

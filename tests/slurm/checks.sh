@@ -18,25 +18,26 @@ finish() {
   echo "$NAME: $npass passed, $nfail failed"
   ((nfail == 0))
 }
-# wait_job JOBID LIMIT: waits until the job has left PENDING/RUNNING/COMPLETING, at most
-# LIMIT seconds (then cancels it). Prints the final "STATE EXITCODE" (e.g. "COMPLETED 0:0"),
-# or "TIMEOUT <state>". (`sbatch --wait` would do, but Slurm 22.05 polls the job after 2, 10
-# and 42 s, so a 20 s job would cost 42: this polls the state every half second instead, a
-# bounded poll of a condition.)
+# wait_job JOBID LIMIT: waits until the job has ended, at most LIMIT seconds (then cancels
+# it). Prints "COMPLETED 0:0" for a job whose script exited 0, else "FAILED EXIT:SIGNAL", or
+# "TIMEOUT <state>". How: the simulated controller's EpilogSlurmctld (tests/harness/simslurm.sh)
+# writes the job's exit code to $SIMSLURM_ROOT/ended/JOBID when the job ends; this blocks on a
+# FIFO of that name, or finds the plain file the epilog left if the job ended first.
+# (`sbatch --wait` polls the job after 2, 10 and 42 s: a 20 s job would cost 42.)
 wait_job() {
-  local id=$1 limit=$2 state deadline=$((SECONDS + $2))
-  while state=$(timeout 15 scontrol show job -o "$id" 2>/dev/null |
-    sed -nE 's/.* JobState=([A-Z_]+) .* ExitCode=([0-9]+:[0-9]+) .*/\1 \2/p')
-  [[ $state == "" || $state == PENDING* || $state == RUNNING* || $state == COMPLETING* ]]; do
-    if ((SECONDS >= deadline)); then
-      echo "    job $id still ${state:-unknown} after ${limit}s: cancelling it" >&2
-      timeout 15 scancel "$id"
-      echo "TIMEOUT ${state:-unknown}"
-      return
-    fi
-    sleep 0.5
-  done
-  echo "$state"
+  local id=$1 limit=$2 f code
+  f=${SIMSLURM_ROOT:-/var/tmp/stagefs-simslurm}/ended/$id
+  mkfifo "$f" 2>/dev/null || true # fails when the epilog already wrote the file
+  if ! code=$(timeout "$limit" cat "$f"); then
+    code=$(timeout 15 scontrol show job -o "$id" 2>/dev/null | sed -nE 's/.* JobState=([A-Z_]+) .*/\1/p')
+    echo "    job $id still ${code:-unknown} after ${limit}s: cancelling it" >&2
+    timeout 15 scancel "$id"
+    rm -f "$f"
+    echo "TIMEOUT ${code:-unknown}"
+    return
+  fi
+  rm -f "$f"
+  if [[ $code == 0:0 ]]; then echo "COMPLETED 0:0"; else echo "FAILED ${code:-unknown}"; fi
 }
 # ompi_init_crash DIR: true if DIR holds a core dump (core, core.PID) whose crashing thread
 # died inside Open MPI's MPI_Init. Open MPI 4.1.4 (Debian 12) occasionally calls a NULL

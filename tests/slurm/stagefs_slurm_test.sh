@@ -349,9 +349,9 @@ chmod 0755 "$JOB"
 # ---------------------------------------------------------------------------------------
 # run it
 
-# submit, then wait_job (checks.sh) polls its state: `sbatch --wait` polls far too coarsely
+# submit, then wait_job (checks.sh) waits for the end of the job (the controller's epilog says it)
 run_job() {
-  info "sbatch -N$NODES $JOB (then polling the job state)"
+  info "sbatch -N$NODES $JOB (then waiting for the job to end)"
   js=$SECONDS
   rc=0
   rm -f "$WORK"/core "$WORK"/core.[0-9]* "$RESULTS"
