@@ -32,6 +32,12 @@ struct FileMeta {
   bool operator==(const FileMeta&) const = default;
 };
 
+// One version of a file, compared across nodes: size, times and inode agree (the device number
+// is each node's own on a network filesystem; the mode says nothing of the content).
+inline bool same_version(const FileMeta& a, const FileMeta& b) {
+  return a.size == b.size && a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns && a.ino == b.ino;
+}
+
 // Nanoseconds since the epoch, saturated (no overflow past the year 2262), and back.
 int64_t to_ns(const struct timespec& ts) noexcept;
 struct timespec from_ns(int64_t ns) noexcept;

@@ -298,8 +298,7 @@ std::optional<Origin> origin_of_fd(int fd) {
 }
 
 bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src) {
-  return o.source.size == src.size && o.source.mtime_ns == src.mtime_ns &&
-         o.source.ctime_ns == src.ctime_ns && o.source.ino == src.ino && copy_mtime_ns == src.mtime_ns;
+  return same_version(o.source, src) && copy_mtime_ns == src.mtime_ns;
 }
 
 Result<LocalState> PosixStore::inspect(const std::string& path) {

@@ -514,11 +514,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
   if (!early_ok) return mat_.materialize_async(rel, std::move(then));
   auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
-      // The same version: size, times and inode (the device number is this node's own for
-      // a network filesystem; the copy's validity rule ignores it too).
-      const stage::FileMeta copied = live->source(), opened = stage::meta_from_stat(src);
-      if (copied.size != opened.size || copied.mtime_ns != opened.mtime_ns || copied.ctime_ns != opened.ctime_ns ||
-          copied.ino != opened.ino) {
+      // The same version (the device number is this node's own on a network filesystem).
+      if (!stage::same_version(live->source(), stage::meta_from_stat(src))) {
         // The transfer copies a newer version than this open looked up.
         ++counters_.stale_opens;
         ++counters_.open_errors;
@@ -554,9 +551,7 @@ void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd
     if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
     // --on-stall source: the source, if it is still the version this handle opened.
     struct stat now {};
-    const stage::FileMeta want = live->source();
-    if (::fstat(source_fd, &now) != 0 || static_cast<uint64_t>(now.st_size) != want.size ||
-        stage::to_ns(now.st_mtim) != want.mtime_ns || stage::to_ns(now.st_ctim) != want.ctime_ns)
+    if (::fstat(source_fd, &now) != 0 || !stage::same_version(stage::meta_from_stat(now), live->source()))
       return stage::sys_error(EIO, "read after a stall (the source changed too)");
     if (live->first_fallback()) {
       ++counters_.source_fallbacks;
