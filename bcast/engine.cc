@@ -100,6 +100,7 @@ class Transfer {
   };
   Status broadcast_chunks(const Layout& layout, bool write_here, Queues& q);
   bool valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const;
+  static ChunkHeader nest_header(uint32_t token) { return ChunkHeader{0, 0, 0, kChunkNest, static_cast<int32_t>(token)}; }
   Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
@@ -432,6 +433,9 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   uint64_t next = 0, low = 0;
   if (adaptive_) reader_chunk_crc_.assign(nchunks, 0);
   for (uint64_t k = 0; k < nchunks; ++k) {
+    // Tests: the source stops delivering after two chunks while the rest of the process
+    // (the MPI thread's loop, its control plane) goes on.
+    if (k == 2) test_hold("reader-mid-file", comm_.rank());
     auto t_wait = Clock::now();
     auto b = free_q.pop();
     if (!b) return;
@@ -581,28 +585,49 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
 
 // Chunk by chunk through the Comm's collectives: a header broadcast, then the payload
 // (Comm::bcast). Used with --bcast-algorithm mpi, one rank, or a stream too small to pipeline.
+// A nest header (kChunkNest) comes between two chunks: every rank runs the nested transfer.
 Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues& q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
   std::vector<char> seen(nchunks);
   uint64_t done_bytes = 0;
-  for (uint64_t i = 0; i < nchunks; ++i) {
-    if (i == 2) {  // let the writer catch up so "mid-file" means data is on disk
+  bool held = false;
+  for (uint64_t i = 0; i < nchunks;) {
+    if (i == 2 && !held) {  // let the writer catch up so "mid-file" means data is on disk
       test_hold("mid-file", comm_.rank());
+      held = true;
     }
     std::optional<BufPtr> b;
-    if (is_root() && adaptive_) {  // the root's own readers' wants reach its reader while it waits
-      do route_wants(nullptr);
-      while (!(b = q.full_q.pop_for(std::chrono::milliseconds(1))));
+    uint32_t token = 0;
+    if (is_root() && (adaptive_ || opt_.nest != nullptr)) {
+      // The root's own readers' wants reach its reader, and the control plane is polled, while
+      // it waits for the reader.
+      for (;;) {
+        route_wants(nullptr);
+        if (opt_.nest != nullptr) {
+          if (auto st = opt_.nest->poll(); !st) return st;
+          if ((token = opt_.nest->mark()) != 0) break;
+        }
+        if ((b = q.full_q.pop_for(std::chrono::milliseconds(1)))) break;
+      }
     } else {
+      // Elsewhere once per chunk (this rank waits inside the header broadcast): its requests
+      // still reach the coordinator during a long transfer.
+      if (opt_.nest != nullptr)
+        if (auto st = opt_.nest->poll(); !st) return st;
       b = is_root() ? q.full_q.pop() : q.free_q.pop();
+      if (!b) return {};
     }
-    if (!b) return {};
     const Accumulate in_bcast(r_.pipe.bcast);
-    Buffer& buf = **b;
-    ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
+    ChunkHeader h = token != 0 ? nest_header(token) : is_root() ? (*b)->hdr : ChunkHeader{};
     if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !st) return st;
     if (!valid_header(h, layout, i, seen))
       return stage_error(Errc::bad_message, "chunk header " + std::to_string(i));  // out of step: stop
+    if ((h.flags & kChunkNest) != 0) {
+      if (b) q.free_q.push(std::move(*b));  // a receive buffer: no chunk came
+      if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
+      continue;
+    }
+    Buffer& buf = **b;
     const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
     if ((h.flags & kChunkAbort) != 0) {
       q.free_q.push(std::move(*b));
@@ -620,6 +645,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
     (write_here ? q.write_q : q.free_q).push(std::move(*b));
     done_bytes += range.length;
     if (progress_) progress_(done_bytes, layout.bytes());
+    ++i;
   }
   return {};
 }
@@ -628,6 +654,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
 // comes; any other chunk must be the next one (in file order) or, with readers steering the
 // order, one not seen yet; its length must be its chunk's.
 bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const {
+  if (h.flags == kChunkNest) return opt_.nest != nullptr && h.index == 0 && h.length == 0 && h.reserved != 0;
   if ((h.flags & ~(kChunkZero | kChunkAbort)) != 0) return false;
   if ((h.flags & kChunkAbort) != 0) return true;
   const uint64_t n = seen.size();
@@ -659,14 +686,27 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
   ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
   std::vector<char> seen(nchunks);
-  uint64_t submitted = 0, completed = 0, done_bytes = 0;
+  // submitted: buffers put into the stream (the root: chunks; elsewhere: receive buffers, one
+  // per chunk and one per nest header, which a rank learns of as it hands it back).
+  uint64_t submitted = 0, completed = 0, done_bytes = 0, nests = 0;
   bool ended = false;      // the abort chunk came out of the stream
   bool abort_sent = false;  // root: the reader's abort chunk is in the stream
   while (completed < nchunks && !ended) {
     const auto t_iter = Clock::now();
     bool moved = false;
     route_wants(&stream);
-    while (submitted < nchunks && !abort_sent) {
+    if (opt_.nest != nullptr) {
+      if (auto st = opt_.nest->poll(); !st) return st;
+      // A nest header goes in between two chunks, never after the last one (every rank then
+      // still has a chunk to receive after it, so it posts a receive for it).
+      if (is_root() && submitted < nchunks && !abort_sent)
+        if (const uint32_t token = opt_.nest->mark(); token != 0) {
+          if (auto st = stream.submit({}, nest_header(token)); !st) return st;
+          inflight.push_back(nullptr);
+          moved = true;
+        }
+    }
+    while (submitted < nchunks + (is_root() ? 0 : nests) && !abort_sent) {
       auto b = is_root() ? q.full_q.try_pop() : q.free_q.try_pop();
       if (!b) break;
       Buffer& buf = **b;
@@ -687,6 +727,14 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
       inflight.pop_front();
       if (!valid_header(h, layout, completed, seen))
         return stage_error(Errc::bad_message, "chunk header " + std::to_string(completed));
+      if ((h.flags & kChunkNest) != 0) {  // every chunk before it passed on: the nested transfer runs
+        if (b) q.free_q.push(std::move(b));  // a receive buffer: no chunk came
+        ++nests;
+        if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
+        stream.resumed();
+        moved = true;
+        continue;
+      }
       const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
       if ((h.flags & kChunkAbort) != 0) {  // every rank sees it at the same chunk
         q.free_q.push(std::move(b));

@@ -59,6 +59,36 @@ class LiveCopy {
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
 };
 
+// More than one transfer at a time (issue 11): a short transfer (a batch of small files) that
+// must not wait until a long one (a 50 GB image) ends runs NESTED in it, on another Comm, at a
+// point of the long transfer's own stream that every rank sees: the source rank puts a nest
+// header (kChunkNest, a token, no payload) between two chunks, and each rank, once that header
+// is complete here (every chunk before it received, passed on to its children and handed to
+// its writer), runs the nested transfer to the end, then goes on with the long one. Deciding
+// in-band is what keeps the ranks in step: they reach the mark at different times, but every
+// rank reaches it, since each passed it on before it left (a decision taken from the control
+// plane alone could find one rank already past the last chunk and another waiting for it).
+// The mark never follows the last chunk, so every rank still expects a chunk after it. A mark
+// does not wait for the source's next chunk (a slow source does not delay the nested
+// transfer). The long stream's pending messages wait on its own Comm meanwhile; its stall
+// clock restarts afterwards.
+// Used by the stagefs mount's group (GroupService); stage-bcast has none.
+class Nest {
+ public:
+  virtual ~Nest() = default;
+  // The calling thread, at every turn of the copy loop, on every rank: a chance to poll the
+  // control plane. Must not use the long transfer's Comm; must be cheap when idle. An error
+  // ends the long transfer (comm_broken).
+  virtual Status poll() = 0;
+  // Source rank, at every turn of the copy loop while chunks remain to be sent: a token (not
+  // 0) if a nested transfer is to start there, else 0.
+  virtual uint32_t mark() = 0;
+  // Every rank, when the mark carrying `token` is complete here: runs the nested transfer
+  // (COLLECTIVE on another Comm). An error means that Comm broke: the long transfer then
+  // fails as if its own Comm had (comm_broken).
+  virtual Status run(uint32_t token) = 0;
+};
+
 // size: same size and mtime; checksum: same CRC-64; none: always copy;
 // origin: the copy's recorded origin (xattr) matches the source's size, mtime, ctime and
 // inode (the stagefs cache: a touched or replaced source is copied again).
@@ -83,6 +113,8 @@ struct StageOptions {
   std::function<bool()> cancelled;
   // Reads before the copy ends (see LiveCopy); nullptr: chunks in file order, no hooks.
   LiveCopy* live = nullptr;
+  // Nested transfers (see Nest); nullptr: none (a header marked kChunkNest is then invalid).
+  Nest* nest = nullptr;
   // How the chunks travel (bcast/pipeline.h): chain or tree, all chunks of a transfer as one
   // pipelined stream with their headers in-band; mpi (or a stream too small to pipeline,
   // or a Comm without a point-to-point seam), a header broadcast and Comm::bcast per chunk.

@@ -353,7 +353,7 @@ struct ChunkStream::Impl {
       auto r = poll_in_order(it.hdr_recv, [](uint64_t) {});
       if (!r) return r.error();
       if (!it.hdr_recv.empty()) break;
-      const uint32_t known = kChunkZero | kChunkAbort;
+      const uint32_t known = kChunkZero | kChunkAbort | kChunkNest;
       if ((it.hdr.flags & ~known) != 0 || payload(it.hdr) > it.buf.size())
         return stage_error(Errc::bad_message, "chunk header " + std::to_string(it.seq) + " from rank " +
                                                   std::to_string(links.parent));
@@ -548,6 +548,8 @@ Result<bool> ChunkStream::progress(std::vector<ChunkHeader>& done) {
 }
 
 void ChunkStream::idle() { impl_->backoff.wait(); }
+
+void ChunkStream::resumed() { impl_->moved(); }
 
 void ChunkStream::want(uint64_t index) { impl_->want(index); }
 

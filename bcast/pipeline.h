@@ -102,8 +102,8 @@ BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes);
 //   the others: an empty buffer big enough for any chunk, into which the next chunk is
 //   received); call progress() until it hands the chunks back, in order, each complete on
 //   this rank (received in full and passed on to every child); idle() between calls that
-//   moved nothing; after the last chunk, finish(). A header with kChunkZero or kChunkAbort
-//   has no payload; after an abort the caller submits nothing more (finish() drops receives
+//   moved nothing; after the last chunk, finish(). A header with kChunkZero, kChunkAbort or
+//   kChunkNest has no payload; after an abort the caller submits nothing more (finish() drops receives
 //   posted for chunks that will never come).
 // Completion: finish() returns once every rank holds every chunk (chain: the last rank tells
 // every other rank directly, one hop; tree: acknowledgements up, the root's release down),
@@ -134,6 +134,9 @@ class ChunkStream {
   void idle();
   // Chunks submitted and not yet handed back.
   [[nodiscard]] size_t pending() const;
+  // The caller was away on purpose (a nested transfer ran, engine.h Nest): the stall clock
+  // starts again now, as after progress.
+  void resumed();
   // Reads before the copy ends (issue 11): a chunk (the caller's ChunkHeader::index) that
   // readers on this rank wait for. Passed up the chain or tree to the root, hop by hop, each
   // index at most once per stream and link; the root's caller collects them with

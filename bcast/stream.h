@@ -52,5 +52,8 @@ static_assert(sizeof(ChunkHeader) == 32);
 
 inline constexpr uint32_t kChunkZero = 1;   // all bytes zero (holes): no payload follows
 inline constexpr uint32_t kChunkAbort = 2;  // the source failed: no payload, stream ends here
+// Not a chunk: a mark between two chunks, where every rank runs a nested transfer (engine.h,
+// Nest). No payload; index and length 0; `reserved` carries the nested transfer's token.
+inline constexpr uint32_t kChunkNest = 4;
 
 }  // namespace stage

@@ -5,7 +5,8 @@
 //                                       "shut down"
 //   coordinator -> all    Announcement  one broadcast per decision, in the same order on every
 //                                       rank: "transfer PATH (id N)", "batch DIR (id N)" or
-//                                       "shut down"
+//                                       "shut down"; while a transfer of one file runs,
+//                                       "batch DIR (id N), nested in it"
 // A batch stands for every small regular file directly in DIR (not recursive; "" is the root
 // of the source): one transfer packs them all (issue 11: datasets of many small files).
 //
@@ -28,7 +29,10 @@ namespace stagefs {
 inline constexpr size_t kMaxPath = 4096;
 inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one fixed buffer
 
-enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3 };
+// batch_nested: an announcement only, a batch to run nested in the single-file transfer in
+// progress (bcast/engine.h, Nest), at the chunk the source rank marks (or after that transfer,
+// if its stream ends first). Its key is the batch's.
+enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3, batch_nested = 4 };
 
 struct Message {
   MsgType type = MsgType::materialize;

@@ -1,10 +1,13 @@
 #include "fusefs/coordinator.h"
 
+#include <algorithm>
+
 namespace stagefs {
 
 void Coordinator::on_request(const Message& m) {
   ++stats_.requests;
   if (shutdown_queued_) return;  // answered by the shutdown announcement
+  if (m.type == MsgType::batch_nested) return;  // an announcement's type, never a request's
   if (m.type == MsgType::shutdown) {
     shutdown_queued_ = true;  // before any further transfer
     return;
@@ -24,7 +27,20 @@ void Coordinator::on_request(const Message& m) {
 std::optional<Message> Coordinator::next_announcement() {
   if (outstanding_ || shutdown_announced_) return std::nullopt;
   Message m;
-  if (shutdown_queued_) {
+  if (running_) {  // only a batch, nested in a single file's transfer, one at a time
+    if (!nesting_ || running_->type != MsgType::materialize || nested_open_ != 0) return std::nullopt;
+    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Key& k) { return k.first == MsgType::batch; });
+    if (it == queue_.end()) return std::nullopt;
+    Key key = std::move(*it);
+    queue_.erase(it);
+    queued_.erase(key);
+    m = Message{MsgType::batch_nested, next_id_++, key.second};
+    announced_id_[std::move(key)] = m.id;
+    nested_open_ = m.id;
+    ++stats_.announced;
+    ++stats_.batches;
+    ++stats_.nested;
+  } else if (shutdown_queued_) {
     m = Message{MsgType::shutdown, next_id_++, {}};
     shutdown_announced_ = true;
     queue_.clear();
@@ -45,6 +61,18 @@ std::optional<Message> Coordinator::next_announcement() {
 
 void Coordinator::on_announced(const Message& /*m*/) {
   outstanding_ = false;
+}
+
+void Coordinator::on_started(const Message& m) {
+  if (m.type != MsgType::batch_nested) running_ = m;
+}
+
+void Coordinator::on_finished(const Message& m) {
+  if (m.type == MsgType::batch_nested) {
+    if (nested_open_ == m.id) nested_open_ = 0;
+  } else {
+    running_.reset();
+  }
 }
 
 }  // namespace stagefs

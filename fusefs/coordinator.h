@@ -16,6 +16,12 @@
 //   - Shutdown: the first shutdown request jumps the queue; it is the last announcement.
 //     Requests after it are dropped (their nodes fail their opens with ESHUTDOWN when they
 //     see it), and nothing is announced after it.
+//   - Nested (issue 11, item 4; only with nesting on): while the coordinator's node runs the
+//     transfer of one file (on_started .. on_finished of a materialize announcement), the
+//     first queued batch, and only a batch, is announced as batch_nested; at most one nested
+//     batch is open at a time (from its announcement to its on_finished); nothing else is
+//     announced while a transfer runs, and shutdown waits for its end. Without on_started
+//     calls (or with nesting off) one announcement runs at a time, in request order.
 // Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
 // announcement a node has seen.
 //
@@ -40,6 +46,7 @@ struct CoordinatorStats {
   uint64_t already_answered = 0;  // announced after the node's last seen id
   uint64_t announced = 0;         // transfers (shutdown not counted)
   uint64_t batches = 0;           // of which directory batches
+  uint64_t nested = 0;            // of which announced nested in a running transfer
 };
 
 class Coordinator {
@@ -51,6 +58,10 @@ class Coordinator {
   std::optional<Message> next_announcement();
   // The outstanding announcement completed (the coordinator's own poll returned it).
   void on_announced(const Message& m);
+  // The coordinator's node starts / ends running announcement m (nested ones included).
+  void on_started(const Message& m);
+  void on_finished(const Message& m);
+  void set_nesting(bool on) { nesting_ = on; }
 
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
@@ -68,6 +79,9 @@ class Coordinator {
   bool shutdown_queued_ = false;
   bool shutdown_announced_ = false;
   bool outstanding_ = false;
+  bool nesting_ = false;
+  std::optional<Message> running_;  // the transfer the coordinator's node runs (outer one)
+  uint64_t nested_open_ = 0;        // id of the nested batch announced and not yet finished
   uint64_t next_id_ = 1;
   CoordinatorStats stats_;
 };

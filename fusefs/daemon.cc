@@ -130,6 +130,7 @@ class Daemon {
   DaemonConfig cfg_;
   std::unique_ptr<stage::MpiEnv> env_;
   std::unique_ptr<stage::Comm> data_;
+  std::unique_ptr<stage::Comm> nested_;  // batches nested in a running transfer
   std::unique_ptr<ControlPlane> ctl_;
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
@@ -200,6 +201,7 @@ std::string Daemon::setup_local() {
   // with one make_room for the batch; afterwards each published copy joins the index.
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
+  g.nest_batches = cfg_.nested_batches;
   g.before_batch = [this](const std::string& dir) {
     auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (!dfd) return;
@@ -252,7 +254,7 @@ std::string Daemon::setup_local() {
     return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
                                                       : read_path_name(ReadPath::splice));
   };
-  group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g);
+  group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.read_during_copy = cfg_.read_during_copy;
@@ -297,6 +299,7 @@ MountStatus Daemon::status() const {
   const GroupStats g = group_->stats();
   s.transfers = g.transfers;
   s.batches = g.batches;
+  s.nested_batches = g.nested;
   s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
@@ -384,10 +387,17 @@ int Daemon::run(int* argc, char*** argv) {
       spdlog::error("{}", c.error().message);
       return 1;
     }
+    auto n = stage::MpiComm::dup(MPI_COMM_WORLD);
+    if (!n) {
+      spdlog::error("{}", n.error().message);
+      return 1;
+    }
     data_ = std::move(d.value());
+    nested_ = std::move(n.value());
     ctl_ = std::move(c.value());
   } else {
     data_ = std::make_unique<stage::SelfComm>();
+    nested_ = std::make_unique<stage::SelfComm>();
     ctl_ = std::make_unique<LocalControlPlane>();
   }
   spdlog::set_pattern("[stagefs " + stage::host_name() + " r" + std::to_string(data_->rank()) + "] %l: %v");
@@ -426,6 +436,7 @@ int Daemon::run(int* argc, char*** argv) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.
     ctl_.reset();
+    nested_.reset();
     data_.reset();
     env_.reset();
   }

@@ -44,6 +44,8 @@ struct DaemonConfig {
   // --read-during-copy: an open of a file being copied returns once its transfer runs here;
   // reads wait for their chunks only (and ask for them first).
   bool read_during_copy = true;
+  // --nested-batches: a batch may run nested in a single-file transfer (rank 0's setting).
+  bool nested_batches = true;
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
   std::string metrics_file;         // --metrics-file (empty: none)

@@ -2,14 +2,35 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace stagefs {
 
+class GroupService::NestHook final : public stage::Nest {
+ public:
+  explicit NestHook(GroupService& g) : g_(g) {}
+  stage::Status poll() override { return g_.nest_poll(); }
+  uint32_t mark() override { return g_.nest_mark(); }
+  stage::Status run(uint32_t token) override { return g_.nest_run(token); }
+
+ private:
+  GroupService& g_;
+};
+
 GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src,
-                           stage::LocalStore& store, GroupConfig cfg)
-    : data_(data), ctl_(ctl), src_(src), store_(store), cfg_(std::move(cfg)), last_progress_(Clock::now()) {
-  if (ctl_.is_coordinator()) coord_.emplace();
+                           stage::LocalStore& store, GroupConfig cfg, stage::Comm* nested)
+    : data_(data),
+      nested_(nested),
+      ctl_(ctl),
+      src_(src),
+      store_(store),
+      cfg_(std::move(cfg)),
+      last_progress_(Clock::now()) {
+  if (ctl_.is_coordinator()) {
+    coord_.emplace();
+    coord_->set_nesting(cfg_.nest_batches && nested_ != nullptr);
+  }
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
@@ -214,6 +235,8 @@ bool GroupService::run_transfer(const Message& a) {
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
   opt.cancelled = cfg_.cancelled;
+  NestHook nest(*this);
+  if (nested_ != nullptr) opt.nest = &nest;
   std::shared_ptr<LiveFile> live;
   if (cfg_.read_during_copy) {
     live = std::make_shared<LiveFile>([this, rel = a.path] { live_started(rel); });
@@ -282,7 +305,7 @@ bool GroupService::run_transfer(const Message& a) {
 // A batch: every small file of directory a.path in one transfer. Collective like a single
 // transfer: every rank runs it, every rank sees the same outcome, so every rank agrees on
 // the one retry.
-bool GroupService::run_batch(const Message& a) {
+bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
   stage::StageOptions opt = cfg_.bcast;
@@ -310,7 +333,7 @@ bool GroupService::run_batch(const Message& a) {
   int runs = 0;
   for (; runs < 2; ++runs) {
     if (cfg_.before_batch) cfg_.before_batch(a.path);
-    report = stage::stage_transfer(data_, &src_, store_, opt, ep, progress);
+    report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     streamed += report.bytes_streamed;
     published.insert(published.end(), report.published.begin(), report.published.end());
     if (report.ok || report.comm_broken) break;
@@ -336,9 +359,10 @@ bool GroupService::run_batch(const Message& a) {
   const Key key{MsgType::batch, a.path};
   if (report.ok) {
     // One line per batch, whatever the number of files.
-    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{} (list {:.3f}, "
+    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
                  "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote, reads via {}",
                  shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
+                 a.type == MsgType::batch_nested ? " (nested)" : "",
                  report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
                  report.writers,
                  cfg_.read_path ? cfg_.read_path() : std::string("-"));
@@ -414,6 +438,103 @@ stage::Result<bool> GroupService::coordinate() {
   return busy;
 }
 
+void GroupService::announced(const Message& m) {
+  if (coord_) coord_->on_announced(m);
+  last_seen_id_ = std::max(last_seen_id_, m.id);
+}
+
+bool GroupService::run_announcement(const Message& m) {
+  if (coord_) coord_->on_started(m);
+  const bool ok = m.type == MsgType::materialize ? run_transfer(m)
+                  : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
+  if (coord_) coord_->on_finished(m);
+  return ok;
+}
+
+// Inside a transfer (the engine's copy loop, service thread): what run() does between
+// transfers, except running them. An announcement that arrives now can only be a nested
+// batch (the coordinator announces nothing else while a transfer runs): it waits for its mark.
+stage::Status GroupService::nest_poll() {
+  auto fwd = forward_local();
+  if (!fwd) return fwd.error();
+  if (coord_) {
+    auto c = coordinate();
+    if (!c) return c.error();
+  }
+  auto a = ctl_.poll_announcement();
+  if (!a) return a.error();
+  if (a->has_value()) {
+    announced(**a);
+    deferred_.push_back(std::move(**a));
+    mark_progress();
+  }
+  return {};
+}
+
+// Source rank (the coordinator's node): a mark for the nested batch announced last, once.
+uint32_t GroupService::nest_mark() {
+  for (const Message& m : deferred_)
+    if (m.type == MsgType::batch_nested && m.id > marked_) {
+      marked_ = m.id;
+      return nest_token(m.id);
+    }
+  return 0;
+}
+
+// Every rank, at the mark: the nested batch runs now, on the nested Comm. Its announcement
+// may still be on its way (the control plane and the stream are separate paths): wait for
+// it, within the stall timeout.
+stage::Status GroupService::nest_run(uint32_t token) {
+  auto first_nested = [&] {
+    return std::find_if(deferred_.begin(), deferred_.end(),
+                        [](const Message& m) { return m.type == MsgType::batch_nested; });
+  };
+  const auto t0 = Clock::now();
+  auto it = first_nested();
+  while (it == deferred_.end()) {
+    auto a = ctl_.poll_announcement();
+    if (!a) return a.error();
+    if (a->has_value()) {
+      announced(**a);
+      deferred_.push_back(std::move(**a));
+      it = first_nested();
+      continue;
+    }
+    if (cfg_.stall_timeout.count() > 0 && Clock::now() - t0 > cfg_.stall_timeout)
+      return stage::stage_error(stage::Errc::timed_out, "the announcement of a nested batch never came");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (nest_token(it->id) != token)
+    return stage::stage_error(stage::Errc::bad_message,
+                              "a mark names nested batch " + std::to_string(token) + ", the next one announced is " +
+                                  std::to_string(it->id));
+  const Message m = std::move(*it);
+  deferred_.erase(it);
+  std::string outer;
+  uint64_t outer_done = 0, outer_total = 0;
+  Clock::time_point outer_start;
+  {
+    std::lock_guard lk(m_);
+    outer = stats_.current;
+    outer_done = stats_.current_done;
+    outer_total = stats_.current_total;
+    outer_start = current_start_;
+  }
+  const bool ok = run_announcement(m);
+  {
+    std::lock_guard lk(m_);
+    ++stats_.nested;
+    stats_.current = outer;
+    stats_.current_done = outer_done;
+    stats_.current_total = outer_total;
+    current_start_ = outer_start;
+  }
+  if (!ok)
+    return stage::stage_error(stage::Errc::group_broken,
+                              "the nested batch of " + (m.path.empty() ? std::string("/") : m.path) + " broke");
+  return {};
+}
+
 stage::Status GroupService::run() {
   auto idle = std::chrono::milliseconds(1);
   for (;;) {
@@ -425,14 +546,22 @@ stage::Status GroupService::run() {
       if (!c) return control_failed(c.error());
       busy = busy || *c;
     }
-    auto a = ctl_.poll_announcement();
-    if (!a) return control_failed(a.error());
-    if (a->has_value()) {
+    std::optional<Message> next;
+    if (!deferred_.empty()) {  // arrived during the last transfer, not run nested in it
+      next = std::move(deferred_.front());
+      deferred_.pop_front();
+    } else {
+      auto a = ctl_.poll_announcement();
+      if (!a) return control_failed(a.error());
+      if (a->has_value()) {
+        next = std::move(**a);
+        announced(*next);
+      }
+    }
+    if (next) {
       busy = true;
       mark_progress();
-      const Message& m = **a;
-      if (coord_) coord_->on_announced(m);
-      last_seen_id_ = std::max(last_seen_id_, m.id);
+      const Message& m = *next;
       if (m.type == MsgType::shutdown) {
         Ready ready;
         {
@@ -443,7 +572,7 @@ stage::Status GroupService::run() {
         run_ready(ready);
         return {};
       }
-      const bool data_ok = m.type == MsgType::batch ? run_batch(m) : run_transfer(m);
+      const bool data_ok = run_announcement(m);
       if (!data_ok) {
         // The ranks may no longer be in step: no MPI call may follow. The group is broken
         // (later cache misses fail at once or go to the source; cached files are still

@@ -20,6 +20,14 @@
 // temporary file exists, the opens waiting for that file are answered with it
 // (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
 // missing chunks through it; the engine passes the wants to the source rank.
+// More than one transfer at a time (issue 11, item 4; GroupConfig::nest_batches, with a
+// second data Comm): while one file's transfer streams, the service thread keeps polling the
+// control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
+// still reach the coordinator; the coordinator may then announce one batch as batch_nested,
+// and the source rank puts a mark in the running stream. Every rank runs that batch
+// on the second Comm once the marked chunk is complete on it, then goes on with the file.
+// A nested announcement whose mark never came (the stream ended first) runs right after the
+// transfer, like any announcement. Large files still go one at a time (they share the links).
 // Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
 // transfer completes. A watchdog thread (not the service thread, which may be stuck in MPI)
 // enforces the stall timeout.
@@ -81,11 +89,15 @@ struct GroupConfig {
   std::function<void(const std::string& dir)> before_batch;
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
       after_batch;
+  // The coordinator announces batches nested in a running single-file transfer (needs the
+  // nested Comm on every rank; only the coordinator's setting counts).
+  bool nest_batches = true;
 };
 
 struct GroupStats {
   uint64_t transfers = 0;     // announcements run on this node (every node counts each one)
   uint64_t batches = 0;       // of which directory batches
+  uint64_t nested = 0;        // of which ran nested in a transfer of one file
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
@@ -103,8 +115,10 @@ enum class GroupState { running, broken, shut_down };
 
 class GroupService final : public Materializer {
  public:
+  // nested: a second Comm over the same ranks, for batches run nested in a transfer (nullptr:
+  // none; then every rank must pass nullptr).
   GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceReader& src, stage::LocalStore& store,
-               GroupConfig cfg);
+               GroupConfig cfg, stage::Comm* nested = nullptr);
   ~GroupService() override;
 
   // Calls done when a transfer of `rel` finished on this node (the caller then opens and
@@ -137,7 +151,19 @@ class GroupService final : public Materializer {
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
   bool run_transfer(const Message& a);
-  bool run_batch(const Message& a);
+  bool run_batch(const Message& a, stage::Comm& comm);
+  bool run_announcement(const Message& a);  // a transfer or batch, with the coordinator told
+  void announced(const Message& m);         // this node received announcement m
+  // The engine's Nest (service thread, inside run_transfer): see the comment at the top.
+  class NestHook;
+  friend class NestHook;
+  stage::Status nest_poll();
+  uint32_t nest_mark();
+  stage::Status nest_run(uint32_t token);
+  static uint32_t nest_token(uint64_t id) {
+    const auto t = static_cast<uint32_t>(id & 0x7fffffffU);
+    return t == 0 ? 1 : t;
+  }
   stage::Result<bool> forward_local();  // true if it sent anything
   stage::Result<bool> coordinate();     // coordinator's node; true if anything happened
   stage::Status control_failed(const stage::Error& e, const char* what = "control plane");
@@ -148,6 +174,7 @@ class GroupService final : public Materializer {
   void mark_progress();
 
   stage::Comm& data_;
+  stage::Comm* nested_;
   ControlPlane& ctl_;
   stage::SourceReader& src_;
   stage::LocalStore& store_;
@@ -178,6 +205,9 @@ class GroupService final : public Materializer {
   std::optional<Coordinator> coord_;  // on the coordinator's node
   uint64_t last_seen_id_ = 0;         // the latest announcement this node processed
   bool shutdown_sent_ = false;        // this node asked the group to shut down
+  // Announcements that arrived while a transfer ran (nested batches), in order.
+  std::deque<Message> deferred_;
+  uint64_t marked_ = 0;  // source rank: the latest nested batch it marked a chunk for
 };
 
 }  // namespace stagefs

@@ -27,6 +27,7 @@ std::string to_json(const MountStatus& s) {
   j["prefetches"] = s.prefetches;
   j["transfers"] = s.transfers;
   j["batches"] = s.batches;
+  j["nested_batches"] = s.nested_batches;
   j["batch_files"] = s.batch_files;
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;

@@ -96,7 +96,7 @@ void print_status(const json& s) {
 
 void print_stats(const json& s) {
   for (const char* k : {"opens", "cache_hits", "cache_misses", "materializations", "prefetches", "transfers",
-                        "batches", "batch_files", "local_writes", "bytes_broadcast", "transfer_failures", "open_errors", "source_fallbacks",
+                        "batches", "nested_batches", "batch_files", "local_writes", "bytes_broadcast", "transfer_failures", "open_errors", "source_fallbacks",
                         "verified", "corrupt", "stale_opens", "denied", "requests", "waiting"})
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s.value(k, uint64_t{0})));
   std::printf("%-18s %llu\n", "evictions", static_cast<unsigned long long>(s["cache"].value("evictions", uint64_t{0})));

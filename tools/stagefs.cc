@@ -38,7 +38,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", cache_size,
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", nested_batches = "on", cache_size,
       small_file_size = "1M", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
@@ -114,6 +114,13 @@ int main(int argc, char** argv) {
                  "kernel passthrough). off: an open waits for the whole verified copy")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--nested-batches", nested_batches,
+                 "on: a batch of small files opened while a large file is being copied is copied "
+                 "at once, on a second communicator, nested at the next chunk of the large "
+                 "stream, instead of waiting until the large copy ends (only the setting of rank "
+                 "0 counts). off: one transfer at a time")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--small-file-size", small_file_size,
                  "files of at most this size (bytes with K/M/G) are staged by directory: the first "
                  "open of one copies every small file of its directory (not subdirectories) in one "
@@ -183,6 +190,7 @@ int main(int argc, char** argv) {
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
   cfg.read_during_copy = read_during_copy == "on";
+  cfg.nested_batches = nested_batches == "on";
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;
