@@ -28,7 +28,8 @@ std::optional<Message> Coordinator::next_announcement() {
   if (outstanding_ || shutdown_announced_) return std::nullopt;
   Message m;
   if (running_) {  // only a batch, nested in a single file's transfer, one at a time
-    if (!nesting_ || running_->type != MsgType::materialize || nested_open_ != 0) return std::nullopt;
+    if (!nesting_ || running_->type != MsgType::materialize || nested_open_ != 0 || shutdown_queued_)
+      return std::nullopt;
     auto it = std::find_if(queue_.begin(), queue_.end(), [](const Key& k) { return k.first == MsgType::batch; });
     if (it == queue_.end()) return std::nullopt;
     Key key = std::move(*it);

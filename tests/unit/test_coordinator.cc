@@ -43,7 +43,9 @@ Message shutdown_req() {
 // The reference: the rules restated with linear scans over the whole history.
 class ReferenceCoordinator {
  public:
+  explicit ReferenceCoordinator(bool nesting) : nesting_(nesting) {}
   void on_request(const Message& m) {
+    if (m.type == MsgType::batch_nested) return;
     if (std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }) || done_)
       return;
     if (m.type == MsgType::shutdown) {
@@ -51,7 +53,7 @@ class ReferenceCoordinator {
       return;
     }
     for (auto it = history_.rbegin(); it != history_.rend(); ++it)
-      if (it->type == m.type && it->path == m.path) {
+      if (key_type(it->type) == m.type && it->path == m.path) {
         if (m.id < it->id) return;  // its node will see *it
         break;
       }
@@ -61,9 +63,21 @@ class ReferenceCoordinator {
   }
   std::optional<Message> next() {
     if (outstanding_ || done_ || queue_.empty()) return std::nullopt;
-    Message m = queue_.front();
-    queue_.erase(queue_.begin());
+    auto pick = queue_.begin();
+    if (running_) {  // only a batch, nested in a single file's transfer, one at a time
+      if (!nesting_ || running_->type != MsgType::materialize || nested_open_ ||
+          queue_.front().type == MsgType::shutdown)
+        return std::nullopt;
+      pick = std::ranges::find_if(queue_, [](const Message& q) { return q.type == MsgType::batch; });
+      if (pick == queue_.end()) return std::nullopt;
+    }
+    Message m = *pick;
+    queue_.erase(pick);
     m.id = history_.size() + 1;
+    if (running_) {
+      m.type = MsgType::batch_nested;
+      nested_open_ = true;
+    }
     if (m.type == MsgType::shutdown) {
       done_ = true;
       queue_.clear();
@@ -73,8 +87,21 @@ class ReferenceCoordinator {
     return m;
   }
   void announced() { outstanding_ = false; }
+  void started(const Message& m) {
+    if (m.type != MsgType::batch_nested) running_ = m;
+  }
+  void finished(const Message& m) {
+    if (m.type == MsgType::batch_nested)
+      nested_open_ = false;
+    else
+      running_.reset();
+  }
+  static MsgType key_type(MsgType t) { return t == MsgType::batch_nested ? MsgType::batch : t; }
 
  private:
+  bool nesting_;
+  std::optional<Message> running_;
+  bool nested_open_ = false;
   std::vector<Message> queue_;
   std::vector<Message> history_;
   bool outstanding_ = false;
@@ -93,9 +120,14 @@ struct SimRank {
   uint64_t waits = 0, answered = 0, failed = 0;
 };
 
+// Rank 0 (the coordinator's node) runs each announcement from its delivery until finish0():
+// a nested batch may be delivered and run while a transfer runs (nesting on), nothing else;
+// a nested batch delivered after its transfer ended (its mark never came) runs alone.
 class Group {
  public:
-  explicit Group(int n) : ranks_(static_cast<size_t>(n)) {}
+  explicit Group(int n, bool nesting = false) : ref_(nesting), ranks_(static_cast<size_t>(n)) {
+    coord_.set_nesting(nesting);
+  }
 
   void open(int r, const std::string& path, MsgType type = MsgType::materialize) {
     auto& k = rank(r);
@@ -135,6 +167,12 @@ class Group {
       EXPECT_NE(log_.back().type, MsgType::shutdown) << "an announcement after the shutdown";
     }
     EXPECT_LE(log_.size(), rank(0).delivered) << "two announcements outstanding";
+    if (a->type == MsgType::batch_nested) {
+      EXPECT_TRUE(running_ && running_->type == MsgType::materialize) << "nested outside a file's transfer";
+      EXPECT_FALSE(nested_) << "two nested batches at once";
+    } else {
+      EXPECT_FALSE(running_) << "a transfer announced while one runs";
+    }
     log_.push_back(*a);
     answers_.push_back(0);
     return true;
@@ -143,11 +181,18 @@ class Group {
   bool deliver_announcement(int r) {
     auto& k = rank(r);
     if (k.stopped || k.delivered == log_.size()) return false;
+    if (r == 0 && (nested_ || (running_ && log_[k.delivered].type != MsgType::batch_nested)))
+      return false;  // busy running a transfer
     const size_t i = k.delivered++;
     const Message& m = log_[i];
     if (r == 0) {
       coord_.on_announced(m);
       ref_.announced();
+      if (m.type != MsgType::shutdown) {
+        coord_.on_started(m);
+        ref_.started(m);
+        (m.type == MsgType::batch_nested ? nested_ : running_) = m;  // a nested one may outlive its transfer
+      }
     }
     EXPECT_GT(m.id, k.last_seen);
     k.last_seen = m.id;
@@ -157,7 +202,7 @@ class Group {
       k.stopped = true;
       return true;
     }
-    if (auto it = k.waiting.find(std::pair{m.type, m.path}); it != k.waiting.end()) {
+    if (auto it = k.waiting.find(std::pair{ReferenceCoordinator::key_type(m.type), m.path}); it != k.waiting.end()) {
       EXPECT_GT(m.id, it->second);  // announced after the node asked
       k.waiting.erase(it);
       ++k.answered;
@@ -165,10 +210,19 @@ class Group {
     }
     return true;
   }
+  // Rank 0 ends what it runs: the nested batch first, then the transfer it ran in.
+  bool finish0() {
+    std::optional<Message>& m = nested_ ? nested_ : running_;
+    if (!m) return false;
+    coord_.on_finished(*m);
+    ref_.finished(*m);
+    m.reset();
+    return true;
+  }
   // Everything in flight delivered, everything queued announced and seen.
   void drain() {
     for (bool any = true; any;) {
-      any = false;
+      any = finish0();
       for (int r = 0; r < size(); ++r)
         while (deliver_request(r)) any = true;
       any = step_coordinator() || any;
@@ -214,6 +268,7 @@ class Group {
 
   Coordinator coord_;
   ReferenceCoordinator ref_;
+  std::optional<Message> running_, nested_;  // what rank 0 runs
   std::vector<SimRank> ranks_;
   std::vector<Message> log_;       // every announcement, in order
   std::vector<uint64_t> answers_;  // waits each announcement answered
@@ -262,6 +317,8 @@ TEST(CoordinatorTest, OneAnnouncementOutstandingAtATime) {
   ASSERT_TRUE(g.step_coordinator());
   EXPECT_FALSE(g.step_coordinator());  // rank 0 has not completed "a"
   ASSERT_TRUE(g.deliver_announcement(0));
+  EXPECT_FALSE(g.step_coordinator());  // rank 0 runs "a"
+  ASSERT_TRUE(g.finish0());
   ASSERT_TRUE(g.step_coordinator());
   g.drain();
   g.check_quiescent();
@@ -333,30 +390,98 @@ TEST(CoordinatorTest, ASmallFileRequestThatRacedWithItsBatchIsDropped) {
 }
 
 TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
-  for (const Message& m : {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""}}) {
+  for (const Message& m : {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""},
+                           Message{MsgType::batch_nested, 9, "d"}}) {
     const std::string bytes = encode_message(m);
     auto back = decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())));
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(*back, m);
   }
   for (const char* bad : {"../x", "/etc", "d/../..", "d//e"}) {
-    const std::string bytes = encode_message(Message{MsgType::batch, 1, bad});
-    EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
+    for (MsgType t : {MsgType::batch, MsgType::batch_nested}) {
+      const std::string bytes = encode_message(Message{t, 1, bad});
+      EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
+    }
   }
   // A single file still needs a name.
   const std::string empty = encode_message(Message{MsgType::materialize, 1, ""});
   EXPECT_FALSE(decode_message(std::as_bytes(std::span(empty.data(), empty.size()))));
 }
 
+// Nesting: while rank 0 runs a file's transfer, the first queued batch (and only a batch) is
+// announced nested, one at a time; the file queued before it waits for the transfer's end,
+// and so does a shutdown.
+TEST(CoordinatorTest, WhileAFileIsCopiedOnlyABatchIsAnnouncedNested) {
+  Group g(2, /*nesting=*/true);
+  g.open(1, "big");
+  ASSERT_TRUE(g.deliver_request(1));
+  ASSERT_TRUE(g.step_coordinator());
+  ASSERT_TRUE(g.deliver_announcement(0));  // rank 0 runs "big"
+  g.open(1, "other");
+  g.open_small(1, "d/s1");
+  g.open_small(1, "e/s2");
+  while (g.deliver_request(1)) {
+  }
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch_nested, 2, "d"}));
+  EXPECT_FALSE(g.step_coordinator());      // outstanding
+  ASSERT_TRUE(g.deliver_announcement(0));  // runs the nested batch
+  EXPECT_FALSE(g.step_coordinator());      // one nested batch at a time
+  ASSERT_TRUE(g.finish0());                // the nested batch ends
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch_nested, 3, "e"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.finish0());
+  g.request_shutdown(1);
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_FALSE(g.step_coordinator());  // "other" and the shutdown wait for "big"
+  ASSERT_TRUE(g.finish0());            // "big" ends
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back().type, MsgType::shutdown);
+  g.drain();
+  g.check_quiescent();
+  EXPECT_EQ(g.coordinator().stats().nested, 2U);
+  EXPECT_EQ(g.rank(1).answered, 3U);  // big, d, e; "other" failed with the shutdown
+  EXPECT_EQ(g.rank(1).failed, 1U);
+}
+
+// Without nesting (or with nesting, inside a batch) nothing is announced while rank 0 runs.
+TEST(CoordinatorTest, NothingIsAnnouncedWhileABatchRunsOrWithNestingOff) {
+  for (bool nesting : {false, true}) {
+    Group g(2, nesting);
+    if (nesting) {
+      g.open_small(1, "d/s");
+    } else {
+      g.open(1, "big");
+    }
+    ASSERT_TRUE(g.deliver_request(1));
+    ASSERT_TRUE(g.step_coordinator());
+    ASSERT_TRUE(g.deliver_announcement(0));
+    g.open_small(1, "e/s");
+    ASSERT_TRUE(g.deliver_request(1));
+    EXPECT_FALSE(g.step_coordinator()) << nesting;
+    ASSERT_TRUE(g.finish0());
+    ASSERT_TRUE(g.step_coordinator());
+    EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 2, "e"}));
+    g.drain();
+    g.check_quiescent();
+  }
+  // A request can never name a nested batch (announcements only): dropped.
+  Coordinator c;
+  c.on_request(Message{MsgType::batch_nested, 0, "d"});
+  EXPECT_FALSE(c.next_announcement());
+}
+
 // Random interleavings of opens (large files, small files by directory), deliveries and
 // shutdowns on 1 to 7 ranks.
 TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
+  uint64_t nested = 0;  // the runs with nesting on do nest
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     std::mt19937 rng(seed);
     const int n = 1 + static_cast<int>(seed % 7);
     const int paths = 1 + static_cast<int>(rng() % 6);
     const bool with_shutdown = seed % 3 == 0;
-    Group g(n);
+    Group g(n, /*nesting=*/seed % 2 == 0);
     auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<uint32_t>(k)); };
     for (int step = 0; step < 400; ++step) {
       const int r = pick(n);
@@ -384,6 +509,7 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
           g.deliver_announcement(r);
           break;
         default:
+          if (pick(2) == 0) g.finish0();
           if (with_shutdown && pick(40) == 0) g.request_shutdown(r);
       }
       if (::testing::Test::HasFailure()) FAIL() << "seed " << seed << " step " << step;
@@ -400,7 +526,9 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
     EXPECT_EQ(g.log().back().type, MsgType::shutdown) << "seed " << seed;
     for (int r = 0; r < n; ++r) EXPECT_TRUE(g.stopped(r)) << "seed " << seed;
     if (::testing::Test::HasFailure()) FAIL() << "seed " << seed;
+    nested += g.coordinator().stats().nested;
   }
+  EXPECT_GT(nested, 100U);
 }
 
 }  // namespace

@@ -714,5 +714,106 @@ TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
   }
 }
 
+// More than one transfer at a time: a Nest whose root marks the stream once 10 chunks are
+// done there; every rank then runs a second transfer on a second world (its own Comm and
+// network), from the same thread, in the middle of the first.
+class OneNest final : public Nest {
+ public:
+  OneNest(bool root, const uint64_t& done, std::function<Status()> nested)
+      : root_(root), done_(done), nested_(std::move(nested)) {}
+  Status poll() override {
+    ++polls;
+    return {};
+  }
+  uint32_t mark() override {
+    if (!root_ || marked_ || done_ < 10) return 0;
+    marked_ = true;
+    return 77;
+  }
+  Status run(uint32_t token) override {
+    tokens.push_back(token);
+    done_at_run = done_;
+    return nested_();
+  }
+  uint64_t polls = 0, done_at_run = 0;
+  std::vector<uint32_t> tokens;
+
+ private:
+  bool root_;
+  bool marked_ = false;
+  const uint64_t& done_;
+  std::function<Status()> nested_;
+};
+
+// Every rank runs the nested transfer exactly once, after the same number of the outer
+// transfer's chunks, at least one chunk before its end; both copies are the sources byte for
+// byte; the mark costs the source one header on the chain (not a chunk).
+TEST_F(EnginePipelineTest, ATransferRunsNestedAtTheSameChunkOnEveryRank) {
+  const uint64_t chunk = 4096;
+  const uint64_t nchunks = 40;
+  const std::string outer = random_bytes(chunk * nchunks, 3);
+  const std::string inner = random_bytes(50000, 4);
+  write_file(path("outer.bin"), outer);
+  write_file(path("inner.bin"), inner);
+  PosixSource src;
+  PosixStore store;
+  const std::vector<std::pair<int, BcastAlgorithm>> cases = {
+      {1, BcastAlgorithm::mpi}, {3, BcastAlgorithm::chain}, {3, BcastAlgorithm::tree}, {3, BcastAlgorithm::mpi}};
+  for (const auto& [n, algo] : cases) {
+    const std::string tag = std::to_string(n) + to_string(algo);
+    World w(n), w2(n);
+    FakeNet net(n), net2(n);
+    StageOptions opt;
+    opt.chunk_size = chunk;
+    opt.bcast_algorithm = algo;
+    opt.pipeline.segment = 1024;
+    opt.pre = Validate::none;
+    std::vector<StageReport> reports(static_cast<size_t>(n)), nested(static_cast<size_t>(n));
+    std::vector<uint64_t> done_at_run(static_cast<size_t>(n)), polls(static_cast<size_t>(n));
+    std::vector<std::vector<uint32_t>> tokens(static_cast<size_t>(n));
+    run_ranks(w, [&](ThreadComm& c) {
+      const auto i = static_cast<size_t>(c.rank());
+      FakeP2P p(net, c.rank()), p2(net2, c.rank());
+      ThreadComm c2(w2, c.rank());
+      if (n > 1) {
+        c.attach(&p);
+        c2.attach(&p2);
+      }
+      uint64_t done = 0;
+      OneNest nest(c.rank() == 0, done, [&]() -> Status {
+        StageOptions o2 = opt;
+        o2.nest = nullptr;
+        StageEndpoint ep2{path("inner.bin"), path("in" + tag + std::to_string(c.rank()) + "/f"), true};
+        nested[i] = stage_transfer(c2, &src, store, o2, ep2);
+        return {};
+      });
+      StageOptions mine = opt;
+      mine.nest = &nest;
+      StageEndpoint ep{path("outer.bin"), path("out" + tag + std::to_string(c.rank()) + "/f"), true};
+      reports[i] = stage_transfer(c, &src, store, mine, ep, [&](uint64_t, uint64_t) { ++done; });
+      done_at_run[i] = nest.done_at_run;
+      polls[i] = nest.polls;
+      tokens[i] = nest.tokens;
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto i = static_cast<size_t>(r);
+      ASSERT_TRUE(reports[i].ok) << tag << " rank " << r << ": "
+                                 << (reports[i].errors.empty() ? "" : reports[i].errors.front());
+      ASSERT_TRUE(nested[i].ok) << tag << " rank " << r;
+      EXPECT_EQ(read_file(path("out" + tag + std::to_string(r) + "/f")), outer) << tag;
+      EXPECT_EQ(read_file(path("in" + tag + std::to_string(r) + "/f")), inner) << tag;
+      EXPECT_EQ(tokens[i], std::vector<uint32_t>{77}) << tag << " rank " << r;
+      EXPECT_EQ(done_at_run[i], done_at_run[0]) << tag << " rank " << r << ": the same point of the stream";
+      EXPECT_GE(done_at_run[i], 10U) << tag;
+      EXPECT_LT(done_at_run[i], nchunks) << tag << ": the mark is never after the last chunk";
+      EXPECT_GT(polls[i], 0U) << tag;
+      EXPECT_EQ(reports[i].chunks, nchunks) << tag << ": the mark is not a chunk";
+    }
+    if (algo == BcastAlgorithm::chain) {
+      EXPECT_EQ(net.bytes_sent(0), outer.size() + (nchunks + 1) * sizeof(ChunkHeader)) << tag;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stage::testing
