@@ -315,8 +315,14 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   opt.root = 0;
   opt.cancelled = cfg_.cancelled;
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
+  // Nested in a transfer: status shows that transfer again afterwards.
+  const bool nested = a.type == MsgType::batch_nested;
+  GroupStats outer;
+  Clock::time_point outer_start;
   {
     std::lock_guard lk(m_);
+    outer = stats_;
+    outer_start = current_start_;
     stats_.current = shown;
     stats_.current_done = stats_.current_total = 0;
     current_start_ = t0;
@@ -348,6 +354,13 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   {
     std::lock_guard lk(m_);
     stats_.current.clear();
+    if (nested) {
+      ++stats_.nested;
+      stats_.current = outer.current;
+      stats_.current_done = outer.current_done;
+      stats_.current_total = outer.current_total;
+      current_start_ = outer_start;
+    }
     ++stats_.transfers;
     ++stats_.batches;
     stats_.batch_files += published.size();
@@ -440,10 +453,13 @@ stage::Result<bool> GroupService::coordinate() {
 
 void GroupService::announced(const Message& m) {
   if (coord_) coord_->on_announced(m);
-  last_seen_id_ = std::max(last_seen_id_, m.id);
 }
 
 bool GroupService::run_announcement(const Message& m) {
+  // From now on this node's requests say they saw m: an open that starts waiting before m
+  // ends here is answered by m; one before m started (a nested batch's announcement may
+  // arrive well before it runs) still asks, and the coordinator drops what m answers.
+  last_seen_id_ = std::max(last_seen_id_, m.id);
   if (coord_) coord_->on_started(m);
   const bool ok = m.type == MsgType::materialize ? run_transfer(m)
                   : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
@@ -510,26 +526,7 @@ stage::Status GroupService::nest_run(uint32_t token) {
                                   std::to_string(it->id));
   const Message m = std::move(*it);
   deferred_.erase(it);
-  std::string outer;
-  uint64_t outer_done = 0, outer_total = 0;
-  Clock::time_point outer_start;
-  {
-    std::lock_guard lk(m_);
-    outer = stats_.current;
-    outer_done = stats_.current_done;
-    outer_total = stats_.current_total;
-    outer_start = current_start_;
-  }
-  const bool ok = run_announcement(m);
-  {
-    std::lock_guard lk(m_);
-    ++stats_.nested;
-    stats_.current = outer;
-    stats_.current_done = outer_done;
-    stats_.current_total = outer_total;
-    current_start_ = outer_start;
-  }
-  if (!ok)
+  if (!run_announcement(m))
     return stage::stage_error(stage::Errc::group_broken,
                               "the nested batch of " + (m.path.empty() ? std::string("/") : m.path) + " broke");
   return {};

@@ -203,7 +203,7 @@ class GroupService final : public Materializer {
 
   // service thread only
   std::optional<Coordinator> coord_;  // on the coordinator's node
-  uint64_t last_seen_id_ = 0;         // the latest announcement this node processed
+  uint64_t last_seen_id_ = 0;         // the latest announcement this node started to run
   bool shutdown_sent_ = false;        // this node asked the group to shut down
   // Announcements that arrived while a transfer ran (nested batches), in order.
   std::deque<Message> deferred_;

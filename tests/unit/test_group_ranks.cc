@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
 #include "fusefs/group.h"
+#include "fake_p2p.h"
 #include "thread_comm.h"
 #include "thread_control.h"
 #include "tmpdir.h"
@@ -30,10 +32,80 @@ namespace fs = std::filesystem;
 
 constexpr int kRanks = 4;
 
+// A source whose reads at or past `at` wait while the gate is armed (a source that stalls in
+// the middle of a large file), so a test knows the transfer is still running.
+class Gate {
+ public:
+  void arm(uint64_t at) {
+    std::lock_guard lk(m_);
+    at_ = at;
+    armed_ = true;
+  }
+  void release() {
+    std::lock_guard lk(m_);
+    armed_ = false;
+    cv_.notify_all();
+  }
+  bool wait_reached() {
+    std::unique_lock lk(m_);
+    return cv_.wait_for(lk, std::chrono::seconds(60), [&] { return reached_; });
+  }
+  void pass(uint64_t off) {
+    std::unique_lock lk(m_);
+    if (!armed_ || off < at_) return;
+    reached_ = true;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return !armed_; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t at_ = 0;
+  bool armed_ = false;
+  bool reached_ = false;
+};
+
+class GatedSource final : public stage::SourceReader {
+ public:
+  GatedSource(stage::SourceReader& in, Gate& g) : in_(in), g_(g) {}
+  stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
+    return in_.scan(p, rec, skip);
+  }
+  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max_size) override {
+    return in_.scan_small_files(dir, max_size);
+  }
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
+    auto f = in_.open(root, e);
+    if (!f) return f.error();
+    return std::unique_ptr<stage::SourceFile>(new File(std::move(f.value()), g_));
+  }
+
+ private:
+  class File final : public stage::SourceFile {
+   public:
+    File(std::unique_ptr<stage::SourceFile> in, Gate& g) : in_(std::move(in)), g_(g) {}
+    stage::Status read_at(uint64_t off, std::span<std::byte> buf) override {
+      g_.pass(off);
+      return in_->read_at(off, buf);
+    }
+    bool has_data(uint64_t off, uint64_t len) override { return in_->has_data(off, len); }
+    stage::Result<stage::FileMeta> stat_now() override { return in_->stat_now(); }
+
+   private:
+    std::unique_ptr<stage::SourceFile> in_;
+    Gate& g_;
+  };
+  stage::SourceReader& in_;
+  Gate& g_;
+};
+
 struct Rank {
   std::unique_ptr<NodeCache> cache;
   std::unique_ptr<stage::PosixStore> store;
   std::unique_ptr<ThreadComm> comm;
+  std::unique_ptr<ThreadComm> nested;  // batches nested in a transfer
+  std::unique_ptr<stage::testing::FakeP2P> p2p, nested_p2p;  // chunks go through the chain, as with MPI
   std::unique_ptr<ThreadControlPlane> ctl;
   std::unique_ptr<GroupService> group;  // last: destroyed first
   std::thread service;
@@ -83,6 +155,7 @@ class GroupRanksTest : public TmpDirTest {
     }
     root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     source_ = std::make_unique<BeneathSource>(root_.get());
+    gated_ = std::make_unique<GatedSource>(*source_, gate_);
     for (int r = 0; r < kRanks; ++r) {
       auto& k = ranks_[static_cast<size_t>(r)];
       auto c = NodeCache::open(path("cache" + std::to_string(r)));
@@ -90,6 +163,11 @@ class GroupRanksTest : public TmpDirTest {
       k.cache = std::move(c.value());
       k.store = std::make_unique<stage::PosixStore>();
       k.comm = std::make_unique<ThreadComm>(world_, r);
+      k.nested = std::make_unique<ThreadComm>(nested_world_, r);
+      k.p2p = std::make_unique<stage::testing::FakeP2P>(net_, r);
+      k.nested_p2p = std::make_unique<stage::testing::FakeP2P>(nested_net_, r);
+      k.comm->attach(k.p2p.get());
+      k.nested->attach(k.nested_p2p.get());
       k.ctl = std::make_unique<ThreadControlPlane>(control_, r);
       GroupConfig g;
       g.source_dir = path("src");
@@ -97,10 +175,11 @@ class GroupRanksTest : public TmpDirTest {
       g.bcast.chunk_size = 65536;
       g.idle_poll = std::chrono::milliseconds(5);
       g.small_file_size = 64 * 1024;  // only materialize_small_async() makes batches
-      k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *source_, *k.store, g);
+      k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *gated_, *k.store, g, k.nested.get());
     }
   }
   void TearDown() override {
+    gate_.release();
     for (auto& k : ranks_) {
       if (k.service.joinable()) {
         k.group->request_shutdown();
@@ -109,6 +188,7 @@ class GroupRanksTest : public TmpDirTest {
       k.group.reset();
       k.cache.reset();
     }
+    gated_.reset();
     source_.reset();
     root_.reset();
     TmpDirTest::TearDown();
@@ -124,9 +204,13 @@ class GroupRanksTest : public TmpDirTest {
   const std::vector<std::string> files_{"empty", "a", "dir/b", "dir/c", "d/e/f"};
   std::vector<std::string> data_;
   World world_{kRanks};
+  World nested_world_{kRanks};
+  stage::testing::FakeNet net_{kRanks}, nested_net_{kRanks};
   ControlWorld control_;
   stage::Fd root_;
   std::unique_ptr<BeneathSource> source_;
+  Gate gate_;
+  std::unique_ptr<GatedSource> gated_;
   std::array<Rank, kRanks> ranks_;
 };
 
@@ -212,6 +296,52 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
     EXPECT_TRUE(k.result.ok()) << "rank " << r;
     EXPECT_EQ(k.group->stats().batch_files, 50U) << "rank " << r << " rewrote current copies";
     EXPECT_EQ(k.group->stats().failures, 0U);
+  }
+}
+
+// Issue 11, item 4: a large file's transfer waits for its source in the middle; meanwhile
+// every rank opens a small file: their directory's batch runs nested in the transfer on every
+// rank and answers them, while the large transfer is still held. Released, the large file completes.
+TEST_F(GroupRanksTest, ABatchRunsNestedWhileALargeTransferWaitsForItsSource) {
+  const std::string big = random_bytes(4 << 20, 21);
+  write_file(path("src/big"), big);
+  std::vector<std::string> small;
+  for (int i = 0; i < 20; ++i) {
+    small.push_back(random_bytes(1000 + static_cast<size_t>(i) * 997, static_cast<uint32_t>(200 + i)));
+    write_file(path("src/many/s" + std::to_string(i)), small.back());
+  }
+  gate_.arm(1 << 20);
+  start();
+  Outcomes large;
+  ranks_[1].group->materialize_async("big", large.add());
+  ASSERT_TRUE(gate_.wait_reached()) << "the large transfer never reached the gate";
+  Outcomes opens;  // rank 3 asks first; every rank waits for its answer (its stats are then final)
+  ranks_[3].group->materialize_small_async("many/s3", 0, opens.add());
+  for (int r = 0; r < 3; ++r)
+    ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(r), 0, opens.add());
+  ASSERT_TRUE(opens.wait()) << "the batch waited behind the large transfer";
+  EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
+  for (int r = 0; r < kRanks; ++r) {
+    const auto s = ranks_[static_cast<size_t>(r)].group->stats();
+    EXPECT_EQ(s.batches, 1U) << "rank " << r;
+    EXPECT_EQ(s.nested, 1U) << "rank " << r;
+    EXPECT_EQ(s.transfers, 1U) << "rank " << r << ": the large transfer ended";
+    EXPECT_EQ(s.current, "big") << "rank " << r << ": the running transfer is shown again";
+    for (int i = 0; i < 20; ++i)
+      EXPECT_EQ(read_file(path("cache" + std::to_string(r) + "/data/many/s" + std::to_string(i))),
+                small[static_cast<size_t>(i)])
+          << "rank " << r << " s" << i;
+  }
+  gate_.release();
+  ASSERT_TRUE(large.wait());
+  EXPECT_TRUE(large.errors().empty()) << large.errors().front();
+  stop(0);
+  for (int r = 0; r < kRanks; ++r) {
+    auto& k = ranks_[static_cast<size_t>(r)];
+    EXPECT_TRUE(k.result.ok()) << "rank " << r;
+    EXPECT_EQ(k.group->stats().transfers, 2U) << "rank " << r;
+    EXPECT_EQ(k.group->stats().failures, 0U) << "rank " << r;
+    EXPECT_EQ(read_file(path("cache" + std::to_string(r) + "/data/big")), big) << "rank " << r;
   }
 }
 
