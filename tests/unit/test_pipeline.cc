@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -812,6 +813,40 @@ TEST_F(EnginePipelineTest, ATransferRunsNestedAtTheSameChunkOnEveryRank) {
     if (algo == BcastAlgorithm::chain) {
       EXPECT_EQ(net.bytes_sent(0), outer.size() + (nchunks + 1) * sizeof(ChunkHeader)) << tag;
     }
+  }
+}
+
+// A nested transfer whose Comm broke (its run() fails on every rank) fails the outer one as
+// a broken data path on every rank: no further collective, nothing published.
+TEST_F(EnginePipelineTest, ANestedTransferThatBreaksFailsTheOuterOne) {
+  const uint64_t chunk = 4096;
+  const std::string outer = random_bytes(chunk * 40, 6);
+  write_file(path("outer.bin"), outer);
+  PosixSource src;
+  PosixStore store;
+  const int n = 3;
+  World w(n);
+  FakeNet net(n);
+  StageOptions opt;
+  opt.chunk_size = chunk;
+  opt.bcast_algorithm = BcastAlgorithm::chain;
+  opt.pipeline.segment = 1024;
+  opt.pre = Validate::none;
+  std::vector<StageReport> reports(n);
+  run_ranks(w, [&](ThreadComm& c) {
+    FakeP2P p(net, c.rank());
+    c.attach(&p);
+    uint64_t done = 0;
+    OneNest nest(c.rank() == 0, done, [] { return stage_error(Errc::comm_failed, "nested (injected)"); });
+    StageOptions mine = opt;
+    mine.nest = &nest;
+    StageEndpoint ep{path("outer.bin"), path("broken" + std::to_string(c.rank()) + "/f"), true};
+    reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep, [&](uint64_t, uint64_t) { ++done; });
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(reports[static_cast<size_t>(r)].ok) << "rank " << r;
+    EXPECT_TRUE(reports[static_cast<size_t>(r)].comm_broken) << "rank " << r;
+    EXPECT_FALSE(std::filesystem::exists(path("broken" + std::to_string(r) + "/f"))) << "rank " << r;
   }
 }
 
