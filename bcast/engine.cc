@@ -100,6 +100,15 @@ class Transfer {
   };
   Status broadcast_chunks(const Layout& layout, bool write_here, Queues& q);
   bool valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const;
+  // The Nest's poll, at most every 0.5 ms (the copy loop may turn far more often; the control
+  // plane needs no finer latency).
+  Status poll_nest() {
+    const auto now = Clock::now();
+    if (now < next_nest_poll_) return {};
+    next_nest_poll_ = now + std::chrono::microseconds(500);
+    return opt_.nest->poll();
+  }
+  Clock::time_point next_nest_poll_{};
   static ChunkHeader nest_header(uint32_t token) { return ChunkHeader{0, 0, 0, kChunkNest, static_cast<int32_t>(token)}; }
   Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
@@ -604,7 +613,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
       for (;;) {
         route_wants(nullptr);
         if (opt_.nest != nullptr) {
-          if (auto st = opt_.nest->poll(); !st) return st;
+          if (auto st = poll_nest(); !st) return st;
           if ((token = opt_.nest->mark()) != 0) break;
         }
         if ((b = q.full_q.pop_for(std::chrono::milliseconds(1)))) break;
@@ -696,7 +705,7 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
     bool moved = false;
     route_wants(&stream);
     if (opt_.nest != nullptr) {
-      if (auto st = opt_.nest->poll(); !st) return st;
+      if (auto st = poll_nest(); !st) return st;
       // A nest header goes in between two chunks, never after the last one (every rank then
       // still has a chunk to receive after it, so it posts a receive for it).
       if (is_root() && submitted < nchunks && !abort_sent)
