@@ -765,7 +765,8 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
   }
   if (auto st = stream.finish(); !st) return st;
   ok = true;
-  for (auto& b : inflight) q.free_q.push(std::move(b));  // receives dropped after an abort
+  for (auto& b : inflight)  // receives dropped after an abort (the root's nest marks hold none)
+    if (b) q.free_q.push(std::move(b));
   return {};
 }
 
