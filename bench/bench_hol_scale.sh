@@ -17,8 +17,9 @@
 # Open times: `python3 -c "open(PATH,'rb').close()"` run in the node; the table uses the
 # time python measures around open()+close() (the open's latency), the raw file also has the
 # wall time of the whole command (nsenter + python start-up, ~0.05-0.1 s more).
-# Bytes sent: each node's eth0 tx_bytes from just before the image read starts until it ended
-# (the image, the nested/waiting batch, MPI control traffic), over the image size.
+# Bytes sent: each node's eth0 tx_bytes from just before the image read starts until every
+# node's copies are published (the image, the nested/waiting batch, MPI control traffic),
+# over the image size.
 # Copies: every node's cache copy (NVME/cache/data/...) of the image and of both batches'
 # files is compared with the source (after waiting, bounded, for the last nodes to publish).
 # RAM=1 (default) puts the cluster's root on a tmpfs of its own, as bench_scale.sh does.
@@ -26,7 +27,7 @@
 # Env: NODES ("2 4 8 16") MODES ("on off") SIZE_MB (96) FILES (20) FILE_KB (32) RATE (100mbit)
 #      CHUNK (16M) MARK_BYTES (0) TIMEOUT (300 s per step) RAM (1) NETNS_SIM_NET (10.79.0)
 #      NETNS_SIM_ROOT (WORK_ROOT/hol-ram/netns with RAM=1, else /var/tmp/stagefs-hol)
-#      NAME (bench_hol_scale): results' file name
+#      NAME (bench_hol_scale): results' file name; APPEND=1 adds to NAME's raw file (repeats)
 # Output: bench/results/NAME.raw.csv and NAME.md (logs in WORK_ROOT/hol-logs).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -95,7 +96,13 @@ for m in $MODES; do
 done
 IMG_BYTES=$((SIZE_MB << 20))
 
-raw_init "$NAME" "nodes,mode,rate,img_bytes,alone_s,behind_s,behind_alone,large_s,large_tool_s,alone_wall_s,behind_wall_s,mark_after_s,mark_bytes_done,nested_1,nested_n,batches_1,transfers_1,src_sent_x,max_sent_x,ok,loadavg"
+# APPEND=1: add this run's rows to the existing raw file (repeats; the table lists every row)
+if [ "${APPEND:-0}" = 1 ] && [ -f "$RESULTS/$NAME.raw.csv" ]; then
+  RAW=$RESULTS/$NAME.raw.csv MD=$RESULTS/$NAME.md
+  echo "# appended $(date -Is) git=$(git -C "$TOP" rev-parse --short HEAD)" >>"$RAW"
+else
+  raw_init "$NAME" "nodes,mode,rate,img_bytes,alone_s,behind_s,behind_alone,large_s,large_tool_s,alone_wall_s,behind_wall_s,mark_after_s,mark_bytes_done,nested_1,nested_n,batches_1,transfers_1,src_sent_x,max_sent_x,ok,loadavg"
+fi
 
 tx_all() { local k; for ((k = 1; k <= N; k++)); do timeout 20 "$H" exec "$k" cat /sys/class/net/eth0/statistics/tx_bytes; done; }
 sent_ratios() {  # two tx_all snapshots -> "node1_x max_x"
@@ -171,13 +178,13 @@ run_mode() {  # MODE
     wait "$reader_pid" || rc=$?
     t1=$(now); reader_pid=''
     large=$(elapsed "$t0" "$t1")
-    tx1=$(tx_all)
     read -r _ _ _ large_tool <"$LOG/large-$tag.out" || true
     large_tool=$(num "${large_tool:-}")
     [[ $(cut -d' ' -f1,3 "$LOG/large-$tag.out") == "ok $IMG_BYTES" ]] || { ok=0; log "$tag: image read: rc $rc, $(cat "$LOG/large-$tag.out")"; }
     local rels=("img-$m") d i
     for d in alone behind; do for ((i = 0; i < FILES; i++)); do rels+=("$d-$m/$(printf 'f%02d' "$i")"); done; done
     copies_ok "${rels[@]}" || ok=0
+    tx1=$(tx_all)   # after every node published: the chain's tail may still send when node 1's read ends
     local n1 nn b1 tr1
     n1=$(stat_of 1 nested_batches); nn=$(stat_of "$N" nested_batches)
     b1=$(stat_of 1 batches); tr1=$(stat_of 1 transfers)
@@ -205,10 +212,12 @@ raw, md, cmd = sys.argv[1:4]
 lines = open(raw).read().splitlines()
 head = lines[0]
 rows = list(csv.DictReader(l for l in lines[1:] if not l.startswith("#")))
-loads = [r["loadavg"] for r in rows]
+loads = [float(r["loadavg"].split()[0]) for r in rows]
+order = {"on": 0, "off": 1}
+rows.sort(key=lambda r: (int(r["nodes"]), order.get(r["mode"], 2)))  # stable: repeats in run order
 out = [f"# A small-file batch behind a large transfer, 2-16 netns nodes (issue 11, item 4)", "",
        f"Command: `{cmd}`", "", f"Raw: `{raw.split('/bench/')[-1]}` (`{head.lstrip('# ')}`)", "",
-       f"Load average (1/5/15 min) at the end of each row: {', '.join(loads)}", "",
+       f"Load average (1 min) at the end of each row: {min(loads):.2f}-{max(loads):.2f} (per row in the raw file)", "",
        "| N | mode | batch alone (s) | batch behind the large transfer (s) | behind/alone | large file read (s) "
        "| nested_batches (node 1 / node N) | max bytes sent per node / image size | copies ok |",
        "|---|---|---|---|---|---|---|---|---|"]
