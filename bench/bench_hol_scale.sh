@@ -7,13 +7,15 @@
 # Per N and MODE (one mount group, chunk CHUNK, --stall-timeout 120, fresh caches). Source
 # (SHARED/hol): img-MODE (SIZE_MB MiB random), alone-MODE/ and behind-MODE/ (FILES files of
 # FILE_KB KiB each: each directory is one batch).
-#   alone   on node N (the last node, the chain's tail), the first open of alone-MODE/f00
+#   alone   on node N (the last node), the first open of alone-MODE/f00
 #   large   node 1 reads the whole img-MODE (tests/netns/nsutil.py read) in the background;
 #           an in-node poller reads node 1's user.stagefs.stats every 0.1 s (at most 60 s)
 #           until it shows a "transfer" (the image's broadcast is under way) whose bytes_done
 #           is at least MARK_BYTES (default 0: as soon as the transfer shows)
 #   behind  then, on node N, the first open of behind-MODE/f00 (its batch opened while the
-#           image streams); then the image read is waited for (large = its start to its end)
+#           image streams); then the image read is waited for (large = its start to its end, the
+#           wall time of the read command in node 1, taken when it ends; large_tool_s in the raw
+#           file: nsutil's own open-to-EOF time)
 # Open times: `python3 -c "open(PATH,'rb').close()"` run in the node; the table uses the
 # time python measures around open()+close() (the open's latency), the raw file also has the
 # wall time of the whole command (nsenter + python start-up, ~0.05-0.1 s more).
@@ -103,6 +105,7 @@ if [ "${APPEND:-0}" = 1 ] && [ -f "$RESULTS/$NAME.raw.csv" ]; then
 else
   raw_init "$NAME" "nodes,mode,rate,img_bytes,alone_s,behind_s,behind_alone,large_s,large_tool_s,alone_wall_s,behind_wall_s,mark_after_s,mark_bytes_done,nested_1,nested_n,batches_1,transfers_1,src_sent_x,max_sent_x,ok,loadavg"
 fi
+echo "# binary: $("$FS" --version 2>&1 | head -n 1) (a copy of $BIN/stagefs taken $(date -Is))" >>"$RAW"
 
 tx_all() { local k; for ((k = 1; k <= N; k++)); do timeout 20 "$H" exec "$k" cat /sys/class/net/eth0/statistics/tx_bytes; done; }
 sent_ratios() {  # two tx_all snapshots -> "node1_x max_x"
@@ -165,7 +168,10 @@ run_mode() {  # MODE
     # 2. the batch behind the image's transfer
     tx0=$(tx_all)
     t0=$(now)
-    timeout "$TIMEOUT" "$H" exec 1 "$PY" "$NSUTIL" read "$mnt/img-$m" >"$LOG/large-$tag.out" 2>&1 &
+    rm -f "$LOG/large-$tag.end"
+    # its end time is taken when it ends (the batch's open may return after it: mode off)
+    { rc=0; timeout "$TIMEOUT" "$H" exec 1 "$PY" "$NSUTIL" read "$mnt/img-$m" >"$LOG/large-$tag.out" 2>&1 || rc=$?
+      now >"$LOG/large-$tag.end"; exit "$rc"; } &
     reader_pid=$!
     if poll=$(timeout 70 "$H" exec 1 "$PY" -c "$POLL_PY" "$mnt" 60 "$MARK_BYTES"); then
       read -r _ mark_b _ <<<"$poll"; echo "$poll" >"$LOG/poll-$tag.out"
@@ -176,8 +182,8 @@ run_mode() {  # MODE
     open_time "$N" "$mnt/behind-$m/f00" "$LOG/behind-$tag.out" || { ok=0; log "$tag: behind open failed: $(cat "$LOG/behind-$tag.out")"; }
     behind_w=$(elapsed "$t1" "$(now)"); behind=$(num "$(tail -n 1 "$LOG/behind-$tag.out")")
     wait "$reader_pid" || rc=$?
-    t1=$(now); reader_pid=''
-    large=$(elapsed "$t0" "$t1")
+    reader_pid=''
+    large=$(elapsed "$t0" "$(cat "$LOG/large-$tag.end" 2>/dev/null)" 2>/dev/null || echo nan)
     read -r _ _ _ large_tool <"$LOG/large-$tag.out" || true
     large_tool=$(num "${large_tool:-}")
     [[ $(cut -d' ' -f1,3 "$LOG/large-$tag.out") == "ok $IMG_BYTES" ]] || { ok=0; log "$tag: image read: rc $rc, $(cat "$LOG/large-$tag.out")"; }
@@ -212,11 +218,13 @@ raw, md, cmd = sys.argv[1:4]
 lines = open(raw).read().splitlines()
 head = lines[0]
 rows = list(csv.DictReader(l for l in lines[1:] if not l.startswith("#")))
+binaries = sorted({l[2:] for l in lines if l.startswith("# binary: ")})
 loads = [float(r["loadavg"].split()[0]) for r in rows]
 order = {"on": 0, "off": 1}
 rows.sort(key=lambda r: (int(r["nodes"]), order.get(r["mode"], 2)))  # stable: repeats in run order
 out = [f"# A small-file batch behind a large transfer, 2-16 netns nodes (issue 11, item 4)", "",
        f"Command: `{cmd}`", "", f"Raw: `{raw.split('/bench/')[-1]}` (`{head.lstrip('# ')}`)", "",
+       *([*(b + "  " for b in binaries), ""] if binaries else []),
        f"Load average (1 min) at the end of each row: {min(loads):.2f}-{max(loads):.2f} (per row in the raw file)", "",
        "| N | mode | batch alone (s) | batch behind the large transfer (s) | behind/alone | large file read (s) "
        "| nested_batches (node 1 / node N) | max bytes sent per node / image size | copies ok |",
