@@ -41,6 +41,15 @@ namespace {
 // Single-file transfers of at most this many chunks travel in the order readers want
 // (StageOptions::live): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
 constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
+// With a Nest: the source rank's chunks in the stream at once (see stream_chunks). 2 keeps
+// the source's link busy across chunk boundaries (the next chunk is queued behind the one
+// leaving) and bounds what a nest mark waits for to two chunks. Measured on 4 and 16 netns
+// nodes at 100 Mbit/s, 16 MiB chunks (bench_hol_scale.sh, MARK_BYTES=16M): a nested batch
+// opened during the image's stream took 5.8-6.1 s with every filled buffer in the stream (4),
+// 2.8-2.9 s with 2, 1.4-1.5 s with 1; the image's time was the same in all three (8.4-8.7 s).
+// 1 would leave the source's link idle for a loop turn at every chunk boundary, which
+// costs little at 100 Mbit/s but a few % where a chunk takes a millisecond.
+constexpr size_t kNestAheadChunks = 2;
 
 uint64_t expected_disk_bytes(const Entry& e) {
   if (e.type != EntryType::file) return 0;
@@ -695,6 +704,10 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
   ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
   std::vector<char> seen(nchunks);
+  // The source rank keeps at most this many chunks in the stream: a nest mark waits only for
+  // those (a chunk's last segments still leave while the next one starts, so the link stays
+  // busy); without a Nest, every chunk the reader has filled goes in at once.
+  const size_t root_pending_max = opt_.nest != nullptr ? kNestAheadChunks : SIZE_MAX;
   // submitted: buffers put into the stream (the root: chunks; elsewhere: receive buffers, one
   // per chunk and one per nest header, which a rank learns of as it hands it back).
   uint64_t submitted = 0, completed = 0, done_bytes = 0, nests = 0;
@@ -715,7 +728,8 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
           moved = true;
         }
     }
-    while (submitted < nchunks + (is_root() ? 0 : nests) && !abort_sent) {
+    while (submitted < nchunks + (is_root() ? 0 : nests) && !abort_sent &&
+           (!is_root() || stream.pending() < root_pending_max)) {
       auto b = is_root() ? q.full_q.try_pop() : q.free_q.try_pop();
       if (!b) break;
       Buffer& buf = **b;

@@ -5,7 +5,8 @@ off, in the same run. Per round, fresh files: the first open of a small file alo
 read of a whole large file (SIZE_MB) on rank 0 and, once its transfer is under way (rank 0's
 status shows it), the first open of a small file of another directory on rank 1 (a batch).
 Reports the small file's open time alone and behind the large transfer, the large file's
-read time (with the batch in it), and the bytes each node's transfers streamed (the
+read time on node 0 (with the batch in it) and the large transfer's end on every node (a
+round starts once the previous one's transfers ended everywhere), and the bytes each node's transfers streamed (the
 chain: each node receives and passes on each byte once; a nested batch adds no bytes).
 Usage: bench_hol.py BUILD_DIR [NP=4] [SIZE_MB=512] [ROUNDS=3]"""
 import os
@@ -39,7 +40,7 @@ def run_mode(work, mode):
     g = h.Group(work, np_, "--nested-batches", mode)
     try:
         g.wait_ready()
-        res = {"alone": [], "behind": [], "big": []}
+        res = {"alone": [], "behind": [], "big": [], "transfer": []}
         for r in range(rounds):
             t = time.monotonic()
             g.on(1, [h.PYTHON, "-c", OPEN, os.path.join(g.mnt, "alone-%s%d" % (mode, r), "small.bin")], timeout=600)
@@ -47,7 +48,7 @@ def run_mode(work, mode):
             big = {}
 
             def read_big():
-                t0 = time.monotonic()
+                t0 = big["t0"] = time.monotonic()
                 g.on(0, [h.PYTHON, "-c", READ, os.path.join(g.mnt, "big-%s%d" % (mode, r))], timeout=900)
                 big["t"] = time.monotonic() - t0
             th = threading.Thread(target=read_big)
@@ -59,7 +60,13 @@ def run_mode(work, mode):
             g.on(1, [h.PYTHON, "-c", OPEN, os.path.join(g.mnt, "behind-%s%d" % (mode, r), "small.bin")], timeout=900)
             res["behind"].append(time.monotonic() - t)
             th.join()
+            # The large transfer ends after node 0's read (the other nodes, the sync and the
+            # rename): every node has run 3 transfers per round (two batches and the file)
+            # before the next round starts, so no round waits for the one before.
+            for k in range(np_):
+                g.wait_transfers(k, 3 * (r + 1), timeout=900)
             res["big"].append(big.get("t", float("nan")))
+            res["transfer"].append(time.monotonic() - big["t0"])
         stats = [g.stats(k) for k in range(np_)]
         return res, stats
     finally:
@@ -72,14 +79,15 @@ try:
     for mode in ("on", "off"):
         out[mode] = run_mode(work, mode)
     print("| --nested-batches | NP | large file | small open alone (s) | small open during the large "
-          "transfer (s) | ratio | large file read (s) | nested batches | MiB streamed, per node |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "transfer (s) | ratio | large file read on node 0 (s) | large transfer on every node (s) | "
+          "nested batches | MiB streamed, per node |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode in ("on", "off"):
         res, stats = out[mode]
         med = {k: statistics.median(v) for k, v in res.items()}
         sent = " / ".join("%.0f" % (s["bytes_broadcast"] / 2**20) for s in stats)
-        print("| %s | %d | %d MiB | %.3f | %.3f | %.1fx | %.2f | %d | %s |" % (
-            mode, np_, size_mb, med["alone"], med["behind"], med["behind"] / med["alone"], med["big"],
+        print("| %s | %d | %d MiB | %.3f | %.3f | %.1fx | %.2f | %.2f | %d | %s |" % (
+            mode, np_, size_mb, med["alone"], med["behind"], med["behind"] / med["alone"], med["big"], med["transfer"],
             stats[0].get("nested_batches", 0), sent))
     for mode in ("on", "off"):
         print("raw %s:" % mode, {k: ["%.3f" % x for x in v] for k, v in out[mode][0].items()})
