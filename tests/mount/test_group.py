@@ -216,14 +216,25 @@ class Shutdown(GroupCase):
 
 
 class Interrupt(GroupCase):
-    """A transfer under way (a 256 MiB file in 32 KiB chunks, opened on node 1) when the
-    coordinator's node is unmounted, or its daemon killed."""
+    """A transfer under way (a 16 MiB file in 32 KiB chunks, opened on node 1) when the
+    coordinator's node is unmounted, or its daemon killed. "Under way" is a fact, not a race:
+    the source rank's reader is held after two chunks (STAGE_TEST_HOLD=reader-mid-file) until
+    the test has acted; the rest of the daemon goes on."""
 
     def interrupt_transfer(self, how):
-        size = 256 * MiB
+        size = 16 * MiB
         big = os.path.join(self.work.src, "big.bin")
         h.write_patterned(big, size, seed=5)
-        g = self.start("--chunk-size", "32K")
+        hold = self.work.file("hold")
+        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
+        saved = dict(os.environ)
+        os.environ.update({"STAGE_TEST_HOLD": "reader-mid-file", "STAGE_TEST_HOLD_BLOCK": "1",
+                           "STAGE_TEST_HOLD_FILE": hold, "STAGE_TEST_HOLD_RANK": "0"})
+        try:
+            g = self.start("--chunk-size", "32K")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         # a temp file of a dead writer, planted: the next start must sweep it
         planted = os.path.join(g.caches[1], "data", "old", ".gone.bin.stage-tmp.%s.999999" % os.uname().nodename)
         os.makedirs(os.path.dirname(planted))
@@ -238,12 +249,14 @@ class Interrupt(GroupCase):
         data1 = os.path.join(g.caches[1], "data")
         h.wait_for(lambda: any(".big.bin" in os.path.basename(p) for p in h.temp_files(data1)), 60,
                    "the transfer to start writing on node 1")
-        self.assertIsNone(reader.poll(), "the reader finished before the %s: make the file bigger" % how)
+        h.wait_for(lambda: os.path.exists(hold), 60, "the source's reader to reach the hold")
+        self.assertIsNone(reader.poll(), "the reader finished while the copy was held")
         t0 = time.monotonic()
         if how == "unmount":
             g.unmount(0)
         else:
             os.kill(g.pids[0], signal.SIGKILL)
+        os.unlink(hold)  # the reader goes on: it sees the stop (unmount) or nothing (killed)
         rc = g.wait_exit(60)
         took = time.monotonic() - t0
         h.log("mpirun exited %s %.1f s after the %s of node 0 during a transfer" % (rc, took, how))
