@@ -32,12 +32,6 @@ bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, boo
 
 namespace {
 
-// What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB
-// file with 1 MiB of data needs about 1 MiB), at most its size. A source filesystem that
-// reports no blocks for a non-empty file (some FUSE and object-store mounts) gets the size.
-// An estimate: holes are skipped per chunk, so holes inside a chunk that also holds data are
-// written as zeros; if the disk fills anyway, the copy fails with ENOSPC and nothing is
-// published.
 // Single-file transfers of at most this many chunks travel in the order readers want
 // (StageOptions::live): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
 constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
@@ -51,6 +45,12 @@ constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
 // costs little at 100 Mbit/s but a few % where a chunk takes a millisecond.
 constexpr size_t kNestAheadChunks = 2;
 
+// What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB
+// file with 1 MiB of data needs about 1 MiB), at most its size. A source filesystem that
+// reports no blocks for a non-empty file (some FUSE and object-store mounts) gets the size.
+// An estimate: holes are skipped per chunk, so holes inside a chunk that also holds data are
+// written as zeros; if the disk fills anyway, the copy fails with ENOSPC and nothing is
+// published.
 uint64_t expected_disk_bytes(const Entry& e) {
   if (e.type != EntryType::file) return 0;
   return e.allocated == 0 ? e.meta.size : std::min(e.meta.size, e.allocated);
@@ -111,13 +111,7 @@ class Transfer {
   bool valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const;
   // The Nest's poll, at most every 0.5 ms (the copy loop may turn far more often; the control
   // plane needs no finer latency).
-  Status poll_nest() {
-    const auto now = Clock::now();
-    if (now < next_nest_poll_) return {};
-    next_nest_poll_ = now + std::chrono::microseconds(500);
-    return opt_.nest->poll();
-  }
-  Clock::time_point next_nest_poll_{};
+  Status poll_nest();
   static ChunkHeader nest_header(uint32_t token) { return ChunkHeader{0, 0, 0, kChunkNest, static_cast<int32_t>(token)}; }
   Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
@@ -158,6 +152,7 @@ class Transfer {
   std::vector<uint64_t> reader_chunk_crc_;  // root, reader thread
   std::vector<uint64_t> writer_chunk_crc_;  // writer thread
   uint64_t writer_chunks_ = 0;              // writer thread: chunks written (adaptive)
+  Clock::time_point next_nest_poll_{};      // calling thread: poll_nest()'s rate limit
   void push_want(uint64_t index) {
     const std::lock_guard lk(want_m_);
     want_q_.push_back(index);
@@ -168,6 +163,13 @@ class Transfer {
   // Root's reader: the next chunk to read (see LiveCopy).
   uint64_t pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low);
 };
+
+Status Transfer::poll_nest() {
+  const auto now = Clock::now();
+  if (now < next_nest_poll_) return {};
+  next_nest_poll_ = now + std::chrono::microseconds(500);
+  return opt_.nest->poll();
+}
 
 void Transfer::route_wants(ChunkStream* stream) {
   if (!adaptive_) return;
@@ -704,9 +706,8 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
   ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
   std::vector<char> seen(nchunks);
-  // The source rank keeps at most this many chunks in the stream: a nest mark waits only for
-  // those (a chunk's last segments still leave while the next one starts, so the link stays
-  // busy); without a Nest, every chunk the reader has filled goes in at once.
+  // The source rank's chunks in the stream at once (kNestAheadChunks with a Nest; else every
+  // chunk the reader has filled).
   const size_t root_pending_max = opt_.nest != nullptr ? kNestAheadChunks : SIZE_MAX;
   // submitted: buffers put into the stream (the root: chunks; elsewhere: receive buffers, one
   // per chunk and one per nest header, which a rank learns of as it hands it back).

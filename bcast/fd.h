@@ -1,8 +1,11 @@
-// A move-only owner of a file descriptor (closed once, on destruction).
+// A move-only owner of a file descriptor (closed once, on destruction), and a whole-range pread.
 #pragma once
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace stage {
@@ -33,5 +36,19 @@ class Fd {
  private:
   int fd_ = -1;
 };
+
+// pread until len bytes are read or the file ends (EINTR retried): the bytes read (fewer
+// than len only at end of file), or -errno.
+inline ssize_t pread_full(int fd, void* buf, size_t len, uint64_t off) {
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, static_cast<char*>(buf) + got, len - got, static_cast<off_t>(off + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(got);
+}
 
 }  // namespace stage

@@ -33,20 +33,12 @@ class PosixSourceFile final : public SourceFile {
       : fd_(std::move(fd)), path_(std::move(path)), size_(size) {}
 
   Status read_at(uint64_t off, std::span<std::byte> buf) override {
-    size_t done = 0;
-    while (done < buf.size()) {
-      const ssize_t n =
-          ::pread(fd_.get(), buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return sys_error(errno, "read source", path_);
-      }
-      if (n == 0) {
-        Error e = stage_error(Errc::short_read, "read source", path_);
-        e.message += " (at byte " + std::to_string(off + done) + " of " + std::to_string(size_) + ")";
-        return e;
-      }
-      done += static_cast<size_t>(n);
+    const ssize_t n = pread_full(fd_.get(), buf.data(), buf.size(), off);
+    if (n < 0) return sys_error(static_cast<int>(-n), "read source", path_);
+    if (static_cast<size_t>(n) < buf.size()) {
+      Error e = stage_error(Errc::short_read, "read source", path_);
+      e.message += " (at byte " + std::to_string(off + static_cast<uint64_t>(n)) + " of " + std::to_string(size_) + ")";
+      return e;
     }
     return {};
   }

@@ -30,8 +30,8 @@ inline constexpr size_t kMaxPath = 4096;
 inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one fixed buffer
 
 // batch_nested: an announcement only, a batch to run nested in the single-file transfer in
-// progress (bcast/engine.h, Nest), at the chunk the source rank marks (or after that transfer,
-// if its stream ends first). Its key is the batch's.
+// progress (bcast/engine.h, Nest), where the source rank puts a mark in its stream (or after
+// that transfer, if its stream ends first). Its key is the batch's.
 enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3, batch_nested = 4 };
 
 struct Message {

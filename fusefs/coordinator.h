@@ -21,8 +21,8 @@
 //     first queued batch, and only a batch, is announced as batch_nested; at most one nested
 //     batch is open at a time (from its announcement to its on_finished); nothing else is
 //     announced while a transfer runs (nor after a shutdown request), and shutdown waits for
-//     its end. Without on_started
-//     calls (or with nesting off) one announcement runs at a time, in request order.
+//     its end. Without on_started calls (or with nesting off) one announcement runs at a
+//     time, in request order.
 // Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
 // announcement a node has seen.
 //

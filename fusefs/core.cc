@@ -11,6 +11,7 @@
 
 #include <future>
 
+#include "bcast/fd.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
@@ -527,7 +528,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
         auto fd = open_beneath(root_.get(), rel, O_RDONLY);
         struct stat now {};
-        if (fd && ::fstat(fd->get(), &now) == 0 && stage::meta_from_stat(now) == stage::meta_from_stat(src))
+        if (fd && ::fstat(fd->get(), &now) == 0 && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src)))
           f.fd = std::move(fd.value());
       }
       done(std::move(f));
@@ -559,15 +560,9 @@ void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd
                    stage::host_name());
     }
     std::string buf(size, '\0');
-    size_t got = 0;
-    while (got < size) {
-      const ssize_t n = ::pread(source_fd, buf.data() + got, size - got, static_cast<off_t>(off + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return stage::sys_error(errno, "read of the source after a stall");
-      if (n == 0) break;
-      got += static_cast<size_t>(n);
-    }
-    buf.resize(got);
+    const ssize_t n = stage::pread_full(source_fd, buf.data(), size, off);
+    if (n < 0) return stage::sys_error(static_cast<int>(-n), "read of the source after a stall");
+    buf.resize(static_cast<size_t>(n));
     return buf;
   };
   auto shared = std::make_shared<std::function<void(stage::Result<std::string>)>>(std::move(done));

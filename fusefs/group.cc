@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 namespace stagefs {
 
@@ -317,13 +318,15 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
   // Nested in a transfer: status shows that transfer again afterwards.
   const bool nested = a.type == MsgType::batch_nested;
-  GroupStats outer;
+  std::string outer;
+  uint64_t outer_done = 0, outer_total = 0;
   Clock::time_point outer_start;
   {
     std::lock_guard lk(m_);
-    outer = stats_;
+    outer = std::exchange(stats_.current, shown);
+    outer_done = stats_.current_done;
+    outer_total = stats_.current_total;
     outer_start = current_start_;
-    stats_.current = shown;
     stats_.current_done = stats_.current_total = 0;
     current_start_ = t0;
   }
@@ -356,9 +359,9 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     stats_.current.clear();
     if (nested) {
       ++stats_.nested;
-      stats_.current = outer.current;
-      stats_.current_done = outer.current_done;
-      stats_.current_total = outer.current_total;
+      stats_.current = std::move(outer);
+      stats_.current_done = outer_done;
+      stats_.current_total = outer_total;
       current_start_ = outer_start;
     }
     ++stats_.transfers;
@@ -451,8 +454,10 @@ stage::Result<bool> GroupService::coordinate() {
   return busy;
 }
 
-void GroupService::announced(const Message& m) {
-  if (coord_) coord_->on_announced(m);
+stage::Result<std::optional<Message>> GroupService::receive() {
+  auto a = ctl_.poll_announcement();
+  if (a && a->has_value() && coord_) coord_->on_announced(**a);
+  return a;
 }
 
 bool GroupService::run_announcement(const Message& m) {
@@ -477,10 +482,9 @@ stage::Status GroupService::nest_poll() {
     auto c = coordinate();
     if (!c) return c.error();
   }
-  auto a = ctl_.poll_announcement();
+  auto a = receive();
   if (!a) return a.error();
   if (a->has_value()) {
-    announced(**a);
     deferred_.push_back(std::move(**a));
     mark_progress();
   }
@@ -508,10 +512,9 @@ stage::Status GroupService::nest_run(uint32_t token) {
   const auto t0 = Clock::now();
   auto it = first_nested();
   while (it == deferred_.end()) {
-    auto a = ctl_.poll_announcement();
+    auto a = receive();
     if (!a) return a.error();
     if (a->has_value()) {
-      announced(**a);
       deferred_.push_back(std::move(**a));
       it = first_nested();
       continue;
@@ -548,12 +551,9 @@ stage::Status GroupService::run() {
       next = std::move(deferred_.front());
       deferred_.pop_front();
     } else {
-      auto a = ctl_.poll_announcement();
+      auto a = receive();
       if (!a) return control_failed(a.error());
-      if (a->has_value()) {
-        next = std::move(**a);
-        announced(*next);
-      }
+      next = std::move(*a);
     }
     if (next) {
       busy = true;

@@ -24,8 +24,8 @@
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
 // control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
-// and the source rank puts a mark in the running stream. Every rank runs that batch
-// on the second Comm once the marked chunk is complete on it, then goes on with the file.
+// and the source rank puts a mark in the running stream. Every rank runs that batch on the
+// second Comm once the mark is complete on it, then goes on with the file.
 // A nested announcement whose mark never came (the stream ended first) runs right after the
 // transfer, like any announcement. Large files still go one at a time (they share the links).
 // Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
@@ -153,7 +153,8 @@ class GroupService final : public Materializer {
   bool run_transfer(const Message& a);
   bool run_batch(const Message& a, stage::Comm& comm);
   bool run_announcement(const Message& a);  // a transfer or batch, with the coordinator told
-  void announced(const Message& m);         // this node received announcement m
+  // The next announcement, if one has arrived (the Coordinator, if here, is told).
+  stage::Result<std::optional<Message>> receive();
   // The engine's Nest (service thread, inside run_transfer): see the comment at the top.
   class NestHook;
   friend class NestHook;
@@ -207,7 +208,7 @@ class GroupService final : public Materializer {
   bool shutdown_sent_ = false;        // this node asked the group to shut down
   // Announcements that arrived while a transfer ran (nested batches), in order.
   std::deque<Message> deferred_;
-  uint64_t marked_ = 0;  // source rank: the latest nested batch it marked a chunk for
+  uint64_t marked_ = 0;  // source rank: the latest nested batch it put a mark in the stream for
 };
 
 }  // namespace stagefs

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "bcast/fd.h"
+
 namespace stagefs {
 
 void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) {
@@ -128,12 +130,9 @@ stage::Result<std::string> LiveFile::read(uint64_t off, size_t size) {
     const uint64_t c = pos / chunk;
     const uint64_t stop = std::min(end, (c + 1) * chunk);
     if (states[c - first] == kData) {
-      for (uint64_t at = pos; at < stop;) {
-        const ssize_t n = ::pread(fd_.get(), out.data() + (at - off), stop - at, static_cast<off_t>(at));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return stage::sys_error(n < 0 ? errno : EIO, "read of the copy in progress");
-        at += static_cast<uint64_t>(n);
-      }
+      const ssize_t n = stage::pread_full(fd_.get(), out.data() + (pos - off), stop - pos, pos);
+      if (n < 0 || static_cast<uint64_t>(n) < stop - pos)
+        return stage::sys_error(n < 0 ? static_cast<int>(-n) : EIO, "read of the copy in progress");
     }  // a zero chunk: the zeros are there already
     pos = stop;
   }
