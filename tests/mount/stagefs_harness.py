@@ -563,6 +563,36 @@ class Group:
         return problems
 
 
+class Hold:
+    """A copy held at a known point instead of slowed by time (bcast/test_hold.h): the thread
+    of rank `rank` that reaches `point` (mid-file: the source's MPI thread after two chunks;
+    reader-mid-file: its reader thread, the rest of the daemon goes on) waits until the test
+    removes the hold file. os.environ carries it while the daemons or groups started inside
+    `with` start (the harness passes the environment on); the file is removed at the test's
+    cleanup whatever happens."""
+
+    def __init__(self, test, point, rank=0):
+        self.file = test.work.file("hold")
+        self.env = {"STAGE_TEST_HOLD": point, "STAGE_TEST_HOLD_BLOCK": "1", "STAGE_TEST_HOLD_FILE": self.file,
+                    "STAGE_TEST_HOLD_RANK": str(rank)}
+        test.addCleanup(lambda: os.path.exists(self.file) and os.unlink(self.file))
+
+    def __enter__(self):
+        self.saved = dict(os.environ)
+        os.environ.update(self.env)
+        return self
+
+    def __exit__(self, *exc):
+        os.environ.clear()
+        os.environ.update(self.saved)
+
+    def reached(self):
+        return os.path.exists(self.file)
+
+    def release(self):
+        os.unlink(self.file)
+
+
 class MountTestCase(unittest.TestCase):
     """Gives each test a Work (self.work) and closes every daemon and group it started, even on
     failure; a group that had to be forced down fails the test."""

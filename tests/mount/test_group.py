@@ -225,16 +225,8 @@ class Interrupt(GroupCase):
         size = 16 * MiB
         big = os.path.join(self.work.src, "big.bin")
         h.write_patterned(big, size, seed=5)
-        hold = self.work.file("hold")
-        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
-        saved = dict(os.environ)
-        os.environ.update({"STAGE_TEST_HOLD": "reader-mid-file", "STAGE_TEST_HOLD_BLOCK": "1",
-                           "STAGE_TEST_HOLD_FILE": hold, "STAGE_TEST_HOLD_RANK": "0"})
-        try:
+        with h.Hold(self, "reader-mid-file") as held:
             g = self.start("--chunk-size", "32K")
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
         # a temp file of a dead writer, planted: the next start must sweep it
         planted = os.path.join(g.caches[1], "data", "old", ".gone.bin.stage-tmp.%s.999999" % os.uname().nodename)
         os.makedirs(os.path.dirname(planted))
@@ -249,14 +241,14 @@ class Interrupt(GroupCase):
         data1 = os.path.join(g.caches[1], "data")
         h.wait_for(lambda: any(".big.bin" in os.path.basename(p) for p in h.temp_files(data1)), 60,
                    "the transfer to start writing on node 1")
-        h.wait_for(lambda: os.path.exists(hold), 60, "the source's reader to reach the hold")
+        h.wait_for(held.reached, 60, "the source's reader to reach the hold")
         self.assertIsNone(reader.poll(), "the reader finished while the copy was held")
         t0 = time.monotonic()
         if how == "unmount":
             g.unmount(0)
         else:
             os.kill(g.pids[0], signal.SIGKILL)
-        os.unlink(hold)  # the reader goes on: it sees the stop (unmount) or nothing (killed)
+        held.release()  # the reader goes on: it sees the stop (unmount) or nothing (killed)
         rc = g.wait_exit(60)
         took = time.monotonic() - t0
         h.log("mpirun exited %s %.1f s after the %s of node 0 during a transfer" % (rc, took, how))

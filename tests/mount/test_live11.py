@@ -82,27 +82,6 @@ def probe(path, src):
     return 0 if ok and bad == 0 and mm else 1
 
 
-def held_env(hold):
-    return {"STAGE_TEST_HOLD": "mid-file", "STAGE_TEST_HOLD_BLOCK": "1", "STAGE_TEST_HOLD_FILE": hold,
-            "STAGE_TEST_HOLD_RANK": "0"}
-
-
-class WithHold:
-    """os.environ carries the hold while a daemon or group starts (the harness passes the
-    environment on)."""
-
-    def __init__(self, hold):
-        self.hold = hold
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.update(held_env(self.hold))
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
-
-
 def expect_probe(test, p):
     """Runs the probe's dialogue: opened and head ok while the copy is held, then released."""
     test.assertEqual(p.stdout.readline().strip(), "opened", p.stderr.read() if p.poll() is not None else "")
@@ -115,11 +94,9 @@ class Standalone(h.MountTestCase):
         data = os.urandom(size)
         with open(os.path.join(self.work.src, "big"), "wb") as f:
             f.write(data)
-        hold = self.work.file("hold")
-        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
-        with WithHold(hold):
+        with h.Hold(self, "mid-file") as held:
             d = self.daemon(self.work.file("cache"), "--chunk-size", "1M", *args).wait_ready()
-        return d, hold, data
+        return d, held.file, data
 
     def test_reads_of_every_pattern_during_a_held_copy(self):
         d, hold, _ = self.start(24 * MiB)
@@ -233,10 +210,9 @@ class Group(h.MountTestCase):
     def test_early_open_on_a_node_that_is_not_the_source(self):
         with open(os.path.join(self.work.src, "big"), "wb") as f:
             f.write(os.urandom(24 * MiB))
-        hold = self.work.file("hold")
-        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
-        with WithHold(hold):
+        with h.Hold(self, "mid-file") as held:
             g = self.group(h.NP, "--chunk-size", "1M").wait_ready()
+        hold = held.file
         last = h.NP - 1
         p = g.spawn(last, [h.PYTHON, SCRIPT, "probe", os.path.join(g.mnt, "big"), os.path.join(self.work.src, "big")])
         h.wait_for(lambda: g.stats(last)["early_opens"] == 1, 30, "the open to return during the copy")

@@ -29,8 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import stagefs_harness as h  # noqa: E402
 
-KiB = 1024
-MiB = 1024 * KiB
+KiB, MiB = h.KiB, h.MiB
 SCRIPT = os.path.abspath(__file__)
 SMALL = 30
 
@@ -55,25 +54,6 @@ def make_source(src):
     for i in range(SMALL):
         with open(os.path.join(src, "ds", "s%02d" % i), "wb") as f:
             f.write(rng.randbytes(rng.randint(1, 32 * KiB)))
-
-
-class Held:
-    """os.environ carries the hold while a daemon or group starts (the harness passes the
-    environment on); the hold file is removed at cleanup whatever happens."""
-
-    def __init__(self, test):
-        self.hold = test.work.file("hold")
-        test.addCleanup(lambda: os.path.exists(self.hold) and os.unlink(self.hold))
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.update({"STAGE_TEST_HOLD": "reader-mid-file", "STAGE_TEST_HOLD_BLOCK": "1",
-                           "STAGE_TEST_HOLD_FILE": self.hold, "STAGE_TEST_HOLD_RANK": "0"})
-        return self
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
 
 
 class InThread:
@@ -111,11 +91,10 @@ def read_file(path):
 class Standalone(h.MountTestCase):
     def start(self, *args):
         make_source(self.work.src)
-        held = Held(self)
-        with held:
+        with h.Hold(self, "reader-mid-file") as held:
             d = self.daemon(self.work.file("cache"), "--chunk-size", "1M", *args).wait_ready()
         big = InThread(lambda: read_file(os.path.join(d.mnt, "big")))  # starts big's copy
-        h.wait_for(lambda: os.path.exists(held.hold), 30, "big's copy to reach the hold")
+        h.wait_for(held.reached, 30, "big's copy to reach the hold")
         return d, held, big
 
     def read_small(self, d):
@@ -129,11 +108,11 @@ class Standalone(h.MountTestCase):
         h.wait_for(small.done, 60, "the small files to be read while big's copy is held")
         r = small.result()
         self.assertEqual((r.returncode, r.stdout.split()), (0, ["files", str(SMALL)]), r.stdout + r.stderr)
-        self.assertTrue(os.path.exists(held.hold))
+        self.assertTrue(held.reached())
         s = d.stats()
         self.assertEqual((s["batches"], s["nested_batches"], s["transfers"]), (1, 1, 1), s)  # big's not ended
         self.assertFalse(big.done())
-        os.unlink(held.hold)
+        held.release()
         self.assertEqual(big.result(), read_file(os.path.join(self.work.src, "big")))
         s = d.wait_transfers(2)
         self.assertEqual(s["transfer_failures"], 0, s)
@@ -146,7 +125,7 @@ class Standalone(h.MountTestCase):
         small = self.read_small(d)
         h.wait_for(lambda: d.stats()["waiting"] == 1, 30, "the batch's open to wait")
         self.assertFalse(small.done(), "the batch ran while big's copy was held")
-        os.unlink(held.hold)
+        held.release()
         r = small.result()
         self.assertEqual((r.returncode, r.stdout.split()), (0, ["files", str(SMALL)]), r.stdout + r.stderr)
         self.assertEqual(big.result(), read_file(os.path.join(self.work.src, "big")))
@@ -157,20 +136,19 @@ class Standalone(h.MountTestCase):
 class Group(h.MountTestCase):
     def test_a_batch_asked_by_another_node_runs_during_the_held_copy(self):
         make_source(self.work.src)
-        held = Held(self)
-        with held:
+        with h.Hold(self, "reader-mid-file") as held:
             g = self.group(h.NP, "--chunk-size", "1M").wait_ready()
         last = h.NP - 1
         big = g.spawn(0, [h.PYTHON, h.HARNESS, "sha256", os.path.join(g.mnt, "big")])
-        h.wait_for(lambda: os.path.exists(held.hold), 30, "big's copy to reach the hold")
+        h.wait_for(held.reached, 30, "big's copy to reach the hold")
         r = g.on(last, [h.PYTHON, SCRIPT, "compare", os.path.join(g.mnt, "ds"), os.path.join(self.work.src, "ds")],
                  check=False, timeout=120)
         self.assertEqual((r.returncode, r.stdout.split()), (0, ["files", str(SMALL)]), r.stdout + r.stderr)
-        self.assertTrue(os.path.exists(held.hold))
+        self.assertTrue(held.reached())
         for k in range(h.NP):  # every node ran the batch nested, big's transfer still open
             s = g.stats(k)
             self.assertEqual((s["batches"], s["nested_batches"], s["transfers"]), (1, 1, 1), "node %d: %s" % (k, s))
-        os.unlink(held.hold)
+        held.release()
         out, err = big.communicate(timeout=120)
         src_sha = h.sha256_file(os.path.join(self.work.src, "big"))
         self.assertEqual(out.split()[0], src_sha, err)
