@@ -45,41 +45,14 @@ RATE=${RATE:-100mbit}
 CHUNK=${CHUNK:-16M}
 MARK_BYTES=${MARK_BYTES:-0}
 TIMEOUT=${TIMEOUT:-300}
-RAM=${RAM:-1}
-RAMDIR=$WORK_ROOT/hol-ram
 max_n=0; for n in $NODES; do ((n > max_n)) && max_n=$n; done
-if [ "$RAM" = 1 ]; then
-  mkdir -p "$RAMDIR"
-  mountpoint -q "$RAMDIR" || mount -t tmpfs -o size=$((SIZE_MB * (2 * max_n + 6) + 512))m stagefs-hol "$RAMDIR"
-  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-$RAMDIR/netns}
-else
-  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-hol}
-fi
-export NETNS_SIM_NET=${NETNS_SIM_NET:-10.79.0}
-ROOT=${NETNS_SIM_ROOT%/}
-H=$TOP/tests/harness/netns-cluster.sh
+need_bin stagefs
 NSUTIL=$TOP/tests/netns/nsutil.py
 HARNESS=$TOP/tests/mount/stagefs_harness.py
 NAME=${NAME:-bench_hol_scale}
-LOG=${LOGDIR:-$WORK_ROOT/hol-logs}
-
-need_bin stagefs
-command -v ip >/dev/null && command -v tc >/dev/null || die "needs ip and tc"
-
 mpirun_pid='' reader_pid=''
-cleanup() {
-  set +e
-  [ -n "$reader_pid" ] && kill_tree "$reader_pid"
-  [ -n "$mpirun_pid" ] && kill_tree "$mpirun_pid"
-  "$H" down >>"$LOG/harness.log" 2>&1
-  [ "$RAM" = 1 ] && mountpoint -q "$RAMDIR" && umount "$RAMDIR"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-mkdir -p "$LOG"
-: >"$LOG/harness.log"
-"$H" down >>"$LOG/harness.log" 2>&1 || true
+NETNS_BENCH_PIDS="reader_pid mpirun_pid"
+netns_bench_begin hol $((SIZE_MB * (2 * max_n + 6) + 512)) 10.79.0
 
 # private copy of the binary: a rebuild during the run cannot pull it away
 mkdir -p "$ROOT/bin" "$ROOT/shared/hol"

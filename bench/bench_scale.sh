@@ -42,41 +42,14 @@ STAGEFS=${STAGEFS:-1}
 STAGEFS_ALGOS=${STAGEFS_ALGOS:-"mpi chain"}
 BASELINE=${BASELINE:-1}
 TIMEOUT=${TIMEOUT:-300}
-RAM=${RAM:-1}
-RAMDIR=$WORK_ROOT/scale-ram
 max_n=0; for n in $NODES; do ((n > max_n)) && max_n=$n; done
-if [ "$RAM" = 1 ]; then
-  mkdir -p "$RAMDIR"
-  mountpoint -q "$RAMDIR" || mount -t tmpfs -o size=$((SIZE_MB * (2 * max_n + 4) + 256))m stagefs-scale "$RAMDIR"
-  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-$RAMDIR/netns}
-else
-  export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-scale}
-fi
-export NETNS_SIM_NET=${NETNS_SIM_NET:-10.78.0}
-ROOT=${NETNS_SIM_ROOT%/}
-H=$TOP/tests/harness/netns-cluster.sh
-NSUTIL=$TOP/tests/netns/nsutil.py
-NAME=${NAME:-bench_scale}  # another name keeps a second set of results (e.g. another RATE)
-LOG=${LOGDIR:-$WORK_ROOT/scale-logs}
-
 need_bin stage-bcast
 need_bin stagefs
-command -v ip >/dev/null && command -v tc >/dev/null || die "needs ip and tc"
-
+NSUTIL=$TOP/tests/netns/nsutil.py
+NAME=${NAME:-bench_scale}  # another name keeps a second set of results (e.g. another RATE)
 mpirun_pid='' server_pid=''
-cleanup() {
-  set +e
-  [ -n "$mpirun_pid" ] && kill_tree "$mpirun_pid"
-  [ -n "$server_pid" ] && kill_tree "$server_pid"
-  "$H" down >>"$LOG/harness.log" 2>&1
-  [ "$RAM" = 1 ] && mountpoint -q "$RAMDIR" && umount "$RAMDIR"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-mkdir -p "$LOG"
-: >"$LOG/harness.log"
-"$H" down >>"$LOG/harness.log" 2>&1 || true
+NETNS_BENCH_PIDS="mpirun_pid server_pid"
+netns_bench_begin scale $((SIZE_MB * (2 * max_n + 4) + 256)) 10.78.0
 
 # private copies of the binaries: a rebuild during the run cannot pull them away
 mkdir -p "$ROOT/bin" "$ROOT/shared/scale"

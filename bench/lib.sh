@@ -91,3 +91,40 @@ unmount_if() {
   mountpoint -q "$1" 2>/dev/null || return 0
   fusermount3 -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
 }
+
+# --- the netns benches (bench_scale.sh, bench_hol_scale.sh) ---------------------------------
+# netns_bench_begin TAG TMPFS_MB NET: the cluster's root (NETNS_SIM_ROOT, ROOT) on a tmpfs of
+# its own at WORK_ROOT/TAG-ram (RAM=1, the default: simulated nodes share one real disk,
+# whose fsyncs would be measured instead of the network) or /var/tmp/stagefs-TAG; the address
+# range NETNS_SIM_NET (default NET); H, the harness; LOG (LOGDIR or WORK_ROOT/TAG-logs). At
+# exit, netns_bench_end kills the process trees whose pids the variables named in
+# NETNS_BENCH_PIDS hold, takes the cluster down and unmounts the tmpfs.
+netns_bench_begin() {
+  local tag=$1 mb=$2 net=$3
+  command -v ip >/dev/null && command -v tc >/dev/null || die "needs ip and tc"
+  RAM=${RAM:-1}
+  RAMDIR=$WORK_ROOT/$tag-ram
+  if [ "$RAM" = 1 ]; then
+    mkdir -p "$RAMDIR"
+    mountpoint -q "$RAMDIR" || mount -t tmpfs -o size="${mb}m" "stagefs-$tag" "$RAMDIR"
+    export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-$RAMDIR/netns}
+  else
+    export NETNS_SIM_ROOT=${NETNS_SIM_ROOT:-/var/tmp/stagefs-$tag}
+  fi
+  export NETNS_SIM_NET=${NETNS_SIM_NET:-$net}
+  ROOT=${NETNS_SIM_ROOT%/}
+  H=$TOP/tests/harness/netns-cluster.sh
+  LOG=${LOGDIR:-$WORK_ROOT/$tag-logs}
+  trap netns_bench_end EXIT
+  trap 'exit 130' INT TERM
+  mkdir -p "$LOG"
+  : >"$LOG/harness.log"
+  "$H" down >>"$LOG/harness.log" 2>&1 || true
+}
+netns_bench_end() {
+  set +e
+  local v
+  for v in ${NETNS_BENCH_PIDS:-}; do [ -n "${!v}" ] && kill_tree "${!v}"; done
+  "$H" down >>"$LOG/harness.log" 2>&1
+  [ "$RAM" = 1 ] && mountpoint -q "$RAMDIR" && umount "$RAMDIR"
+}
