@@ -416,9 +416,18 @@ stage::Result<bool> GroupService::forward_local() {
   bool want_shutdown = false;
   {
     std::lock_guard lk(m_);
-    for (auto& key : outbox_)  // skip opens a transfer already answered
-      if (waits_.contains(key)) out.push_back(std::move(key));
-    outbox_.clear();
+    std::deque<Key> keep;
+    for (auto& key : outbox_) {
+      if (!waits_.contains(key)) continue;  // a transfer answered it already
+      // A transfer of that key runs here now (this is the engine's copy loop calling): it
+      // answers the open when it ends. A request now would carry that transfer's id, which
+      // the coordinator cannot tell from a need that came after it (a second transfer).
+      if (std::find(running_.begin(), running_.end(), key) != running_.end())
+        keep.push_back(std::move(key));
+      else
+        out.push_back(std::move(key));
+    }
+    outbox_ = std::move(keep);
     want_shutdown = shutdown_requested_ && !shutdown_sent_;
   }
   std::vector<Message> msgs;
@@ -465,10 +474,12 @@ bool GroupService::run_announcement(const Message& m) {
   // ends here is answered by m; one before m started (a nested batch's announcement may
   // arrive well before it runs) still asks, and the coordinator drops what m answers.
   last_seen_id_ = std::max(last_seen_id_, m.id);
+  running_.emplace_back(m.type == MsgType::batch_nested ? MsgType::batch : m.type, m.path);
   if (coord_) coord_->on_started(m);
   const bool ok = m.type == MsgType::materialize ? run_transfer(m)
                   : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
   if (coord_) coord_->on_finished(m);
+  running_.pop_back();
   return ok;
 }
 

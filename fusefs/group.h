@@ -208,6 +208,7 @@ class GroupService final : public Materializer {
   bool shutdown_sent_ = false;        // this node asked the group to shut down
   // Announcements that arrived while a transfer ran (nested batches), in order.
   std::deque<Message> deferred_;
+  std::vector<Key> running_;  // the keys of the transfers running here (outer, nested)
   uint64_t marked_ = 0;  // source rank: the latest nested batch it put a mark in the stream for
 };
 

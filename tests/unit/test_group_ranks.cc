@@ -345,6 +345,31 @@ TEST_F(GroupRanksTest, ABatchRunsNestedWhileALargeTransferWaitsForItsSource) {
   }
 }
 
+// A node that opens a file while that file's transfer already runs there waits for that
+// transfer; it must not ask for the file again (the request would carry that transfer's id,
+// and the coordinator would queue a second, useless transfer). Rank 2 opens "big" while its
+// transfer is held mid-file, then "a": "a" comes right after "big" on every rank, with no
+// second transfer of "big" between them (requests leave a node in order, so a second
+// request for "big" would have been announced before "a").
+TEST_F(GroupRanksTest, AnOpenDuringItsFilesTransferDoesNotAskAgain) {
+  write_file(path("src/big"), random_bytes(4 << 20, 22));
+  gate_.arm(1 << 20);
+  start();
+  Outcomes first;
+  ranks_[1].group->materialize_async("big", first.add());
+  ASSERT_TRUE(gate_.wait_reached()) << "the transfer never reached the gate";
+  Outcomes later;
+  ranks_[2].group->materialize_async("big", later.add());
+  ranks_[2].group->materialize_async("a", later.add());
+  gate_.release();
+  ASSERT_TRUE(first.wait());
+  ASSERT_TRUE(later.wait());
+  EXPECT_TRUE(later.errors().empty()) << later.errors().front();
+  stop(0);
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_EQ(ranks_[static_cast<size_t>(r)].group->stats().transfers, 2U) << "rank " << r << ": big, a";
+}
+
 // Opens on ranks 0-2 and a shutdown from rank 3, all before the group runs: whichever reaches
 // the coordinator first, every open is answered once (the copy, or ESHUTDOWN) and every rank
 // stops after the same announcements.
