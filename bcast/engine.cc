@@ -837,6 +837,7 @@ Status Transfer::copy() {
 
 void Transfer::finish() {
   const size_t n = m_.entries.size();
+  const bool stagefs_batch = opt_.small_files_max > 0;
   std::vector<size_t> mine;
   for (size_t i = 0; i < n; ++i)
     if (need_local_[i] != 0 && txn_[i]) mine.push_back(i);
@@ -848,7 +849,13 @@ void Transfer::finish() {
       }
     }
     const Accumulate syncing(r_.pipe.sync);
-    if (mine.size() > 8 && !local_err_) {
+    if (stagefs_batch && !mine.empty() && !local_err_) {
+      // The store decides how the names below become safe: see before_unsynced_publish().
+      std::vector<std::string> names;
+      names.reserve(mine.size());
+      for (size_t i : mine) names.push_back(dest_of(i));
+      if (auto st = store_.before_unsynced_publish(ep_.dest, names); !st) fail_local(st.error());
+    } else if (mine.size() > 8 && !local_err_) {
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     } else {
       for (size_t i : mine) {
@@ -884,8 +891,8 @@ void Transfer::finish() {
   if (!source_err_ && !local_err_ && !mine.empty()) test_hold("before-rename", comm_.rank());
   if (!source_err_ && !local_err_) {
     // Many files: rename each, then one sync for every name (the data was synced above);
-    // a single file: rename and fsync its directory.
-    const bool batch = mine.size() > 8;
+    // a single file: rename and fsync its directory. A stagefs batch never syncs its names.
+    const bool batch = mine.size() > 8 || stagefs_batch;
     for (size_t i : mine) {
       if (auto st = batch ? txn_[i]->commit_unsynced() : txn_[i]->commit(); !st) {
         fail_local(st.error());
@@ -893,10 +900,10 @@ void Transfer::finish() {
       }
       r_.published.push_back(m_.entries[i].path);
     }
-    // A stagefs batch skips that second sync: its data is durable before any name appears
-    // (the sync above), so a crash can only lose names, and a lost name is a copy made again
-    // at its next open; one sync per batch instead of two per file.
-    if (batch && !local_err_ && opt_.small_files_max == 0) {
+    // A stagefs batch skips that second sync: before any name appears its data is durable or
+    // its names are recorded for the next start (before_unsynced_publish above), so a crash
+    // can only lose names, and a lost name is a copy made again at its next open.
+    if (batch && !local_err_ && !stagefs_batch) {
       const Accumulate syncing(r_.pipe.sync);
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     }

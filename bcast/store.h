@@ -73,6 +73,14 @@ class LocalStore {
   virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
   // syncfs() of the filesystem holding path: one call instead of one fsync per small file.
   virtual Status sync_filesystem(const std::string& path) = 0;
+  // A stagefs batch is about to rename `paths` (finished temporary copies, in directory dir)
+  // into place without syncing their data first. Returns once a crash can no longer leave one
+  // of those names on a copy with wrong bytes. By default it syncs the filesystem; the
+  // mount's cache instead records the names durably and syncs them later
+  // (fusefs/unsynced.h), so the open that waits for the batch never waits for the disk.
+  virtual Status before_unsynced_publish(const std::string& dir, std::span<const std::string> /*paths*/) {
+    return sync_filesystem(dir);
+  }
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
   virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
   // mkdir -p of path's parent (StoreOptions::parent_mode for new levels; existing ones are left as they are).

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "bcast/store.h"
+
 namespace stagefs {
 
 stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags) {
@@ -20,6 +22,16 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
   const long fd = ::syscall(SYS_openat2, root_fd, rel.empty() ? "." : rel.c_str(), &how, sizeof how);
   if (fd < 0) return stage::sys_error(errno, "open source", rel);
   return stage::Fd(static_cast<int>(fd));
+}
+
+bool unlink_beneath(int root_fd, const std::string& rel) {
+  const std::string dir = stage::parent_dir(rel);
+  auto parent = open_beneath(root_fd, dir == "." ? "" : dir, O_PATH | O_DIRECTORY);
+  if (!parent) return false;
+  const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
+  struct stat st {};
+  if (::fstatat(parent->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  return ::unlinkat(parent->get(), base.c_str(), 0) == 0;
 }
 
 stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool /*recursive*/,

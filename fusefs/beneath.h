@@ -15,6 +15,9 @@ namespace stagefs {
 
 // rel == "" opens the root itself. flags as for openat (O_PATH, O_RDONLY, O_DIRECTORY...).
 stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags);
+// Removes the regular file rel (its parent resolved as above; anything else is left).
+// Returns true if it was removed.
+bool unlink_beneath(int root_fd, const std::string& rel);
 
 class BeneathSource final : public stage::SourceReader {
  public:

@@ -191,6 +191,16 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
     return base_.make_symlink(p, t);
   }
   int remove_stale_temps(const std::string& d) override { return base_.remove_stale_temps(d); }
+  stage::Status before_unsynced_publish(const std::string& dir, std::span<const std::string> paths) override {
+    const std::string root = c_.store_root() + "/";
+    std::vector<std::string> rels;
+    rels.reserve(paths.size());
+    for (const auto& p : paths) {
+      if (!p.starts_with(root)) return base_.sync_filesystem(dir);  // not a name in this cache
+      rels.push_back(p.substr(root.size()));
+    }
+    return c_.unsynced_->record(rels);
+  }
 
  private:
   NodeCache& c_;
@@ -199,7 +209,8 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
 
 NodeCache::~NodeCache() = default;
 
-Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage::StoreOptions store_opt) {
+Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage::StoreOptions store_opt,
+                                                   std::chrono::milliseconds sync_after) {
   auto root = open_private_dir(dir);
   if (!root) return root.error();
   auto c = std::unique_ptr<NodeCache>(new NodeCache());
@@ -231,8 +242,12 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   if (::fstat(c->data_.get(), &c->data_st_) != 0) return stage::sys_error(errno, "stat", dir + "/data");
   if (c->data_st_.st_uid != ::geteuid()) return refuse(dir, "data is not owned by the daemon's user", "remove it");
   if ((c->data_st_.st_mode & 077) != 0) ::fchmod(c->data_.get(), 0700);
+  c->recovered_ = UnsyncedLog::recover(c->root_.get(), c->data_.get(), UnsyncedLog::current_boot_id());
   sweep(c->data_.get(), c->swept_);
   c->index_tree(c->data_.get(), "");
+  NodeCache* self = c.get();
+  c->unsynced_ = std::make_unique<UnsyncedLog>(c->root_.get(), c->data_.get(), sync_after,
+                                               [self](const std::string& rel) { self->added(rel); });
   return c;
 }
 
@@ -256,7 +271,10 @@ void NodeCache::index_tree(int dirfd, const std::string& prefix) {
 
 CacheUsage NodeCache::usage() const {
   std::lock_guard lk(m_);
-  return CacheUsage{bytes_, limit_, index_.size(), evictions_, evicted_bytes_};
+  return CacheUsage{bytes_,          limit_,
+                    index_.size(),   evictions_,
+                    evicted_bytes_,  unsynced_ ? unsynced_->pending() : 0,
+                    unsynced_ ? unsynced_->synced() : 0};
 }
 
 void NodeCache::touch(const std::string& rel, int fd) {
@@ -339,7 +357,7 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
     ++evictions_;
     evicted_bytes_ += bytes;
     lk.unlock();
-    unlink_rel(name);
+    unlink_beneath(data_.get(), name);
     spdlog::info("evicted {} ({} bytes, least recently used) to make room for {}", name, bytes, rel);
     lk.lock();
   }
@@ -355,7 +373,7 @@ stage::Status NodeCache::evict(const std::string& rel) {
   evicted_bytes_ += it->second.bytes;
   index_.erase(it);
   lk.unlock();
-  unlink_rel(rel);
+  unlink_beneath(data_.get(), rel);
   spdlog::info("evicted {} (asked)", rel);
   return {};
 }
@@ -389,23 +407,13 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
 
 bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) {
   if (open_current(rel, src)) return false;
-  const bool removed = unlink_rel(rel);
+  const bool removed = unlink_beneath(data_.get(), rel);
   if (removed) added(rel);  // drops it from the index
   return removed;
 }
 
-bool NodeCache::unlink_rel(const std::string& rel) const {
-  auto parent = open_beneath(data_.get(), stage::parent_dir(rel) == "." ? "" : stage::parent_dir(rel),
-                             O_PATH | O_DIRECTORY);
-  if (!parent) return false;
-  const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
-  struct stat st {};
-  if (::fstatat(parent->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
-  return ::unlinkat(parent->get(), base.c_str(), 0) == 0;
-}
-
 void NodeCache::remove(const std::string& rel) {
-  unlink_rel(rel);
+  unlink_beneath(data_.get(), rel);
   added(rel);  // drops it from the index
 }
 

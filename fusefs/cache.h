@@ -28,12 +28,17 @@
 //     is the LocalStore handed to the engine: PosixStore, except that free_bytes() is what
 //     the limit leaves, so the engine's collective free-space check (every node agrees
 //     before a byte moves) counts the limit and what eviction freed on each node.
+//   - Copies of a batch are published before their data is on disk; the UnsyncedLog
+//     (unsynced.h, CACHE/unsynced) records them first and syncs them in the background
+//     within sync_after. open() acts on a log an earlier daemon left (before the sweep):
+//     after a reboot its copies are removed, otherwise synced.
 // Thread-safe after open(): the index has its own mutex; the rest only reads the held
 // descriptors.
 #pragma once
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -43,6 +48,7 @@
 #include "bcast/error.h"
 #include "bcast/fd.h"
 #include "bcast/store.h"
+#include "fusefs/unsynced.h"
 
 namespace stagefs {
 
@@ -57,14 +63,20 @@ struct CacheUsage {
   uint64_t files = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
+  uint64_t unsynced = 0;      // published copies whose data is not known to be on disk yet
+  uint64_t synced_later = 0;  // copies synced in the background so far
 };
 
 class NodeCache {
  public:
-  // Creates or checks CACHE, locks it, sweeps CACHE/data. Returns a message on refusal.
+  // Creates or checks CACHE, locks it, recovers an unsynced log, sweeps CACHE/data. Returns a
+  // message on refusal. sync_after: how long a batch's copies may stay unsynced (0: synced
+  // before they are published).
   static stage::Result<std::unique_ptr<NodeCache>> open(const std::string& dir,
                                                         stage::StoreOptions store_opt = {.direct_io = false,
-                                                                                         .parent_mode = 0700});
+                                                                                         .parent_mode = 0700},
+                                                        std::chrono::milliseconds sync_after = kDefaultSyncAfter);
+  static constexpr std::chrono::milliseconds kDefaultSyncAfter{5000};
   ~NodeCache();
 
   [[nodiscard]] const std::string& dir() const { return dir_; }  // canonical CACHE
@@ -72,6 +84,9 @@ class NodeCache {
   // The path the store writes under: /proc/self/fd/<data_fd>.
   [[nodiscard]] std::string store_root() const;
   [[nodiscard]] const SweepCounts& swept() const { return swept_; }
+  [[nodiscard]] const RecoveryCounts& recovered() const { return recovered_; }
+  // Syncs every unsynced copy now (tests; the daemon's stop does it through the destructor).
+  void sync_unsynced() { unsynced_->flush(); }
   // Error when CACHE/data was removed (or CACHE replaced) under the running mount.
   [[nodiscard]] stage::Status alive() const;
   // The copy of rel when it is current for a source with stat src (see above).
@@ -105,7 +120,6 @@ class NodeCache {
   };
   NodeCache() = default;
   void index_tree(int dirfd, const std::string& prefix);
-  bool unlink_rel(const std::string& rel) const;
 
   mutable std::mutex m_;  // guards the index below
   std::map<std::string, Entry> index_;
@@ -122,6 +136,8 @@ class NodeCache {
   stage::Fd lock_;
   struct stat data_st_ {};
   SweepCounts swept_;
+  RecoveryCounts recovered_;
+  std::unique_ptr<UnsyncedLog> unsynced_;  // last: stopped (and flushed) before the fds close
 };
 
 // Creates missing directories of `path` (0700, relative to each parent's fd, no symlinks

@@ -9,6 +9,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -160,9 +161,19 @@ std::string Daemon::setup_local() {
   cfg_.mount.mountpoint = cfg_.mountpoint;
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
   // Copies are readable only through the mount.
-  auto cache = NodeCache::open(cache_as_given, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700});
+  auto cache = NodeCache::open(cache_as_given, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700},
+                               std::chrono::milliseconds(std::llround(cfg_.sync_after * 1000)));
   if (!cache) return cache.error().message;
   cache_ = std::move(cache.value());
+  if (const RecoveryCounts& r = cache_->recovered(); r.found) {
+    if (r.other_boot)
+      spdlog::warn("cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
+                   "(each is copied again at its next open)",
+                   r.removed);
+    else
+      spdlog::info("cache: synced {} cop(ies) an earlier daemon of this boot had not synced yet ({} removed)",
+                   r.synced, r.removed);
+  }
   if (cache_->swept().temps > 0)
     spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
   if (cache_->swept().untrusted > 0)

@@ -51,6 +51,8 @@ struct MetricsFile::Impl {
     cache_bytes = &gauge("stagefs_cache_bytes", "Bytes the cached copies occupy on this node");
     cache_limit = &gauge("stagefs_cache_limit_bytes", "--cache-size in bytes (0: no limit)");
     cache_files = &gauge("stagefs_cache_files", "Copies in the cache");
+    cache_unsynced = &gauge("stagefs_cache_unsynced_files",
+                            "Copies published by a batch whose data is not yet synced to disk (--sync-after)");
     waiting = &gauge("stagefs_waiting_files", "Files this node's opens are waiting for");
     up = &gauge("stagefs_up", "1 while the mount serves");
     transfer_seconds = &pm::BuildHistogram()
@@ -82,6 +84,7 @@ struct MetricsFile::Impl {
     cache_bytes->Set(static_cast<double>(s.cache.bytes));
     cache_limit->Set(static_cast<double>(s.cache.limit));
     cache_files->Set(static_cast<double>(s.cache.files));
+    cache_unsynced->Set(static_cast<double>(s.cache.unsynced));
     waiting->Set(static_cast<double>(s.waiting));
     up->Set(s.state == "ready" ? 1 : 0);
   }
@@ -90,7 +93,7 @@ struct MetricsFile::Impl {
   pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *evictions, *evicted_bytes,
       *prefetches;
   std::map<std::string, pm::Counter*> err;
-  pm::Gauge *cache_bytes, *cache_limit, *cache_files, *waiting, *up;
+  pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *up;
   pm::Histogram* transfer_seconds;
   MountStatus last;
   std::mutex m;  // update() and Collect() vs observe

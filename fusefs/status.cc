@@ -39,7 +39,8 @@ std::string to_json(const MountStatus& s) {
   j["chunks_wanted"] = s.chunks_wanted;
   j["cache"] = {{"dir", s.cache_dir},          {"bytes", s.cache.bytes},
                 {"limit", s.cache.limit},      {"files", s.cache.files},
-                {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes}};
+                {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes},
+                {"unsynced", s.cache.unsynced},   {"synced_later", s.cache.synced_later}};
   if (!s.current.empty()) {
     const double rate = s.current_seconds > 0 ? static_cast<double>(s.current_done) / s.current_seconds : 0;
     const double eta = rate > 0 ? static_cast<double>(s.current_total - s.current_done) / rate : -1;

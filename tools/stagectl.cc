@@ -99,7 +99,8 @@ void print_stats(const json& s) {
                         "batches", "nested_batches", "batch_files", "local_writes", "bytes_broadcast", "transfer_failures", "open_errors", "source_fallbacks",
                         "verified", "corrupt", "stale_opens", "denied", "requests", "waiting"})
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s.value(k, uint64_t{0})));
-  std::printf("%-18s %llu\n", "evictions", static_cast<unsigned long long>(s["cache"].value("evictions", uint64_t{0})));
+  for (const char* k : {"evictions", "unsynced", "synced_later"})
+    std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s["cache"].value(k, uint64_t{0})));
 }
 
 // Every regular file at or below path (symlinks not followed), or the error.

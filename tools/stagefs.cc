@@ -126,6 +126,14 @@ int main(int argc, char** argv) {
                  "open of one copies every small file of its directory (not subdirectories) in one "
                  "transfer; larger files are copied alone. 0: every file alone")
       ->capture_default_str();
+  app.add_option("--sync-after", cfg.sync_after,
+                 "seconds a batch's copies may stay in the page cache before they are synced to "
+                 "disk in the background: the open that waits for a batch never waits for the "
+                 "disk. The batch's names are recorded in the cache first (one small synced write), "
+                 "so after a crash or power loss the next start removes the copies that were not "
+                 "synced. 0: sync each batch before its files appear")
+      ->capture_default_str()
+      ->check(seconds(0, 3600));
   app.add_option("--metrics-file", cfg.metrics_file,
                  "write the counters in Prometheus text format to this file (atomically, every "
                  "--metrics-interval seconds), e.g. for node_exporter's textfile collector");

@@ -437,7 +437,8 @@ TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer
 // The engine's side: a batch lists only the small regular files directly in the directory
 // (no symlink, subdirectory, FIFO or large file), makes the cache directory 0700 (not the
 // source directory's mode), and publishes N files with one sync for the whole batch (the data,
-// before any rename) instead of an fsync per file and per rename.
+// before any rename; a store may record the names instead: the cache's UnsyncedLog) instead of
+// an fsync per file and per rename.
 class CountingStore final : public stage::LocalStore {
  public:
   stage::Result<stage::LocalState> inspect(const std::string& p) override { return real_.inspect(p); }
@@ -456,7 +457,14 @@ class CountingStore final : public stage::LocalStore {
     if (!t) return t.error();
     return std::unique_ptr<stage::Txn>(new CountingTxn(std::move(t.value()), *this));
   }
+  stage::Status before_unsynced_publish(const std::string& d, std::span<const std::string> names) override {
+    ++unsynced_publishes;
+    unsynced_names += static_cast<int>(names.size());
+    renames_before_publish = renames;
+    return LocalStore::before_unsynced_publish(d, names);  // syncs the filesystem (counted)
+  }
   int syncfs = 0, fsyncs = 0, synced_commits = 0, renames = 0;
+  int unsynced_publishes = 0, unsynced_names = 0, renames_before_publish = -1;
 
  private:
   class CountingTxn final : public stage::Txn {
@@ -517,6 +525,10 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   EXPECT_EQ(store.synced_commits, 0);
   EXPECT_EQ(store.renames, 50);
   EXPECT_EQ(store.syncfs, 1);  // the data, before the renames
+  // The store is told of every name before the first rename (the cache records them there).
+  EXPECT_EQ(store.unsynced_publishes, 1);
+  EXPECT_EQ(store.unsynced_names, 50);
+  EXPECT_EQ(store.renames_before_publish, 0);
   // Again: every copy current, nothing copied, nothing synced.
   auto again = stage::stage_transfer(comm, source_.get(), store, opt, ep);
   ASSERT_TRUE(again.ok);

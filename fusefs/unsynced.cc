@@ -1,0 +1,237 @@
+#include "fusefs/unsynced.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "fusefs/beneath.h"
+
+namespace stagefs {
+
+namespace {
+
+constexpr const char* kNewName = "unsynced.new";
+constexpr size_t kSyncGroup = 128;                     // descriptors open at once while syncing
+constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log is not ours: removed unread
+const std::string kMagic = "stagefs-unsynced 1 boot ";
+
+bool write_all(int fd, const std::string& bytes, off_t off) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done, off + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Starts the writeback of every copy named, then waits for each, so that one journal commit
+// serves many. A name that no longer resolves to a regular file beneath data_fd (evicted,
+// replaced by a newer copy that is synced on its own) is skipped. Returns the names whose
+// sync failed; counts the others in synced.
+std::vector<std::string> sync_names(int data_fd, std::span<const std::string> names, uint64_t& synced) {
+  std::vector<std::string> failed;
+  for (size_t i = 0; i < names.size(); i += kSyncGroup) {
+    const size_t end = std::min(names.size(), i + kSyncGroup);
+    std::vector<std::pair<size_t, stage::Fd>> open;
+    for (size_t k = i; k < end; ++k) {
+      auto fd = open_beneath(data_fd, names[k], O_RDONLY | O_NONBLOCK);
+      struct stat st {};
+      if (!fd || ::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      ::sync_file_range(fd->get(), 0, 0, SYNC_FILE_RANGE_WRITE);
+      open.emplace_back(k, std::move(fd.value()));
+    }
+    for (auto& [k, fd] : open) {
+      if (::fdatasync(fd.get()) != 0)
+        failed.push_back(names[k]);
+      else
+        ++synced;
+    }
+  }
+  return failed;
+}
+
+}  // namespace
+
+std::string UnsyncedLog::current_boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
+RecoveryCounts UnsyncedLog::recover(int root_fd, int data_fd, const std::string& boot_id) {
+  RecoveryCounts r;
+  ::unlinkat(root_fd, kNewName, 0);  // an interrupted rewrite: the old log still stands
+  stage::Fd fd(::openat(root_fd, kName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return r;
+  r.found = true;
+  struct stat st {};
+  std::string bytes;
+  if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) <= kMaxLogBytes) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    const ssize_t n = stage::pread_full(fd.get(), bytes.data(), bytes.size(), 0);
+    bytes.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  // Complete records only: a torn last one was being written when the daemon stopped, before
+  // the copies it names were renamed.
+  std::vector<std::string> records;
+  for (size_t i = 0;;) {
+    const size_t z = bytes.find('\0', i);
+    if (z == std::string::npos) break;
+    records.emplace_back(bytes, i, z - i);
+    i = z + 1;
+  }
+  const bool same_boot = !records.empty() && !boot_id.empty() && records.front() == kMagic + boot_id;
+  const std::span<const std::string> names =
+      records.empty() ? std::span<const std::string>{} : std::span<const std::string>(records).subspan(1);
+  if (same_boot) {
+    for (const auto& name : sync_names(data_fd, names, r.synced))
+      if (unlink_beneath(data_fd, name)) ++r.removed;
+  } else {
+    r.other_boot = true;
+    for (const auto& name : names)
+      if (unlink_beneath(data_fd, name)) ++r.removed;
+  }
+  // The removals must be durable before the log that asked for them is gone.
+  if (r.removed > 0) ::syncfs(data_fd);
+  ::unlinkat(root_fd, kName, 0);
+  return r;
+}
+
+UnsyncedLog::UnsyncedLog(int root_fd, int data_fd, std::chrono::milliseconds delay,
+                         std::function<void(const std::string&)> on_removed)
+    : root_fd_(root_fd), data_fd_(data_fd), delay_(delay), on_removed_(std::move(on_removed)),
+      header_(kMagic + current_boot_id() + std::string(1, '\0')) {
+  if (delay_.count() > 0) thread_ = std::thread([this] { run(); });
+}
+
+UnsyncedLog::~UnsyncedLog() { close(); }
+
+stage::Status UnsyncedLog::record(std::span<const std::string> names) {
+  std::string bytes;
+  for (const auto& n : names) {
+    bytes += n;
+    bytes.push_back('\0');
+  }
+  std::lock_guard lk(m_);
+  if (delay_.count() > 0 && !closed_) {
+    if (append_locked(bytes)) {
+      pending_.insert(pending_.end(), names.begin(), names.end());
+      cv_.notify_all();
+      return {};
+    }
+  }
+  // --sync-after 0, a stopped log, or a log that cannot be written: the data now, as before.
+  if (::syncfs(data_fd_) != 0) return stage::sys_error(errno, "sync the cache filesystem");
+  return {};
+}
+
+bool UnsyncedLog::append_locked(const std::string& bytes) {
+  if (!log_.valid() && !rewrite_locked()) return false;
+  if (write_all(log_.get(), bytes, static_cast<off_t>(log_size_)) && ::fdatasync(log_.get()) == 0) {
+    log_size_ += bytes.size();
+    return true;
+  }
+  const int err = errno;
+  // No torn record may stay in front of the next one: cut it off, or start a new log.
+  if (::ftruncate(log_.get(), static_cast<off_t>(log_size_)) != 0) log_.reset();
+  if (!warned_)
+    spdlog::warn("cache: cannot write the log of unsynced copies ({}): each batch syncs its data instead",
+                 std::strerror(err));
+  warned_ = true;
+  return false;
+}
+
+bool UnsyncedLog::rewrite_locked() {
+  std::string bytes = header_;
+  for (const auto& n : pending_) {
+    bytes += n;
+    bytes.push_back('\0');
+  }
+  ::unlinkat(root_fd_, kNewName, 0);
+  stage::Fd f(::openat(root_fd_, kNewName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  // The new log, synced, then its name, synced: until then the old log (a superset) stands.
+  if (!f.valid() || !write_all(f.get(), bytes, 0) || ::fdatasync(f.get()) != 0 ||
+      ::renameat(root_fd_, kNewName, root_fd_, kName) != 0 || ::fsync(root_fd_) != 0) {
+    ::unlinkat(root_fd_, kNewName, 0);
+    return false;
+  }
+  log_ = std::move(f);
+  log_size_ = bytes.size();
+  return true;
+}
+
+void UnsyncedLog::flush() {
+  std::lock_guard one(flush_m_);
+  std::vector<std::string> names;
+  {
+    std::lock_guard lk(m_);
+    names = pending_;
+  }
+  if (names.empty()) return;
+  uint64_t ok = 0;
+  const auto failed = sync_names(data_fd_, names, ok);
+  for (const auto& name : failed) {
+    spdlog::error("cache: could not sync the copy of {} to disk: removed (it is copied again at its next open)", name);
+    unlink_beneath(data_fd_, name);
+    if (on_removed_) on_removed_(name);
+  }
+  std::lock_guard lk(m_);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(names.size()));
+  synced_ += ok;
+  if (!log_.valid()) return;
+  if (pending_.empty()) {
+    if (::ftruncate(log_.get(), static_cast<off_t>(header_.size())) == 0) log_size_ = header_.size();
+  } else {
+    rewrite_locked();  // on failure the old log, a superset, stays
+  }
+}
+
+void UnsyncedLog::close() {
+  {
+    std::lock_guard lk(m_);
+    if (closed_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  flush();
+  std::lock_guard lk(m_);
+  closed_ = true;
+  if (pending_.empty()) {
+    log_.reset();
+    ::unlinkat(root_fd_, kName, 0);
+  }
+}
+
+uint64_t UnsyncedLog::pending() const {
+  std::lock_guard lk(m_);
+  return pending_.size();
+}
+
+uint64_t UnsyncedLog::synced() const {
+  std::lock_guard lk(m_);
+  return synced_;
+}
+
+void UnsyncedLog::run() {
+  std::unique_lock lk(m_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+    if (stop_) return;
+    // The first unsynced copy waits delay_ at most; the ones recorded meanwhile go with it.
+    if (cv_.wait_for(lk, delay_, [&] { return stop_; })) return;
+    lk.unlock();
+    flush();
+    lk.lock();
+  }
+}
+
+}  // namespace stagefs
