@@ -10,12 +10,16 @@ Points, each reader, wall time until every rank finished:
   source xNP     NP processes at once reading the source directly
   stagefs        NP ranks, fresh caches, default --small-file-size (1M): batches by directory
   stagefs warm   the same mounts again (every file cached)
+  synced         the same as stagefs with --sync-after 0: every batch synced before its files
+                 appear (the behaviour before the unsynced log), same run
   old            --small-file-size 0 (one collective per file) on the first OLD_DIRS directories
                  only (a 20,000-file run at the old rate takes minutes), with stagefs on the
                  same subset for a same-run ratio
 The source is warm in the page cache for every point (it was just written; caches are not
-dropped: the machine is shared). Usage:
-  bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
+dropped: the machine is shared). Source and caches live on a fresh journaled ext4 on a loop
+device, as on a node's NVMe (CACHE_FS=root: on /var/tmp, this machine's root filesystem, an
+ext4 without a journal). Usage:
+  [CACHE_FS=ext4|root] bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
 """
 import json
 import os
@@ -35,6 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 h = benchlib.enter(build)
+cache_fs = os.environ.get("CACHE_FS", "ext4")
+remove_fs = benchlib.journaled_ext4() if cache_fs == "ext4" else (lambda: None)
 
 TAR = "set -o pipefail; tar cf - -C \"$1\" . | wc -c"
 PYLOOP = r"""
@@ -117,15 +123,16 @@ try:
     for d in range(old_dirs):
         shutil.copytree(os.path.join(full, "d%03d" % d), os.path.join(subset, "d%03d" % d))
         sub_files += len(os.listdir(os.path.join(subset, "d%03d" % d)))
-    print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; %s" %
-          (nfiles, total, ndirs, sub_files, old_dirs, np_, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())),
-          flush=True)
+    print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; cache fs %s; load %s; %s" %
+          (nfiles, total, ndirs, sub_files, old_dirs, np_, cache_fs, open("/proc/loadavg").read().split()[0],
+           time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
     for kind in ("tar", "py8"):
         r = {}
         r["source_x1"], _ = timed_parallel([reader_cmd(kind, full)])
         r["source_xnp"], _ = timed_parallel([reader_cmd(kind, full) for _ in range(np_)])
         print("  %-6s source x1 %.2f s, source x%d %.2f s" % (kind, r["source_x1"], np_, r["source_xnp"]), flush=True)
         r["stagefs"], r["stagefs_warm"], r["stats"] = group_point(work, kind, [], "stagefs (batches), full")
+        r["synced"], _, _ = group_point(work, kind, ["--sync-after", "0"], "--sync-after 0, full")
         # Same-run subset: batches vs one collective per file.
         work.src = subset
         r["sub_source_x1"], _ = timed_parallel([reader_cmd(kind, subset)])
@@ -134,16 +141,19 @@ try:
         work.src = full
         res[kind] = r
     print()
-    print("| reader | source x1 | source x%d | stagefs x%d cold | warm | stagefs / source x1 |"
-          " subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |" %
-          (np_, np_, sub_files))
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| reader | source x1 | source x%d | stagefs x%d cold | --sync-after 0 | warm | stagefs / source x1 |"
+          " / source x%d | subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |"
+          " old, whole tree (est.) / stagefs |" % (np_, np_, np_, sub_files))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, r in res.items():
-        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx | %.2f s | %.2f s | %.2f s (%.1f ms/file) | %.1fx |" %
-              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["stagefs_warm"], r["stagefs"] / r["source_x1"],
-               r["sub_source_x1"], r["sub_stagefs"], r["sub_old"], 1000 * r["sub_old"] / sub_files,
-               r["sub_old"] / r["sub_stagefs"]))
+        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.1fx | %.1fx | %.2f s | %.2f s | %.2f s (%.1f ms/file)"
+              " | %.1fx | %.1fx |" %
+              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["synced"], r["stagefs_warm"],
+               r["stagefs"] / r["source_x1"], r["stagefs"] / r["source_xnp"], r["sub_source_x1"], r["sub_stagefs"],
+               r["sub_old"], 1000 * r["sub_old"] / sub_files, r["sub_old"] / r["sub_stagefs"],
+               r["sub_old"] * nfiles / sub_files / r["stagefs"]))
     print()
     print("raw:", json.dumps({k: {x: y for x, y in v.items() if "stats" not in x} for k, v in res.items()}))
 finally:
     work.cleanup()
+    remove_fs()

@@ -1,9 +1,12 @@
 """What the python benchmarks that run stagefs mounts on ranks-as-nodes share: enter(BUILD)
 re-executes the calling script once in a private mount namespace (its mounts vanish with
 it), points the tests/mount harness at BUILD's stagefs, sets Open MPI's environment for
-root on loopback, and returns the harness module."""
+root on loopback, and returns the harness module. journaled_ext4() puts the harness's work
+dirs (source and caches) on a fresh journaled ext4 on a loop device, as a node's NVMe."""
 import os
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mount"))
 import stagefs_harness as harness  # noqa: E402
@@ -17,3 +20,23 @@ def enter(build):
     os.environ.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                        "OMPI_MCA_btl_tcp_if_include": "lo"})
     return harness
+
+
+def journaled_ext4(size="16G"):
+    """Mounts a fresh ext4 (with its journal) on a loop device in this private mount namespace
+    and points the harness's work dirs at it. Returns a function that removes it. Why: this
+    machine's root filesystem is ext4 without a journal, where creating a file scans the
+    inodes deleted in the last minutes (ext4 recently_deleted(): half the CPU of a run of small
+    files after an earlier run removed its tree), and where syncs behave unlike a node's NVMe."""
+    img = tempfile.mktemp(prefix="stagefs-bench-ext4-", suffix=".img", dir="/var/tmp")
+    mnt = tempfile.mkdtemp(prefix="stagefs-bench-ext4-", dir="/var/tmp")
+    subprocess.run(["truncate", "-s", size, img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
+    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    harness.WORK_BASE = mnt
+
+    def remove():
+        subprocess.run(["umount", mnt], check=False)
+        os.rmdir(mnt)
+        os.unlink(img)
+    return remove

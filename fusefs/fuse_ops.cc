@@ -234,6 +234,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
     if (!r->from_source && id != -EBUSY) m.note_read_path(ReadPath::splice);
   }
   fi.fh = reinterpret_cast<uint64_t>(h.get());
+  fi.noflush = 1;  // read-only: a close needs no FLUSH round trip (one per file of a dataset)
   const int rc = fuse_reply_open(req, &fi);
   Passthrough::disarm();
   if (rc == 0) {

@@ -317,11 +317,14 @@ def tail(path, n=40):
 
 # ---- the fixture --------------------------------------------------------------------------
 
+WORK_BASE = "/var/tmp"  # where Work dirs go (benchmarks may point it at another filesystem)
+
+
 class Work:
     """A fresh work dir: WORK/src (the source), WORK/mnt (the mount point)."""
 
     def __init__(self, name):
-        self.path = tempfile.mkdtemp(prefix="stagefs-mount-%s-" % name, dir="/var/tmp")
+        self.path = tempfile.mkdtemp(prefix="stagefs-mount-%s-" % name, dir=WORK_BASE)
         os.chmod(self.path, 0o755)
         self.src = os.path.join(self.path, "src")
         self.mnt = os.path.join(self.path, "mnt")

@@ -16,6 +16,7 @@ Run as `test_smallfiles11.py compare MNT SRC` inside a node's namespace, it read
 under MNT (8 threads) and compares it with SRC: prints "files N" and one line per mismatch.
 Nothing sleeps to synchronize.
 """
+import collections
 import os
 import random
 import re
@@ -115,6 +116,19 @@ class Standalone(h.MountTestCase):
         s = d.stats()
         self.assertEqual(s["transfers"], small + big, s)
         self.assertEqual(s["batches"], 0, s)
+
+    def test_a_close_costs_no_flush_request(self):
+        """Per-file costs (item 3): the mount is read-only, so its opens say FOPEN_NOFLUSH and
+        a close sends the daemon no FLUSH (one round trip fewer per file)."""
+        small, _, _ = make_tree(self.work.src, 1, 20, large=False)
+        d = self.daemon(self.work.file("cache"), "-d").wait_ready()
+        out = h.run([h.PYTHON, SCRIPT, "compare", d.mnt, self.work.src], timeout=300, check=False)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:])
+        self.assertEqual(d.stop(), 0)
+        ops = collections.Counter(re.findall(r"opcode: (\w+)", "".join(d.output())))
+        self.assertEqual(ops["OPEN"], small, ops)
+        self.assertEqual(ops["RELEASE"], small, ops)
+        self.assertEqual(ops["FLUSH"], 0, ops)
 
     def _killed_with_unsynced_batches(self):
         """A mount whose batches stay unsynced (--sync-after 3600), every file read, then kill -9.
