@@ -838,6 +838,7 @@ Status Transfer::copy() {
 void Transfer::finish() {
   const size_t n = m_.entries.size();
   const bool stagefs_batch = opt_.small_files_max > 0;
+  std::vector<std::string> unsynced_names;  // told to before_unsynced_publish()
   std::vector<size_t> mine;
   for (size_t i = 0; i < n; ++i)
     if (need_local_[i] != 0 && txn_[i]) mine.push_back(i);
@@ -851,10 +852,12 @@ void Transfer::finish() {
     const Accumulate syncing(r_.pipe.sync);
     if (stagefs_batch && !mine.empty() && !local_err_) {
       // The store decides how the names below become safe: see before_unsynced_publish().
-      std::vector<std::string> names;
-      names.reserve(mine.size());
-      for (size_t i : mine) names.push_back(dest_of(i));
-      if (auto st = store_.before_unsynced_publish(ep_.dest, names); !st) fail_local(st.error());
+      unsynced_names.reserve(mine.size());
+      for (size_t i : mine) unsynced_names.push_back(dest_of(i));
+      if (auto st = store_.before_unsynced_publish(ep_.dest, unsynced_names); !st) {
+        fail_local(st.error());
+        unsynced_names.clear();
+      }
     } else if (mine.size() > 8 && !local_err_) {
       if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
     } else {
@@ -909,6 +912,8 @@ void Transfer::finish() {
     }
     published_ = !mine.empty() && !local_err_;
   }
+  // Renamed or not (a check failed in between): the store may now sync what is at those names.
+  if (!unsynced_names.empty()) store_.after_unsynced_publish(unsynced_names);
   for (auto& t : txn_)
     if (t) t->abort();  // no-op after commit
 }

@@ -81,6 +81,10 @@ class LocalStore {
   virtual Status before_unsynced_publish(const std::string& dir, std::span<const std::string> /*paths*/) {
     return sync_filesystem(dir);
   }
+  // After the renames of a before_unsynced_publish() that succeeded (also when a check failed
+  // in between and nothing was renamed): from now on the store may sync those names. Never
+  // before: a sync of a name not renamed yet would sync the old copy, or nothing.
+  virtual void after_unsynced_publish(std::span<const std::string> /*paths*/) {}
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
   virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
   // mkdir -p of path's parent (StoreOptions::parent_mode for new levels; existing ones are left as they are).

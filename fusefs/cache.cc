@@ -201,6 +201,14 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
     }
     return c_.unsynced_->record(rels);
   }
+  void after_unsynced_publish(std::span<const std::string> paths) override {
+    const std::string root = c_.store_root() + "/";
+    std::vector<std::string> rels;
+    rels.reserve(paths.size());
+    for (const auto& p : paths)
+      if (p.starts_with(root)) rels.push_back(p.substr(root.size()));
+    c_.unsynced_->published(rels);
+  }
 
  private:
   NodeCache& c_;
@@ -242,8 +250,16 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   if (::fstat(c->data_.get(), &c->data_st_) != 0) return stage::sys_error(errno, "stat", dir + "/data");
   if (c->data_st_.st_uid != ::geteuid()) return refuse(dir, "data is not owned by the daemon's user", "remove it");
   if ((c->data_st_.st_mode & 077) != 0) ::fchmod(c->data_.get(), 0700);
+  sweep(c->data_.get(), c->swept_);  // first: afterwards data holds only our directories and files
   c->recovered_ = UnsyncedLog::recover(c->root_.get(), c->data_.get(), UnsyncedLog::current_boot_id());
-  sweep(c->data_.get(), c->swept_);
+  if (c->recovered_.unreadable) {
+    // Which copies were synced is unknown: none is trusted.
+    spdlog::warn("cache: {}/{} cannot be read: removing every cached copy (each is copied again at its next open)",
+                 dir, UnsyncedLog::kName);
+    for (const auto& name : names_in(c->data_.get())) remove_tree(c->data_.get(), name.c_str());
+    ::syncfs(c->data_.get());
+    UnsyncedLog::discard(c->root_.get());
+  }
   c->index_tree(c->data_.get(), "");
   NodeCache* self = c.get();
   c->unsynced_ = std::make_unique<UnsyncedLog>(c->root_.get(), c->data_.get(), sync_after,

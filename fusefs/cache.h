@@ -30,10 +30,11 @@
 //     before a byte moves) counts the limit and what eviction freed on each node.
 //   - Copies of a batch are published before their data is on disk; the UnsyncedLog
 //     (unsynced.h, CACHE/unsynced) records them first and syncs them in the background
-//     within sync_after. open() acts on a log an earlier daemon left (before the sweep):
-//     after a reboot its copies are removed, otherwise synced.
-// Thread-safe after open(): the index has its own mutex; the rest only reads the held
-// descriptors.
+//     about sync_after later. open() acts on a log an earlier daemon left (after the sweep):
+//     after a reboot its copies are removed, otherwise synced; an unreadable log empties
+//     the cache.
+// Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
+// thread that syncs in the background); the rest only reads the held descriptors.
 #pragma once
 
 #include <sys/stat.h>

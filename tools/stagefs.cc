@@ -127,8 +127,8 @@ int main(int argc, char** argv) {
                  "transfer; larger files are copied alone. 0: every file alone")
       ->capture_default_str();
   app.add_option("--sync-after", cfg.sync_after,
-                 "seconds a batch's copies may stay in the page cache before they are synced to "
-                 "disk in the background: the open that waits for a batch never waits for the "
+                 "seconds after a batch's copies are published that they are synced to disk in "
+                 "the background: the open that waits for a batch never waits for the "
                  "disk. The batch's names are recorded in the cache first (one small synced write), "
                  "so after a crash or power loss the next start removes the copies that were not "
                  "synced. 0: sync each batch before its files appear")

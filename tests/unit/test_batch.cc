@@ -463,8 +463,13 @@ class CountingStore final : public stage::LocalStore {
     renames_before_publish = renames;
     return LocalStore::before_unsynced_publish(d, names);  // syncs the filesystem (counted)
   }
+  void after_unsynced_publish(std::span<const std::string> names) override {
+    published_names += static_cast<int>(names.size());
+    renames_after_publish = renames;
+  }
   int syncfs = 0, fsyncs = 0, synced_commits = 0, renames = 0;
   int unsynced_publishes = 0, unsynced_names = 0, renames_before_publish = -1;
+  int published_names = 0, renames_after_publish = -1;
 
  private:
   class CountingTxn final : public stage::Txn {
@@ -529,6 +534,8 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   EXPECT_EQ(store.unsynced_publishes, 1);
   EXPECT_EQ(store.unsynced_names, 50);
   EXPECT_EQ(store.renames_before_publish, 0);
+  EXPECT_EQ(store.published_names, 50);  // ... and of them again after the last rename
+  EXPECT_EQ(store.renames_after_publish, 50);
   // Again: every copy current, nothing copied, nothing synced.
   auto again = stage::stage_transfer(comm, source_.get(), store, opt, ep);
   ASSERT_TRUE(again.ok);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "bcast/comm.h"
 #include "bcast/engine.h"
@@ -57,26 +58,45 @@ TEST_F(UnsyncedLogTest, RecordsNamesDurablyBeforeReturningAndEmptiesTheLogOnceSy
   ASSERT_TRUE(log.record(names).ok());
   const std::string boot = UnsyncedLog::current_boot_id();
   ASSERT_FALSE(boot.empty());
-  EXPECT_EQ(log_bytes(), header(boot) + "a" + std::string(1, '\0') + "d/b" + std::string(1, '\0'));
+  const std::string recorded = header(boot) + "a" + std::string(1, '\0') + "d/b" + std::string(1, '\0');
+  EXPECT_EQ(log_bytes(), recorded);
   EXPECT_EQ(log.pending(), 2U);
+  // Not renamed yet (published() not called): a flush must neither sync them nor drop them.
+  log.flush();
+  EXPECT_EQ(log.pending(), 2U);
+  EXPECT_EQ(log.synced(), 0U);
+  EXPECT_EQ(log_bytes(), recorded);
+  log.published(names);
   log.flush();
   EXPECT_EQ(log.pending(), 0U);
   EXPECT_EQ(log.synced(), 2U);
   EXPECT_EQ(log_bytes(), header(boot));  // nothing left to recover
+  // One batch published, the next one recorded only: the flush keeps the second's names.
   ASSERT_TRUE(log.record(std::vector<std::string>{"c"}).ok());
-  EXPECT_EQ(log_bytes(), header(boot) + "c" + std::string(1, '\0'));
+  log.published(std::vector<std::string>{"c"});
+  ASSERT_TRUE(log.record(std::vector<std::string>{"a"}).ok());
+  log.flush();
+  EXPECT_EQ(log_bytes(), header(boot) + "a" + std::string(1, '\0'));  // rewritten without "c"
+  EXPECT_EQ(log.pending(), 1U);
+  log.published(std::vector<std::string>{"a"});
   log.close();
   EXPECT_FALSE(fs::exists(path("cache/unsynced")));
-  EXPECT_EQ(log.synced(), 3U);
+  EXPECT_FALSE(fs::exists(path("cache/unsynced.new")));
+  EXPECT_EQ(log.synced(), 4U);
   EXPECT_TRUE(cached("a") && cached("d/b") && cached("c"));
 }
 
-TEST_F(UnsyncedLogTest, TheBackgroundThreadSyncsWithinTheDelay) {
+TEST_F(UnsyncedLogTest, TheBackgroundThreadSyncsPublishedCopiesAfterTheDelay) {
   UnsyncedLog log(root_.get(), data_.get(), 1ms, nullptr);
-  ASSERT_TRUE(log.record(std::vector<std::string>{"a", "d/b", "c"}).ok());
-  // No timing asserted: wait (bounded by the test's timeout) until the thread has synced them.
-  while (log.synced() < 3) std::this_thread::yield();
+  const std::vector<std::string> names{"a", "d/b", "c"};
+  ASSERT_TRUE(log.record(names).ok());
+  log.published(names);
+  // Nothing timed is asserted: wait (at most 60 s) until the thread has synced them.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (log.synced() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(log.synced(), 3U);
   EXPECT_EQ(log.pending(), 0U);
+  EXPECT_EQ(log_bytes(), header(UnsyncedLog::current_boot_id()));
 }
 
 TEST_F(UnsyncedLogTest, ZeroDelayWritesNoLog) {
@@ -84,6 +104,14 @@ TEST_F(UnsyncedLogTest, ZeroDelayWritesNoLog) {
   ASSERT_TRUE(log.record(std::vector<std::string>{"a"}).ok());  // synced (syncfs) at once
   EXPECT_FALSE(fs::exists(path("cache/unsynced")));
   EXPECT_EQ(log.pending(), 0U);
+}
+
+TEST_F(UnsyncedLogTest, ALogThatCannotBeWrittenFallsBackToSyncing) {
+  fs::create_directories(path("cache/unsynced.new"));  // the log cannot be created beside it
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr);
+  ASSERT_TRUE(log.record(std::vector<std::string>{"a"}).ok());  // synced (syncfs) instead
+  EXPECT_EQ(log.pending(), 0U);
+  EXPECT_FALSE(fs::exists(path("cache/unsynced")));
 }
 
 // What a killed daemon leaves: the log as record() wrote it, read back by the next start.
@@ -120,12 +148,21 @@ TEST_F(UnsyncedLogTest, AfterARebootTheListedCopiesAreRemovedAndATornRecordIsIgn
   EXPECT_FALSE(UnsyncedLog::recover(root_.get(), data_.get(), UnsyncedLog::current_boot_id()).found);
 }
 
-TEST_F(UnsyncedLogTest, AGarbledLogCountsAsAnotherBoot) {
+TEST_F(UnsyncedLogTest, AnUnreadableLogEmptiesTheCache) {
   write_log(std::string("garbage") + '\0' + "a" + '\0');
   const auto r = UnsyncedLog::recover(root_.get(), data_.get(), UnsyncedLog::current_boot_id());
-  EXPECT_TRUE(r.other_boot);
-  EXPECT_FALSE(cached("a"));
-  EXPECT_TRUE(cached("c"));
+  EXPECT_TRUE(r.unreadable);  // the caller (NodeCache::open) must not trust any copy
+  // Through the cache: every copy goes, the log too.
+  fs::create_directories(path("node/data/d"));
+  ::chmod(path("node").c_str(), 0700);
+  write_file(path("node/data/d/x"), "x");
+  write_file(path("node/unsynced"), std::string("\0\0\0", 3));
+  auto c = NodeCache::open(path("node"));
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_TRUE((*c)->recovered().unreadable);
+  EXPECT_FALSE(fs::exists(path("node/data/d/x")));
+  EXPECT_FALSE(fs::exists(path("node/unsynced")));
+  EXPECT_EQ((*c)->usage().files, 0U);
 }
 
 TEST_F(UnsyncedLogTest, NamesNeverReachOutsideTheCache) {
