@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kNewName = "unsynced.new";
 constexpr size_t kSyncGroup = 128;                     // descriptors open at once while syncing
-constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log is not ours: removed unread
+constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log counts as unreadable
 const std::string kMagic = "stagefs-unsynced 1 boot ";
 
 bool write_all(int fd, const std::string& bytes, off_t off) {
