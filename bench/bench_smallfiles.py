@@ -15,11 +15,17 @@ Points, each reader, wall time until every rank finished:
   old            --small-file-size 0 (one collective per file) on the first OLD_DIRS directories
                  only (a 20,000-file run at the old rate takes minutes), with stagefs on the
                  same subset for a same-run ratio
-The source is warm in the page cache for every point (it was just written; caches are not
-dropped: the machine is shared). Source and caches live on a fresh journaled ext4 on a loop
+Then, contended (CONTENDED_MBS, default 100; 0: skipped), as bench_contended.sh: the tree on
+a source whose reads are limited to CONTENDED_MBS MB/s in total (ext4 on a loop device with
+direct I/O, blkio cgroup), page cache dropped before each point, cold only:
+  source x1      one process reading the tree once
+  source xNP     NP processes, each reading a copy of its own (simulated nodes share one page
+                 cache: readers of one copy would read the device once between them)
+  stagefs        NP ranks, fresh caches: rank 0 reads the source once
+The first points use a source warm in the page cache (it was just written). Source and caches live on a fresh journaled ext4 on a loop
 device, as on a node's NVMe (CACHE_FS=root: on /var/tmp, this machine's root filesystem, an
 ext4 without a journal). Usage:
-  [CACHE_FS=ext4|root] bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
+  [CACHE_FS=ext4|root] [CONTENDED_MBS=100] bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
 """
 import json
 import os
@@ -40,6 +46,7 @@ import benchlib  # noqa: E402
 
 h = benchlib.enter(build)
 cache_fs = os.environ.get("CACHE_FS", "ext4")
+contended_mbs = int(os.environ.get("CONTENDED_MBS", "100"))
 remove_fs = benchlib.journaled_ext4() if cache_fs == "ext4" else (lambda: None)
 
 TAR = "set -o pipefail; tar cf - -C \"$1\" . | wc -c"
@@ -91,16 +98,17 @@ def timed_parallel(cmds):
     return time.monotonic() - t, [o.stdout.strip() for o in out]
 
 
-def group_point(work, kind, args, src_note):
+def group_point(work, kind, args, src_note, warm=True):
     """A fresh group (fresh caches), every rank runs the reader on its mount at once; then the
-    same again warm. Returns (cold s, warm s, stats of rank 0)."""
+    same again warm (unless warm=False). Returns (cold s, warm s, stats of rank 0)."""
     for k in range(np_):
         shutil.rmtree(work.file("node%d" % k), ignore_errors=True)
     g = h.Group(work, np_, *args)
     try:
         g.wait_ready(timeout=120)
         cold, outs = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
-        warm, outs2 = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
+        warm, outs2 = (timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)]) if warm
+                       else (0.0, []))
         stats = [g.stats(k) for k in range(np_)]
         print("  %-6s %-26s cold %7.2f s  warm %6.2f s  transfers %s  outputs %s" %
               (kind, src_note, cold, warm, [s["transfers"] for s in stats], sorted(set(outs + outs2))), flush=True)
@@ -152,8 +160,42 @@ try:
                r["stagefs"] / r["source_x1"], r["stagefs"] / r["source_xnp"], r["sub_source_x1"], r["sub_stagefs"],
                r["sub_old"], 1000 * r["sub_old"] / sub_files, r["sub_old"] / r["sub_stagefs"],
                r["sub_old"] * nfiles / sub_files / r["stagefs"]))
+    contended = {}
+    if contended_mbs > 0:
+        thr, remove_thr = benchlib.throttled_fs("%dG" % max(4, (total * (np_ + 2)) // (1 << 30) + 2), contended_mbs)
+        try:
+            for k in range(np_):
+                shutil.copytree(full, os.path.join(thr, "node%d" % k))
+            shutil.copytree(full, os.path.join(thr, "src"))
+            print("contended source: reads limited to %d MB/s in total; load %s" %
+                  (contended_mbs, open("/proc/loadavg").read().split()[0]), flush=True)
+            work.src = os.path.join(thr, "src")
+            for kind in ("tar", "py8"):
+                c = {}
+                benchlib.drop_caches()
+                c["source_x1"], _ = timed_parallel([reader_cmd(kind, os.path.join(thr, "node0"))])
+                benchlib.drop_caches()
+                c["source_xnp"], _ = timed_parallel([reader_cmd(kind, os.path.join(thr, "node%d" % k))
+                                                     for k in range(np_)])
+                benchlib.drop_caches()
+                c["stagefs"], _, _ = group_point(work, kind, [], "contended, stagefs", warm=False)
+                print("  %-6s contended: source x1 %.2f s, source x%d %.2f s, stagefs x%d %.2f s" %
+                      (kind, c["source_x1"], np_, c["source_xnp"], np_, c["stagefs"]), flush=True)
+                contended[kind] = c
+        finally:
+            work.src = full
+            remove_thr()
+        print()
+        print("| contended (%d MB/s) | source x1 | source x%d (each its own copy) | stagefs x%d | stagefs / source x1 |"
+              " stagefs / source x%d |" % (contended_mbs, np_, np_, np_))
+        print("|---|---|---|---|---|---|")
+        for kind, c in contended.items():
+            print("| %s | %.2f s | %.2f s | %.2f s | %.2fx | %.2fx |" %
+                  (kind, c["source_x1"], c["source_xnp"], c["stagefs"], c["stagefs"] / c["source_x1"],
+                   c["stagefs"] / c["source_xnp"]))
     print()
-    print("raw:", json.dumps({k: {x: y for x, y in v.items() if "stats" not in x} for k, v in res.items()}))
+    print("raw:", json.dumps({k: {x: y for x, y in v.items() if "stats" not in x} for k, v in res.items()}),
+          json.dumps(contended))
 finally:
     work.cleanup()
     remove_fs()

@@ -40,3 +40,59 @@ def journaled_ext4(size="16G"):
         os.rmdir(mnt)
         os.unlink(img)
     return remove
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def throttled_fs(size, rate_mbs):
+    """A contended shared source, as bench_contended.sh makes it: a journaled ext4 on a loop
+    device with direct I/O (its reads are not served from the host's page cache), and this
+    process moved into a blkio cgroup that limits reads from that device to rate_mbs MB/s in
+    total (the readers, mpirun and every stagefs rank started afterwards inherit it). Returns
+    (mount point, remove)."""
+    img = tempfile.mktemp(prefix="stagefs-bench-src-", suffix=".img", dir="/var/tmp")
+    mnt = tempfile.mkdtemp(prefix="stagefs-bench-src-", dir="/var/tmp")
+    subprocess.run(["truncate", "-s", size, img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
+    dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", img], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    subprocess.run(["mount", dev, mnt], check=True)
+    majmin = subprocess.run(["lsblk", "-dno", "MAJ:MIN", dev], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    rate = rate_mbs * 1000 * 1000
+    if os.path.isdir("/sys/fs/cgroup/blkio"):  # cgroup v1 (this VM)
+        cg = "/sys/fs/cgroup/blkio/stagefs-bench.%d" % os.getpid()
+        os.makedirs(cg, exist_ok=True)
+        with open(os.path.join(cg, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write("%s %d\n" % (majmin, rate))
+    else:
+        cg = "/sys/fs/cgroup/stagefs-bench.%d" % os.getpid()
+        os.makedirs(cg, exist_ok=True)
+        with open(os.path.join(cg, "io.max"), "w") as f:
+            f.write("%s rbps=%d\n" % (majmin, rate))
+    with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+        f.write("%d\n" % os.getpid())
+
+    def remove():
+        parent = os.path.join(os.path.dirname(cg), "cgroup.procs")
+        try:
+            with open(os.path.join(cg, "cgroup.procs")) as f:
+                pids = f.read().split()
+            for p in pids:
+                try:
+                    with open(parent, "w") as f:
+                        f.write(p + "\n")
+                except OSError:
+                    pass
+            os.rmdir(cg)
+        except OSError:
+            pass
+        subprocess.run(["umount", mnt], check=False)
+        subprocess.run(["losetup", "-d", dev], check=False)
+        os.rmdir(mnt)
+        os.unlink(img)
+    return mnt, remove
