@@ -240,6 +240,7 @@ void UnsyncedLog::flush() {
   // Only published() appends to pending_'s end and only flush() (one at a time) erases its front.
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(names.size()));
   count_locked();
+  cv_.notify_all();  // wait_synced()
   if (!log_.valid()) return;
   if (pending_.empty() && in_flight_.empty()) {
     // Not synced on purpose: every name it drops is synced now, so the old length is as safe.
@@ -264,6 +265,11 @@ void UnsyncedLog::close() {
     log_.reset();
     ::unlinkat(root_fd_, kName, 0);
   }
+}
+
+bool UnsyncedLog::wait_synced(uint64_t n, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(m_);
+  return cv_.wait_for(lk, timeout, [&] { return synced_count_.load() >= n; });
 }
 
 void UnsyncedLog::run() {

@@ -81,6 +81,9 @@ class UnsyncedLog {
   void close();
   [[nodiscard]] uint64_t pending() const { return unsynced_count_.load(); }  // recorded, not synced
   [[nodiscard]] uint64_t synced() const { return synced_count_.load(); }     // synced so far
+  // Waits until at least n copies were synced (by the background thread or flush()), at most
+  // timeout. Returns whether they were.
+  bool wait_synced(uint64_t n, std::chrono::milliseconds timeout);
 
  private:
   void run();
