@@ -22,9 +22,9 @@ direct I/O, blkio cgroup), page cache dropped before each point, cold only:
   source xNP     NP processes, each reading a copy of its own (simulated nodes share one page
                  cache: readers of one copy would read the device once between them)
   stagefs        NP ranks, fresh caches: rank 0 reads the source once
-The first points use a source warm in the page cache (it was just written). Source and caches live on a fresh journaled ext4 on a loop
-device, as on a node's NVMe (CACHE_FS=root: on /var/tmp, this machine's root filesystem, an
-ext4 without a journal). Usage:
+The first points use a source warm in the page cache (it was just written). Source and caches
+live on a fresh journaled ext4 on a loop device, as on a node's NVMe (CACHE_FS=root: on
+/var/tmp, this machine's root filesystem, an ext4 without a journal). Usage:
   [CACHE_FS=ext4|root] [CONTENDED_MBS=100] bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
 """
 import json

@@ -22,23 +22,33 @@ def enter(build):
     return harness
 
 
+def _loop_ext4(prefix, size, direct_io):
+    """A fresh journaled ext4 of `size` on a loop device, mounted in this private mount
+    namespace. Returns (mount point, device, remove)."""
+    img = tempfile.mktemp(prefix=prefix, suffix=".img", dir="/var/tmp")
+    mnt = tempfile.mkdtemp(prefix=prefix, dir="/var/tmp")
+    subprocess.run(["truncate", "-s", size, img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
+    dev = subprocess.run(["losetup"] + (["--direct-io=on"] if direct_io else []) + ["-f", "--show", img],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["mount", dev, mnt], check=True)
+
+    def remove():
+        subprocess.run(["umount", mnt], check=False)
+        subprocess.run(["losetup", "-d", dev], check=False)
+        os.rmdir(mnt)
+        os.unlink(img)
+    return mnt, dev, remove
+
+
 def journaled_ext4(size="16G"):
     """Mounts a fresh ext4 (with its journal) on a loop device in this private mount namespace
     and points the harness's work dirs at it. Returns a function that removes it. Why: this
     machine's root filesystem is ext4 without a journal, where creating a file scans the
     inodes deleted in the last minutes (ext4 recently_deleted(): half the CPU of a run of small
     files after an earlier run removed its tree), and where syncs behave unlike a node's NVMe."""
-    img = tempfile.mktemp(prefix="stagefs-bench-ext4-", suffix=".img", dir="/var/tmp")
-    mnt = tempfile.mkdtemp(prefix="stagefs-bench-ext4-", dir="/var/tmp")
-    subprocess.run(["truncate", "-s", size, img], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
-    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    mnt, _, remove = _loop_ext4("stagefs-bench-ext4-", size, direct_io=False)
     harness.WORK_BASE = mnt
-
-    def remove():
-        subprocess.run(["umount", mnt], check=False)
-        os.rmdir(mnt)
-        os.unlink(img)
     return remove
 
 
@@ -54,26 +64,19 @@ def throttled_fs(size, rate_mbs):
     process moved into a blkio cgroup that limits reads from that device to rate_mbs MB/s in
     total (the readers, mpirun and every stagefs rank started afterwards inherit it). Returns
     (mount point, remove)."""
-    img = tempfile.mktemp(prefix="stagefs-bench-src-", suffix=".img", dir="/var/tmp")
-    mnt = tempfile.mkdtemp(prefix="stagefs-bench-src-", dir="/var/tmp")
-    subprocess.run(["truncate", "-s", size, img], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
-    dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", img], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    subprocess.run(["mount", dev, mnt], check=True)
+    mnt, dev, remove_fs = _loop_ext4("stagefs-bench-src-", size, direct_io=True)
     majmin = subprocess.run(["lsblk", "-dno", "MAJ:MIN", dev], check=True, capture_output=True,
                             text=True).stdout.strip()
     rate = rate_mbs * 1000 * 1000
     if os.path.isdir("/sys/fs/cgroup/blkio"):  # cgroup v1 (this VM)
         cg = "/sys/fs/cgroup/blkio/stagefs-bench.%d" % os.getpid()
-        os.makedirs(cg, exist_ok=True)
-        with open(os.path.join(cg, "blkio.throttle.read_bps_device"), "w") as f:
-            f.write("%s %d\n" % (majmin, rate))
+        limit = ("blkio.throttle.read_bps_device", "%s %d\n" % (majmin, rate))
     else:
         cg = "/sys/fs/cgroup/stagefs-bench.%d" % os.getpid()
-        os.makedirs(cg, exist_ok=True)
-        with open(os.path.join(cg, "io.max"), "w") as f:
-            f.write("%s rbps=%d\n" % (majmin, rate))
+        limit = ("io.max", "%s rbps=%d\n" % (majmin, rate))
+    os.makedirs(cg, exist_ok=True)
+    with open(os.path.join(cg, limit[0]), "w") as f:
+        f.write(limit[1])
     with open(os.path.join(cg, "cgroup.procs"), "w") as f:
         f.write("%d\n" % os.getpid())
 
@@ -91,8 +94,5 @@ def throttled_fs(size, rate_mbs):
             os.rmdir(cg)
         except OSError:
             pass
-        subprocess.run(["umount", mnt], check=False)
-        subprocess.run(["losetup", "-d", dev], check=False)
-        os.rmdir(mnt)
-        os.unlink(img)
+        remove_fs()
     return mnt, remove

@@ -24,6 +24,10 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
   return stage::Fd(static_cast<int>(fd));
 }
 
+std::string proc_fd_path(int fd) {
+  return "/proc/self/fd/" + std::to_string(fd);
+}
+
 bool unlink_beneath(int root_fd, const std::string& rel) {
   const std::string dir = stage::parent_dir(rel);
   auto parent = open_beneath(root_fd, dir == "." ? "" : dir, O_PATH | O_DIRECTORY);

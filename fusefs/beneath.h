@@ -15,6 +15,8 @@ namespace stagefs {
 
 // rel == "" opens the root itself. flags as for openat (O_PATH, O_RDONLY, O_DIRECTORY...).
 stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags);
+// "/proc/self/fd/N": a path that reaches what fd holds without resolving any name again.
+std::string proc_fd_path(int fd);
 // Removes the regular file rel (its parent resolved as above; anything else is left).
 // Returns true if it was removed.
 bool unlink_beneath(int root_fd, const std::string& rel);

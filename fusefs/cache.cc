@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <limits>
+#include <optional>
 
 #include <cstring>
 #include <vector>
@@ -192,25 +193,27 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
   }
   int remove_stale_temps(const std::string& d) override { return base_.remove_stale_temps(d); }
   stage::Status before_unsynced_publish(const std::string& dir, std::span<const std::string> paths) override {
+    auto rels = rels_in_cache(paths);
+    if (!rels) return base_.sync_filesystem(dir);  // not names in this cache: sync them now
+    return c_.unsynced_->record(*rels);
+  }
+  void after_unsynced_publish(std::span<const std::string> paths) override {
+    if (auto rels = rels_in_cache(paths)) c_.unsynced_->published(*rels);
+  }
+
+ private:
+  // The engine's paths (under store_root()) as names relative to CACHE/data; none if any
+  // path lies elsewhere.
+  std::optional<std::vector<std::string>> rels_in_cache(std::span<const std::string> paths) const {
     const std::string root = c_.store_root() + "/";
     std::vector<std::string> rels;
     rels.reserve(paths.size());
     for (const auto& p : paths) {
-      if (!p.starts_with(root)) return base_.sync_filesystem(dir);  // not a name in this cache
+      if (!p.starts_with(root)) return std::nullopt;
       rels.push_back(p.substr(root.size()));
     }
-    return c_.unsynced_->record(rels);
+    return rels;
   }
-  void after_unsynced_publish(std::span<const std::string> paths) override {
-    const std::string root = c_.store_root() + "/";
-    std::vector<std::string> rels;
-    rels.reserve(paths.size());
-    for (const auto& p : paths)
-      if (p.starts_with(root)) rels.push_back(p.substr(root.size()));
-    c_.unsynced_->published(rels);
-  }
-
- private:
   NodeCache& c_;
   stage::LocalStore& base_;
 };
@@ -395,7 +398,7 @@ stage::Status NodeCache::evict(const std::string& rel) {
 }
 
 std::string NodeCache::store_root() const {
-  return "/proc/self/fd/" + std::to_string(data_.get());
+  return proc_fd_path(data_.get());
 }
 
 stage::Status NodeCache::alive() const {

@@ -70,8 +70,8 @@ struct CacheUsage {
 
 class NodeCache {
  public:
-  // Creates or checks CACHE, locks it, recovers an unsynced log, sweeps CACHE/data. Returns a
-  // message on refusal. sync_after: how long a batch's copies may stay unsynced (0: synced
+  // Creates or checks CACHE, locks it, sweeps CACHE/data, acts on an unsynced log an earlier
+  // daemon left. Returns a message on refusal. sync_after: how long a batch's copies may stay unsynced (0: synced
   // before they are published).
   static stage::Result<std::unique_ptr<NodeCache>> open(const std::string& dir,
                                                         stage::StoreOptions store_opt = {.direct_io = false,

@@ -27,10 +27,6 @@ namespace {
 constexpr const char* kControlPrefix = "user.stagefs.";
 constexpr const char* kSelinuxXattr = "security.selinux";
 
-std::string proc_path(int fd) {
-  return "/proc/self/fd/" + std::to_string(fd);
-}
-
 // Runs permission checks of this thread as the caller: fsuid, fsgid and supplementary groups
 // are per-thread credentials in Linux when set with the raw syscalls (glibc's wrappers of
 // setgroups would change every thread). A non-zero fsuid drops the filesystem capabilities
@@ -284,7 +280,7 @@ template <class F>
 static Result<std::string> xattr_call(int root, const std::string& rel, const char* what, F&& call) {
   auto fd = open_beneath(root, rel, O_PATH);
   if (!fd) return fd.error();
-  const std::string p = proc_path(fd->get());
+  const std::string p = proc_fd_path(fd->get());
   std::string buf(65536, '\0');
   const ssize_t n = call(p.c_str(), buf.data(), buf.size());
   if (n < 0) return stage::sys_error(errno, what, rel);

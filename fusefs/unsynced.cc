@@ -20,6 +20,15 @@ constexpr size_t kSyncGroup = 128;                     // descriptors open at on
 constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log counts as unreadable
 const std::string kMagic = "stagefs-unsynced 1 boot ";
 
+// Appends each name as a record: the name, then a NUL byte.
+template <class Names>
+void append_records(std::string& out, const Names& names) {
+  for (const auto& n : names) {
+    out += n;
+    out.push_back('\0');
+  }
+}
+
 bool write_all(int fd, const std::string& bytes, off_t off) {
   size_t done = 0;
   while (done < bytes.size()) {
@@ -52,7 +61,7 @@ std::vector<std::string> sync_names(int data_fd, std::span<const std::string> na
         continue;
       }
       if (::fstat(path->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      stage::Fd fd(::open(("/proc/self/fd/" + std::to_string(path->get())).c_str(), O_RDONLY | O_CLOEXEC));
+      stage::Fd fd(::open(proc_fd_path(path->get()).c_str(), O_RDONLY | O_CLOEXEC));
       if (!fd.valid()) {
         unopened.push_back(names[k]);
         continue;
@@ -146,10 +155,7 @@ UnsyncedLog::~UnsyncedLog() { close(); }
 
 stage::Status UnsyncedLog::record(std::span<const std::string> names) {
   std::string bytes;
-  for (const auto& n : names) {
-    bytes += n;
-    bytes.push_back('\0');
-  }
+  append_records(bytes, names);
   {
     std::lock_guard lk(m_);
     if (delay_.count() > 0 && !closing_ && append_locked(bytes)) {
@@ -195,14 +201,8 @@ bool UnsyncedLog::append_locked(const std::string& bytes) {
 
 bool UnsyncedLog::rewrite_locked() {
   std::string bytes = header_;
-  for (const auto& n : pending_) {
-    bytes += n;
-    bytes.push_back('\0');
-  }
-  for (const auto& n : in_flight_) {
-    bytes += n;
-    bytes.push_back('\0');
-  }
+  append_records(bytes, pending_);
+  append_records(bytes, in_flight_);
   ::unlinkat(root_fd_, kNewName, 0);
   stage::Fd f(::openat(root_fd_, kNewName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   // The new log, synced, then its name, synced: until then the old log (a superset) stands.
@@ -255,7 +255,6 @@ void UnsyncedLog::close() {
     std::lock_guard lk(m_);
     if (closing_) return;
     closing_ = true;
-    stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -275,10 +274,10 @@ bool UnsyncedLog::wait_synced(uint64_t n, std::chrono::milliseconds timeout) {
 void UnsyncedLog::run() {
   std::unique_lock lk(m_);
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
-    if (stop_) return;
-    // The first unsynced copy waits delay_ at most; the ones recorded meanwhile go with it.
-    if (cv_.wait_for(lk, delay_, [&] { return stop_; })) return;
+    cv_.wait(lk, [&] { return closing_ || !pending_.empty(); });
+    if (closing_) return;
+    // The first published copy waits delay_; the ones published meanwhile go with it.
+    if (cv_.wait_for(lk, delay_, [&] { return closing_; })) return;
     lk.unlock();
     flush();
     lk.lock();

@@ -105,8 +105,7 @@ class UnsyncedLog {
   std::vector<std::string> pending_;      // renamed, not synced yet, in publication order
   std::atomic<uint64_t> unsynced_count_{0};
   std::atomic<uint64_t> synced_count_{0};
-  bool stop_ = false;
-  bool closing_ = false;
+  bool closing_ = false;  // close() began: the thread stops, records fall back to syncing
   std::mutex flush_m_;  // one flush at a time
   std::thread thread_;
 };
