@@ -165,7 +165,7 @@ std::string Daemon::setup_local() {
                                std::chrono::milliseconds(std::llround(cfg_.sync_after * 1000)));
   if (!cache) return cache.error().message;
   cache_ = std::move(cache.value());
-  if (const RecoveryCounts& r = cache_->recovered(); r.found) {
+  if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
       spdlog::warn("cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
                    "(each is copied again at its next open)",
