@@ -153,15 +153,20 @@ class PosixTxn final : public Txn {
       auto done = write_direct(off + head, data.subspan(head, body));
       if (!done) return done.error();
       const uint64_t rest = head + *done;  // less than head + body if direct I/O was refused
-      return write_buffered(off + rest, data.subspan(rest));
+      if (auto st = write_buffered(off + rest, data.subspan(rest)); !st) return st;
+    } else if (auto st = write_buffered(off, data); !st) {
+      return st;
     }
-    return write_buffered(off, data);
+    end_ = std::max(end_, off + data.size());
+    return {};
   }
 
   Status finish(const FileMeta& src, uint64_t crc) override {
     dfd_.reset();
     if (auto st = open_rw(); !st) return st;
-    if (::ftruncate(fd_.get(), static_cast<off_t>(src.size)) != 0)
+    // A fresh temporary file written up to src.size has that size already (most copies); one
+    // that ends in a hole (zero chunks are not written) gets it here.
+    if (end_ != src.size && ::ftruncate(fd_.get(), static_cast<off_t>(src.size)) != 0)
       return sys_error(errno, "set size of local copy", temp_);
     if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
     const std::string origin = encode_origin(src, crc);
@@ -284,6 +289,7 @@ class PosixTxn final : public Txn {
   std::string temp_;
   bool direct_ = false;            // still willing to try O_DIRECT for this copy
   uint64_t align_ = kDirectAlign;  // direct I/O unit (offsets, lengths, memory)
+  uint64_t end_ = 0;               // end of the furthest write
   bool committed_ = false;
   bool aborted_ = false;
 };
@@ -342,8 +348,12 @@ Result<uint64_t> PosixStore::free_bytes(const std::string& path) {
 
 Result<std::unique_ptr<Txn>> PosixStore::begin(const std::string& path) {
   const std::string temp = temp_name_for(path);
-  ::unlink(temp.c_str());  // our own leftover (same host and pid) cannot be in use
-  const Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  constexpr int kCreate = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
+  Fd fd(::open(temp.c_str(), kCreate, 0600));
+  if (!fd.valid() && errno == EEXIST) {
+    ::unlink(temp.c_str());  // our own leftover (same host and pid) cannot be in use
+    fd = Fd(::open(temp.c_str(), kCreate, 0600));
+  }
   if (!fd.valid()) return sys_error(errno, "create temporary file for destination", path);
   return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io));
 }

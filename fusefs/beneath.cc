@@ -101,7 +101,6 @@ stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std:
   if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
   if (!S_ISREG(st.st_mode) || stage::meta_from_stat(st) != e.meta)
     return stage::stage_error(stage::Errc::source_changed, "open source", rel);
-  ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   return stage::posix_source_file(std::move(fd.value()), rel, e.meta.size);
 }
 

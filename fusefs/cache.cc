@@ -313,13 +313,41 @@ void NodeCache::added(const std::string& rel) {
   struct timespec now {};
   ::clock_gettime(CLOCK_REALTIME, &now);
   std::lock_guard lk(m_);
+  index_put(rel, there ? &st : nullptr, stage::to_ns(now));
+}
+
+std::vector<struct stat> NodeCache::added_in(const std::string& rel_dir, const std::vector<std::string>& names) {
+  std::vector<struct stat> found;
+  found.reserve(names.size());
+  auto dfd = open_beneath(data_.get(), rel_dir, O_PATH | O_DIRECTORY);
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  for (const auto& name : names) {
+    const std::string rel = stage::join_path(rel_dir, name);
+    if (name.find('/') != std::string::npos || name == "." || name == "..") {  // not a batch's name
+      added(rel);
+      continue;
+    }
+    struct stat st {};
+    const bool there =
+        dfd && ::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    {
+      std::lock_guard lk(m_);
+      index_put(rel, there ? &st : nullptr, stage::to_ns(now));
+    }
+    if (there) found.push_back(st);
+  }
+  return found;
+}
+
+void NodeCache::index_put(const std::string& rel, const struct stat* st, int64_t now_ns) {
   if (auto it = index_.find(rel); it != index_.end()) {
     bytes_ -= it->second.bytes;
     index_.erase(it);
   }
-  if (!there) return;
-  const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-  index_[rel] = Entry{bytes, stage::to_ns(now)};
+  if (st == nullptr) return;
+  const uint64_t bytes = static_cast<uint64_t>(st->st_blocks) * 512;
+  index_[rel] = Entry{bytes, now_ns};
   bytes_ += bytes;
 }
 
@@ -422,6 +450,18 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
       !stage::origin_matches(*origin, stage::to_ns(st.st_mtim), stage::meta_from_stat(src)))
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", rel);
   return std::move(fd.value());
+}
+
+bool NodeCache::keep_current(const std::string& rel, const struct stat& src) {
+  auto fd = open_current(rel, src);
+  if (fd) return true;
+  if (fd.error().code == std::errc::no_such_file_or_directory) return false;  // nothing there to remove
+  if (unlink_beneath(data_.get(), rel)) added(rel);  // drops it from the index
+  return false;
+}
+
+bool NodeCache::has_dir(const std::string& rel_dir) const {
+  return static_cast<bool>(open_beneath(data_.get(), rel_dir, O_PATH | O_DIRECTORY));
 }
 
 bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) {

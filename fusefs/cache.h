@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "bcast/error.h"
 #include "bcast/fd.h"
@@ -95,6 +96,12 @@ class NodeCache {
   // Removes a copy of rel that is not current for src (old holders keep their descriptor:
   // the file is unlinked, never overwritten). Returns true if something was removed.
   bool remove_stale(const std::string& rel, const struct stat& src);
+  // Both of the above in one look (a batch's plan, per file): true when rel's copy is current
+  // for src; otherwise a copy that is there but stale is removed, and false returned.
+  bool keep_current(const std::string& rel, const struct stat& src);
+  // Whether the cache holds directory rel_dir ("" is data itself): when it does not, no copy
+  // of its files is there either, and a batch's plan need not look for each one.
+  [[nodiscard]] bool has_dir(const std::string& rel_dir) const;
   // Removes the copy of rel (a corrupted one).
   void remove(const std::string& rel);
 
@@ -103,6 +110,10 @@ class NodeCache {
   [[nodiscard]] CacheUsage usage() const;
   void touch(const std::string& rel, int fd);  // a cache hit: most recently used now
   void added(const std::string& rel);          // a copy of rel was published (or replaced)
+  // A batch published `names` (plain names) in rel_dir: each joins the index, as added()
+  // does, with one fstatat per name under one directory fd. Returns the stat of each copy
+  // found (regular files only), for the caller's verified set.
+  std::vector<struct stat> added_in(const std::string& rel_dir, const std::vector<std::string>& names);
   void pin(const std::string& rel);
   void unpin(const std::string& rel);
   // Evicts LRU unpinned copies (never `rel` itself) until need more bytes fit under the
@@ -121,6 +132,7 @@ class NodeCache {
   };
   NodeCache() = default;
   void index_tree(int dirfd, const std::string& prefix);
+  void index_put(const std::string& rel, const struct stat* st, int64_t now_ns);  // st null: gone
 
   mutable std::mutex m_;  // guards the index below
   std::map<std::string, Entry> index_;

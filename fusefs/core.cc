@@ -568,16 +568,12 @@ void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd
   if (now) (*shared)(finish(*now));
 }
 
-void StageFsCore::copies_made(const std::vector<std::string>& rels) {
+void StageFsCore::copies_made(const std::vector<struct stat>& copies) {
   if (cfg_.verify == Verify::none) return;
-  for (const auto& rel : rels) {
-    auto fd = open_beneath(cache_.data_fd(), rel, O_PATH);
-    struct stat st {};
-    if (!fd || ::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    std::lock_guard lk(verified_m_);
+  std::lock_guard lk(verified_m_);
+  for (const auto& st : copies)
     verified_.insert(
         std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)});
-  }
 }
 
 void StageFsCore::release(const std::string& pinned) {

@@ -174,8 +174,9 @@ class StageFsCore {
   stage::Status evict(uint64_t id, const Caller& who);
   // The materializer published these copies in this mount (a batch of small files): they
   // were checked chunk by chunk while written, so their first open skips the CRC re-read that
-  // a copy from an earlier mount gets (Verify::crc).
-  void copies_made(const std::vector<std::string>& rels);
+  // a copy from an earlier mount gets (Verify::crc). Each is named by the stat of the copy
+  // (device, inode, mtime), as NodeCache::added_in returns it.
+  void copies_made(const std::vector<struct stat>& copies);
   // Finishes the completion pool (pending work runs first). Called before the edge goes away.
   void stop();
   // Any change to the tree: always EROFS.

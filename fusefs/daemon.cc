@@ -227,26 +227,22 @@ std::string Daemon::setup_local() {
       if (de->d_type == DT_REG || de->d_type == DT_UNKNOWN) names.emplace_back(de->d_name);
     ::closedir(d);
     uint64_t need = 0;
+    const bool cached_dir = cache_->has_dir(dir);  // if not, no copy to look for (a first batch)
     for (const auto& name : names) {
       struct stat st {};
       if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
           static_cast<uint64_t>(st.st_size) > cfg_.small_file_size || (st.st_mode & S_IROTH) == 0)
         continue;
-      const std::string rel = stage::join_path(dir, name);
-      if (cache_->remove_stale(rel, st) || !cache_->open_current(rel, st)) need += stage::allocated_from_stat(st);
+      if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st))
+        need += stage::allocated_from_stat(st);
     }
     if (need == 0) return;
     if (auto room = cache_->make_room(dir.empty() ? "/" : dir, need); !room)
       spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
   };
   g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok, double secs) {
-    std::vector<std::string> rels;
-    rels.reserve(published.size());
-    for (const auto& p : published) {
-      rels.push_back(stage::join_path(dir, p));
-      cache_->added(rels.back());
-    }
-    if (core_) core_->copies_made(rels);
+    const auto copies = cache_->added_in(dir, published);
+    if (core_) core_->copies_made(copies);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
   g.cancelled = [this] {

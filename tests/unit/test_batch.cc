@@ -99,10 +99,8 @@ class BatchTest : public TmpDirTest {
     g.small_file_size = kSmall;
     // As the daemon: published copies join the index and count as verified in this mount.
     g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool, double) {
-      std::vector<std::string> rels;
-      for (const auto& p : published) rels.push_back(stage::join_path(dir, p));
-      for (const auto& r : rels) cache_->added(r);
-      if (core_) core_->copies_made(rels);
+      const auto copies = cache_->added_in(dir, published);
+      if (core_) core_->copies_made(copies);
     };
     return g;
   }

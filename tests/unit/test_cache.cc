@@ -141,6 +141,49 @@ void put(NodeCache& c, const std::string& rel, size_t bytes) {
   c.added(rel);
 }
 
+// What a batch's plan and publication use: keep_current() is open_current() and
+// remove_stale() in one look, has_dir() says whether a directory has copies at all, and
+// added_in() indexes a directory's new copies as added() does, name by name.
+TEST_F(NodeCacheTest, BatchLookupsAgreeWithTheOneFileCalls) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  write_file(path("src"), std::string(100, 'x'));
+  struct stat src {};
+  ASSERT_EQ(::stat(path("src").c_str(), &src), 0);
+  EXPECT_FALSE(cache.has_dir("d"));
+  EXPECT_TRUE(cache.has_dir(""));
+  EXPECT_FALSE(cache.keep_current("d/f", src));  // nothing there: nothing removed, no error
+  // A current copy is kept; a stale one is removed and leaves the index.
+  const std::string dest = cache.store_root() + "/d/f";
+  ASSERT_TRUE(cache.store().make_parents(dest));
+  auto txn = cache.store().begin(dest);
+  ASSERT_TRUE(txn);
+  const std::string data(100, 'x');
+  ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+  ASSERT_TRUE((*txn)->commit());
+  put(cache, "d/g", 4096);  // indexed
+  EXPECT_TRUE(cache.has_dir("d"));
+  const auto copies = cache.added_in("d", {"f", "g", "missing", "../x"});
+  ASSERT_EQ(copies.size(), 2U);
+  struct stat f {};
+  ASSERT_EQ(::stat(path("c/data/d/f").c_str(), &f), 0);
+  EXPECT_EQ(copies[0].st_ino, f.st_ino);
+  EXPECT_EQ(cache.usage().files, 2U);
+  EXPECT_TRUE(cache.keep_current("d/f", src));
+  EXPECT_TRUE(fs::exists(path("c/data/d/f")));
+  struct stat other = src;
+  other.st_mtim.tv_sec += 1;
+  EXPECT_FALSE(cache.keep_current("d/f", other));
+  EXPECT_FALSE(fs::exists(path("c/data/d/f")));
+  EXPECT_EQ(cache.usage().files, 1U);
+  // A name that went away since is dropped from the index by added_in too.
+  ASSERT_TRUE(fs::remove(path("c/data/d/g")));
+  EXPECT_TRUE(cache.added_in("d", {"g"}).empty());
+  EXPECT_EQ(cache.usage().files, 0U);
+}
+
 TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
   auto c = NodeCache::open(path("c"));
   ASSERT_TRUE(c);

@@ -115,6 +115,26 @@ TEST_F(StoreTest, DirectAndBufferedWritesGiveTheSameFile) {
   EXPECT_EQ(read_file(p), small);
 }
 
+// A copy whose last bytes were never written (a hole at the end: zero chunks are not
+// written) still gets the source's size; one written to its end is not truncated again.
+// A temporary file left by an earlier writer with the same name is replaced.
+TEST_F(StoreTest, FinishSetsTheSizeOnlyWhereTheWritesStoppedShort) {
+  const std::string data = random_bytes(10000, 14);
+  const std::string holes = write_through(false, data.substr(0, 4096) + std::string(5904, '\0'),
+                                          {{0, 4096, 0}}, "tail_hole.bin");
+  EXPECT_EQ(read_file(holes), data.substr(0, 4096) + std::string(5904, '\0'));
+  PosixStore store(StoreOptions{});
+  const std::string dest = path("left.bin");
+  auto first = store.begin(dest);
+  ASSERT_TRUE(first);
+  const std::string temp = (*first)->temp_path();
+  first->release();  // as if the writer died: its temporary file stays
+  ASSERT_TRUE(std::filesystem::exists(temp));
+  const std::string full = write_through(false, data, {{0, 6000, 0}, {6000, 4000, 0}}, "left.bin");
+  EXPECT_EQ(read_file(full), data);
+  EXPECT_FALSE(std::filesystem::exists(temp));
+}
+
 TEST_F(StoreTest, DirectWritesSkipThePageCache) {
   if (!direct_observable()) GTEST_SKIP() << "no O_DIRECT, or a tmpfs, under " << dir_;
   const std::string data = random_bytes(8 * 1024 * 1024, 13);
