@@ -188,6 +188,49 @@ void op_readdir(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, stru
   });
 }
 
+// READDIRPLUS: each entry with its attributes, looked up as op_lookup does (the kernel links
+// them into its dentry cache). A reader that lists a directory and then stats or opens its
+// entries (tar, ls -l, a data loader's os.walk and open) then costs no LOOKUP round trip per
+// entry. An entry that no longer resolves (removed since the listing) goes out without
+// attributes (node id 0: the kernel looks it up if it is asked for). Every id handed out is
+// counted as a lookup; one that does not fit, or a reply the kernel did not take, is forgotten.
+void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info* fi) {
+  guarded(req, [&] {
+    auto& m = fm(req);
+    const auto* h = reinterpret_cast<DirHandle*>(fi->fh);
+    std::vector<char> buf(size);
+    std::vector<uint64_t> ids;
+    size_t used = 0;
+    const std::vector<DirEntry>& entries = *h->entries;
+    for (auto i = static_cast<size_t>(off); i < entries.size(); ++i) {
+      const DirEntry& d = entries[i];
+      fuse_entry_param e{};
+      if (d.name != "." && d.name != "..") {
+        if (auto r = m.core().lookup(ino, d.name)) {
+          e.ino = r->first;
+          e.attr = r->second;
+          e.attr_timeout = m.options().attr_timeout;
+          e.entry_timeout = m.options().entry_timeout;
+        }
+      }
+      if (e.ino == 0) {
+        e.attr.st_ino = d.ino;
+        e.attr.st_mode = d.mode;
+      }
+      const size_t n = fuse_add_direntry_plus(req, buf.data() + used, size - used, d.name.c_str(), &e,
+                                              static_cast<off_t>(i + 1));
+      if (n > size - used) {
+        if (e.ino != 0) m.core().forget(e.ino, 1);
+        break;
+      }
+      used += n;
+      if (e.ino != 0) ids.push_back(e.ino);
+    }
+    if (fuse_reply_buf(req, buf.data(), used) != 0)
+      for (const uint64_t id : ids) m.core().forget(id, 1);
+  });
+}
+
 void op_releasedir(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
   delete reinterpret_cast<DirHandle*>(fi->fh);
   fuse_reply_err(req, 0);
@@ -410,6 +453,7 @@ const fuse_lowlevel_ops kOps = [] {
   o.getattr = op_getattr;
   o.readlink = op_readlink;
   o.opendir = op_opendir;
+  o.readdirplus = op_readdirplus;
   o.readdir = op_readdir;
   o.releasedir = op_releasedir;
   o.open = op_open;

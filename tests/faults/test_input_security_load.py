@@ -757,6 +757,11 @@ class Security(h.MountTestCase):
             f.write(b"inside 0700\n")
         os.chmod(os.path.join(src, "private", "inner"), 0o644)
         os.chmod(os.path.join(src, "private"), 0o700)
+        os.mkdir(os.path.join(src, "listonly"))
+        with open(os.path.join(src, "listonly", "inner"), "wb") as f:
+            f.write(b"listed, not searchable\n")
+        os.chmod(os.path.join(src, "listonly", "inner"), 0o644)
+        os.chmod(os.path.join(src, "listonly"), 0o744)
         cache = self.work.file("cache")
         d = self.daemon(cache).wait_ready()
         mnt = self.work.mnt
@@ -798,6 +803,14 @@ class Security(h.MountTestCase):
             self.assertEqual(read_all(os.path.join(mnt, "private", "inner")), b"inside 0700\n")
             self.assertEqual(self.probe("read", os.path.join(mnt, "private", "inner")), ["err", "EACCES"])
             self.assertEqual(self.probe("read", os.path.join(cache, "data", "private", "inner")), ["err", "EACCES"])
+        with self.subTest("a directory others may list but not search: names only, even once root's listing "
+                          "(READDIRPLUS) put its entries with their attributes in the kernel's cache"):
+            listonly = os.path.join(mnt, "listonly")
+            self.assertEqual(os.listdir(listonly), ["inner"])
+            os.stat(os.path.join(listonly, "inner"))
+            self.assertEqual(self.probe("list", listonly), ["ok", "1"])
+            self.assertEqual(self.probe("stat", os.path.join(listonly, "inner")), ["err", "EACCES"])
+            self.assertEqual(self.probe("read", os.path.join(listonly, "inner")), ["err", "EACCES"])
         with self.subTest("the user cannot unmount root's mount"):
             r = self.as_user("fusermount3", "-u", mnt)
             self.assertNotEqual(r.returncode, 0)

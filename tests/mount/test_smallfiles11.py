@@ -117,9 +117,11 @@ class Standalone(h.MountTestCase):
         self.assertEqual(s["transfers"], small + big, s)
         self.assertEqual(s["batches"], 0, s)
 
-    def test_a_close_costs_no_flush_request(self):
+    def test_a_file_costs_one_open_and_one_release(self):
         """Per-file costs (item 3): the mount is read-only, so its opens say FOPEN_NOFLUSH and
-        a close sends the daemon no FLUSH (one round trip fewer per file)."""
+        a close sends the daemon no FLUSH; a listing is answered with READDIRPLUS, so a reader
+        that lists a directory and then opens its files (os.walk, tar) sends no LOOKUP per
+        file. What is left per file: one OPEN and one RELEASE."""
         release = os.uname().release.split(".")
         if (int(release[0]), int(re.match(r"\d+", release[1]).group())) < (5, 15):
             self.skipTest("FOPEN_NOFLUSH needs Linux 5.15")
@@ -132,6 +134,8 @@ class Standalone(h.MountTestCase):
         self.assertEqual(ops["OPEN"], small, ops)
         self.assertEqual(ops["RELEASE"], small, ops)
         self.assertEqual(ops["FLUSH"], 0, ops)
+        self.assertGreater(ops["READDIRPLUS"], 0, ops)
+        self.assertEqual(ops["LOOKUP"], 0, ops)
 
     def _killed_with_unsynced_batches(self):
         """A mount whose batches stay unsynced (--sync-after 3600), every file read, then kill -9.
