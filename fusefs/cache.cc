@@ -438,17 +438,18 @@ stage::Status NodeCache::alive() const {
   return {};
 }
 
-Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& src) const {
+Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& src, struct stat* copy_st) const {
   auto fd = open_beneath(data_.get(), rel, O_RDONLY);
   if (!fd) return fd.error();
   struct stat st {};
   if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", rel);
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1)
+  if (!S_ISREG(st.st_mode) || st.st_uid != euid_ || st.st_nlink != 1)
     return stage::stage_error(stage::Errc::source_changed, "cached copy was not written by this daemon", rel);
   const auto origin = stage::origin_of_fd(fd->get());
   if (static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
       !stage::origin_matches(*origin, stage::to_ns(st.st_mtim), stage::meta_from_stat(src)))
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", rel);
+  if (copy_st != nullptr) *copy_st = st;
   return std::move(fd.value());
 }
 

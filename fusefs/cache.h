@@ -38,6 +38,7 @@
 #pragma once
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -91,8 +92,10 @@ class NodeCache {
   void sync_unsynced() { unsynced_->flush(); }
   // Error when CACHE/data was removed (or CACHE replaced) under the running mount.
   [[nodiscard]] stage::Status alive() const;
-  // The copy of rel when it is current for a source with stat src (see above).
-  [[nodiscard]] stage::Result<stage::Fd> open_current(const std::string& rel, const struct stat& src) const;
+  // The copy of rel when it is current for a source with stat src (see above); copy_st, when
+  // given, receives the copy's stat.
+  [[nodiscard]] stage::Result<stage::Fd> open_current(const std::string& rel, const struct stat& src,
+                                                      struct stat* copy_st = nullptr) const;
   // Removes a copy of rel that is not current for src (old holders keep their descriptor:
   // the file is unlinked, never overwritten). Returns true if something was removed.
   bool remove_stale(const std::string& rel, const struct stat& src);
@@ -148,6 +151,7 @@ class NodeCache {
   stage::Fd data_;  // CACHE/data (O_DIRECTORY)
   stage::Fd lock_;
   struct stat data_st_ {};
+  uid_t euid_ = ::geteuid();  // the daemon's user: the owner of every copy it wrote
   SweepCounts swept_;
   RecoveryCounts recovered_;
   std::unique_ptr<UnsyncedLog> unsynced_;  // last: stopped (and flushed) before the fds close

@@ -362,10 +362,9 @@ stage::Status StageFsCore::check_access(const std::string& rel, int mask, const 
 }
 
 Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made) {
-  auto fd = cache_.open_current(rel, src);
-  if (!fd || cfg_.verify == Verify::none) return fd;
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", rel);
+  auto fd = cache_.open_current(rel, src, &st);
+  if (!fd || cfg_.verify == Verify::none) return fd;
   const auto key = std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)};
   {
     std::lock_guard lk(verified_m_);
@@ -445,10 +444,10 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
   }
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
-  if (auto fd = cache_.open_current(rel, *st)) {
+  struct stat cst {};
+  if (auto fd = cache_.open_current(rel, *st, &cst)) {
     bool verified = cfg_.verify == Verify::none;
-    struct stat cst {};
-    if (!verified && ::fstat(fd->get(), &cst) == 0) {
+    if (!verified) {
       std::lock_guard lk(verified_m_);
       verified = verified_.contains(
           std::tuple{static_cast<uint64_t>(cst.st_dev), static_cast<uint64_t>(cst.st_ino), stage::to_ns(cst.st_mtim)});
