@@ -152,21 +152,51 @@ Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, co
   const std::string rel = stage::join_path(*prel, name);
   auto st = stat_rel(rel);
   if (!st) return st.error();
-  const stage::FileMeta version = S_ISREG(st->st_mode) ? stage::meta_from_stat(*st) : stage::FileMeta{};
   uint64_t id = 0;
   {
     std::lock_guard lk(m_);
-    auto it = ids_.find(rel);
-    if (it == ids_.end() || nodes_[it->second].version != version) {
-      // New name, or a new version of the file: a new id (the old one stays for its holders).
-      it = ids_.insert_or_assign(rel, next_id_).first;
-      nodes_[next_id_++] = Node{rel, 0, version};
-    }
-    ++nodes_[it->second].nlookup;
-    id = it->second;
+    id = note_lookup_locked(rel, *st);
   }
   xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
   return std::pair{id, *st};
+}
+
+uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct stat& st) {
+  const stage::FileMeta version = S_ISREG(st.st_mode) ? stage::meta_from_stat(st) : stage::FileMeta{};
+  auto it = ids_.find(rel);
+  if (it == ids_.end() || nodes_[it->second].version != version) {
+    // New name, or a new version of the file: a new id (the old one stays for its holders).
+    it = ids_.insert_or_assign(rel, next_id_).first;
+    nodes_[next_id_++] = Node{rel, 0, version};
+  }
+  ++nodes_[it->second].nlookup;
+  return it->second;
+}
+
+std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup_many(
+    uint64_t parent, std::span<const std::string> names) {
+  std::vector<std::optional<std::pair<uint64_t, struct stat>>> out(names.size());
+  auto prel = path_of(parent);
+  if (!prel) return out;
+  // The directory resolved as lookup() resolves it; each name is one component, never
+  // followed if it is a symlink.
+  auto dfd = open_beneath(root_.get(), *prel, O_PATH | O_DIRECTORY);
+  if (!dfd) return out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.size() > 255)
+      continue;
+    struct stat st {};
+    if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    uint64_t id = 0;
+    {
+      std::lock_guard lk(m_);
+      id = note_lookup_locked(stage::join_path(*prel, name), st);
+    }
+    xattrs_.observe(id, stage::to_ns(st.st_ctim), st.st_dev);
+    out[i] = std::pair{id, st};
+  }
+  return out;
 }
 
 void StageFsCore::forget(uint64_t id, uint64_t n) {

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -144,6 +145,10 @@ class StageFsCore {
 
   // lookup() counts one reference to the node; forget() drops n of them.
   stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name);
+  // lookup() of each name in directory parent (READDIRPLUS), with one open of the directory
+  // and one fstatat per name; a name that does not resolve (or is not a plain name) gets none.
+  std::vector<std::optional<std::pair<uint64_t, struct stat>>> lookup_many(uint64_t parent,
+                                                                           std::span<const std::string> names);
   void forget(uint64_t id, uint64_t n);
   stage::Result<struct stat> getattr(uint64_t id);
   stage::Result<std::string> readlink(uint64_t id);
@@ -229,6 +234,8 @@ class StageFsCore {
   std::deque<std::function<void()>> pool_q_;
   bool pool_stop_ = false;
   std::vector<std::thread> pool_;
+  // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
+  uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_
   std::unordered_map<uint64_t, Node> nodes_;
   std::unordered_map<std::string, uint64_t> ids_;

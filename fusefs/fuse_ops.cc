@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -102,6 +103,12 @@ void op_init(void* userdata, struct fuse_conn_info* conn) {
   // The kernel enforces the source's POSIX ACLs (system.posix_acl_* from getxattr) on every
   // path walk, not only the mode bits; open and opendir are also checked against the source.
   if ((conn->capable & FUSE_CAP_POSIX_ACL) != 0) conn->want |= FUSE_CAP_POSIX_ACL;
+  // READDIRPLUS for every buffer of a listing, not the kernel's adaptive mode: that one asks
+  // for plus on the first buffer and on later ones only if lookups came in between, and the
+  // readers that matter here (tar, ls -l, os.walk) read the whole listing before the first
+  // stat, so all but the first few hundred entries of a large directory would still cost a
+  // LOOKUP each. The price: a names-only listing looks every entry up in the daemon.
+  conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
   // READs of up to 252 pages: a spliced reply then fits the default 1 MiB pipe limit
   // (a 256-page reply would silently fall back to copying).
   conn->max_write = 252 * 4096;
@@ -191,40 +198,42 @@ void op_readdir(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, stru
 // READDIRPLUS: each entry with its attributes, looked up as op_lookup does (the kernel links
 // them into its dentry cache). A reader that lists a directory and then stats or opens its
 // entries (tar, ls -l, a data loader's os.walk and open) then costs no LOOKUP round trip per
-// entry. An entry that no longer resolves (removed since the listing) goes out without
-// attributes (node id 0: the kernel looks it up if it is asked for). Every id handed out is
-// counted as a lookup; one that does not fit, or a reply the kernel did not take, is forgotten.
+// entry. The entries that fit in the reply are looked up together (one fstatat each); one
+// that no longer resolves (removed since the listing) goes out without attributes (node id
+// 0: the kernel looks it up if it is asked for). Every id handed out is counted as a lookup;
+// a reply the kernel did not take forgets them again.
 void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info* fi) {
   guarded(req, [&] {
     auto& m = fm(req);
     const auto* h = reinterpret_cast<DirHandle*>(fi->fh);
+    const std::vector<DirEntry>& entries = *h->entries;
+    const auto first = std::min(static_cast<size_t>(off), entries.size());
+    size_t last = first;
+    std::vector<std::string> names;
+    for (size_t need = 0; last < entries.size(); ++last) {
+      need += fuse_add_direntry_plus(req, nullptr, 0, entries[last].name.c_str(), nullptr, 0);
+      if (need > size) break;
+      names.push_back(entries[last].name);
+    }
+    const auto looked = m.core().lookup_many(ino, names);
     std::vector<char> buf(size);
     std::vector<uint64_t> ids;
     size_t used = 0;
-    const std::vector<DirEntry>& entries = *h->entries;
-    for (auto i = static_cast<size_t>(off); i < entries.size(); ++i) {
+    for (size_t i = first; i < last; ++i) {
       const DirEntry& d = entries[i];
       fuse_entry_param e{};
-      if (d.name != "." && d.name != "..") {
-        if (auto r = m.core().lookup(ino, d.name)) {
-          e.ino = r->first;
-          e.attr = r->second;
-          e.attr_timeout = m.options().attr_timeout;
-          e.entry_timeout = m.options().entry_timeout;
-        }
-      }
-      if (e.ino == 0) {
+      if (const auto& r = looked[i - first]) {
+        e.ino = r->first;
+        e.attr = r->second;
+        e.attr_timeout = m.options().attr_timeout;
+        e.entry_timeout = m.options().entry_timeout;
+        ids.push_back(e.ino);
+      } else {
         e.attr.st_ino = d.ino;
         e.attr.st_mode = d.mode;
       }
-      const size_t n = fuse_add_direntry_plus(req, buf.data() + used, size - used, d.name.c_str(), &e,
-                                              static_cast<off_t>(i + 1));
-      if (n > size - used) {
-        if (e.ino != 0) m.core().forget(e.ino, 1);
-        break;
-      }
-      used += n;
-      if (e.ino != 0) ids.push_back(e.ino);
+      used += fuse_add_direntry_plus(req, buf.data() + used, size - used, d.name.c_str(), &e,
+                                     static_cast<off_t>(i + 1));
     }
     if (fuse_reply_buf(req, buf.data(), used) != 0)
       for (const uint64_t id : ids) m.core().forget(id, 1);

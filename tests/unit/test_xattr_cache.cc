@@ -229,5 +229,36 @@ TEST_F(CoreXattrTest, TrustedNamesStayHiddenFromUsers) {
   EXPECT_NE(core_->listxattr(f->first).value().find("trusted.t"), std::string::npos);
 }
 
+// READDIRPLUS looks entries up in a batch: the same ids, attributes and reference counts as
+// one lookup() per name; names that are not plain names, or no longer there, get nothing;
+// a symlink is described, never followed.
+TEST_F(CoreXattrTest, LookupManyIsLookupForEachName) {
+  write_file(path("src/d/g"), "more data");
+  ASSERT_EQ(::symlink("/etc/passwd", path("src/d/l").c_str()), 0);
+  auto d = core_->lookup(StageFsCore::kRootId, "d");
+  ASSERT_TRUE(d);
+  auto f = core_->lookup(d->first, "f");
+  ASSERT_TRUE(f);
+  const size_t nodes = core_->node_count();
+  const std::vector<std::string> names = {"f", "g", "l", "gone", "..", ".", "a/b", ""};
+  const auto got = core_->lookup_many(d->first, names);
+  ASSERT_EQ(got.size(), names.size());
+  ASSERT_TRUE(got[0] && got[1] && got[2]);
+  for (size_t i = 3; i < names.size(); ++i) EXPECT_FALSE(got[i]) << names[i];
+  EXPECT_EQ(got[0]->first, f->first);  // the id lookup() gave
+  EXPECT_EQ(got[1]->second.st_size, 9);
+  EXPECT_TRUE(S_ISLNK(got[2]->second.st_mode));
+  EXPECT_EQ(core_->node_count(), nodes + 2);  // g and l are new
+  auto g = core_->lookup(d->first, "g");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->first, got[1]->first);
+  // g was counted twice (lookup_many, lookup): it goes with the second forget only.
+  core_->forget(g->first, 1);
+  EXPECT_EQ(core_->node_count(), nodes + 2);
+  core_->forget(g->first, 1);
+  EXPECT_EQ(core_->node_count(), nodes + 1);
+  EXPECT_TRUE(core_->lookup_many(12345678, names)[0] == std::nullopt);  // an unknown directory id
+}
+
 }  // namespace
 }  // namespace stagefs
