@@ -15,6 +15,8 @@ Points, each reader, wall time until every rank finished:
   old            --small-file-size 0 (one collective per file) on the first OLD_DIRS directories
                  only (a 20,000-file run at the old rate takes minutes), with stagefs on the
                  same subset for a same-run ratio
+Each group point also prints the CPU seconds its daemons used in the cold pass, summed over
+the ranks (steadier than wall time on a shared machine).
 Then, contended (CONTENDED_MBS, default 100; 0: skipped), as bench_contended.sh: the tree on
 a source whose reads are limited to CONTENDED_MBS MB/s in total (ext4 on a loop device with
 direct I/O, blkio cgroup), page cache dropped before each point, cold only:
@@ -98,20 +100,37 @@ def timed_parallel(cmds):
     return time.monotonic() - t, [o.stdout.strip() for o in out]
 
 
+def daemons_cpu(g):
+    """CPU seconds (user + system) the group's daemons used so far, summed over the ranks:
+    steadier than wall time on a shared machine, and what each node would spend."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in g.pids:
+        st = h.proc_stat(pid) if pid else None
+        if st:
+            total += int(st[11]) + int(st[12])  # utime, stime (fields 14, 15)
+    return total / tick
+
+
 def group_point(work, kind, args, src_note, warm=True):
     """A fresh group (fresh caches), every rank runs the reader on its mount at once; then the
-    same again warm (unless warm=False). Returns (cold s, warm s, stats of rank 0)."""
+    same again warm (unless warm=False). Returns (cold s, warm s, stats of rank 0); the
+    daemons' CPU seconds of the cold pass go in the stats as "cold_cpu"."""
     for k in range(np_):
         shutil.rmtree(work.file("node%d" % k), ignore_errors=True)
     g = h.Group(work, np_, *args)
     try:
         g.wait_ready(timeout=120)
+        cpu0 = daemons_cpu(g)
         cold, outs = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
+        cold_cpu = daemons_cpu(g) - cpu0
         warm, outs2 = (timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)]) if warm
                        else (0.0, []))
         stats = [g.stats(k) for k in range(np_)]
-        print("  %-6s %-26s cold %7.2f s  warm %6.2f s  transfers %s  outputs %s" %
-              (kind, src_note, cold, warm, [s["transfers"] for s in stats], sorted(set(outs + outs2))), flush=True)
+        print("  %-6s %-26s cold %7.2f s  warm %6.2f s  daemons' CPU (cold, all ranks) %6.2f s  transfers %s"
+              "  outputs %s" % (kind, src_note, cold, warm, cold_cpu, [s["transfers"] for s in stats],
+                               sorted(set(outs + outs2))), flush=True)
+        stats[0]["cold_cpu"] = cold_cpu
         return cold, warm, stats[0]
     finally:
         problems = g.close()
@@ -140,12 +159,14 @@ try:
         r["source_xnp"], _ = timed_parallel([reader_cmd(kind, full) for _ in range(np_)])
         print("  %-6s source x1 %.2f s, source x%d %.2f s" % (kind, r["source_x1"], np_, r["source_xnp"]), flush=True)
         r["stagefs"], r["stagefs_warm"], r["stats"] = group_point(work, kind, [], "stagefs (batches), full")
+        r["stagefs_cpu"] = r["stats"]["cold_cpu"]
         r["synced"], _, _ = group_point(work, kind, ["--sync-after", "0"], "--sync-after 0, full")
         # Same-run subset: batches vs one collective per file.
         work.src = subset
         r["sub_source_x1"], _ = timed_parallel([reader_cmd(kind, subset)])
-        r["sub_stagefs"], _, _ = group_point(work, kind, [], "stagefs (batches), subset")
+        r["sub_stagefs"], _, sub_stats = group_point(work, kind, [], "stagefs (batches), subset")
         r["sub_old"], _, r["old_stats"] = group_point(work, kind, ["--small-file-size", "0"], "old (0), subset")
+        r["sub_stagefs_cpu"], r["sub_old_cpu"] = sub_stats["cold_cpu"], r["old_stats"]["cold_cpu"]
         work.src = full
         res[kind] = r
     print()
