@@ -150,6 +150,7 @@ try:
     for d in range(old_dirs):
         shutil.copytree(os.path.join(full, "d%03d" % d), os.path.join(subset, "d%03d" % d))
         sub_files += len(os.listdir(os.path.join(subset, "d%03d" % d)))
+    subprocess.run(["sync"], check=True)  # the tree's writeback before the first point, not during it
     print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; cache fs %s; load %s; %s" %
           (nfiles, total, ndirs, sub_files, old_dirs, np_, cache_fs, open("/proc/loadavg").read().split()[0],
            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
