@@ -215,9 +215,10 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
       if (need > size) break;
       names.push_back(entries[last].name);
     }
-    const auto looked = m.core().lookup_many(ino, names);
-    std::vector<char> buf(size);
+    std::vector<char> buf(size);  // allocated before any id is counted
     std::vector<uint64_t> ids;
+    ids.reserve(names.size());
+    const auto looked = m.core().lookup_many(ino, names);
     size_t used = 0;
     for (size_t i = first; i < last; ++i) {
       const DirEntry& d = entries[i];

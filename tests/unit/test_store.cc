@@ -125,10 +125,16 @@ TEST_F(StoreTest, FinishSetsTheSizeOnlyWhereTheWritesStoppedShort) {
   EXPECT_EQ(read_file(holes), data.substr(0, 4096) + std::string(5904, '\0'));
   PosixStore store(StoreOptions{});
   const std::string dest = path("left.bin");
-  auto first = store.begin(dest);
-  ASSERT_TRUE(first);
-  const std::string temp = (*first)->temp_path();
-  first->release();  // as if the writer died: its temporary file stays
+  std::string temp;
+  {
+    auto first = store.begin(dest);
+    ASSERT_TRUE(first);
+    temp = (*first)->temp_path();
+  }  // aborted: its temporary file is gone; put one back, as a writer killed mid-copy leaves it
+  {
+    std::ofstream left(temp);
+    left << "the rest of a dead writer's copy";
+  }
   ASSERT_TRUE(std::filesystem::exists(temp));
   const std::string full = write_through(false, data, {{0, 6000, 0}, {6000, 4000, 0}}, "left.bin");
   EXPECT_EQ(read_file(full), data);
