@@ -453,12 +453,17 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
   return std::move(fd.value());
 }
 
-bool NodeCache::keep_current(const std::string& rel, const struct stat& src) {
+NodeCache::Look NodeCache::look_or_remove(const std::string& rel, const struct stat& src) {
   auto fd = open_current(rel, src);
-  if (fd) return true;
-  if (fd.error().code == std::errc::no_such_file_or_directory) return false;  // nothing there to remove
-  if (unlink_beneath(data_.get(), rel)) added(rel);  // drops it from the index
-  return false;
+  if (fd) return Look::current;
+  if (fd.error().code == std::errc::no_such_file_or_directory) return Look::absent;  // nothing to remove
+  if (!unlink_beneath(data_.get(), rel)) return Look::kept;
+  added(rel);  // drops it from the index
+  return Look::removed;
+}
+
+bool NodeCache::keep_current(const std::string& rel, const struct stat& src) {
+  return look_or_remove(rel, src) == Look::current;
 }
 
 bool NodeCache::has_dir(const std::string& rel_dir) const {
@@ -466,10 +471,7 @@ bool NodeCache::has_dir(const std::string& rel_dir) const {
 }
 
 bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) {
-  if (open_current(rel, src)) return false;
-  const bool removed = unlink_beneath(data_.get(), rel);
-  if (removed) added(rel);  // drops it from the index
-  return removed;
+  return look_or_remove(rel, src) == Look::removed;
 }
 
 void NodeCache::remove(const std::string& rel) {

@@ -136,6 +136,10 @@ class NodeCache {
   NodeCache() = default;
   void index_tree(int dirfd, const std::string& prefix);
   void index_put(const std::string& rel, const struct stat* st, int64_t now_ns);  // st null: gone
+  // The one look behind keep_current() and remove_stale(): a current copy, none, a stale one
+  // removed, or a stale one that could not be (not a regular file).
+  enum class Look { current, absent, removed, kept };
+  Look look_or_remove(const std::string& rel, const struct stat& src);
 
   mutable std::mutex m_;  // guards the index below
   std::map<std::string, Entry> index_;

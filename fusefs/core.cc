@@ -144,8 +144,15 @@ Result<struct stat> StageFsCore::stat_rel(const std::string& rel) const {
   return st;
 }
 
+namespace {
+// One component a directory can hold: what lookup() resolves, never a path.
+bool plain_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos && name.size() <= 255;
+}
+}  // namespace
+
 Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.size() > 255)
+  if (!plain_name(name))
     return stage::sys_error(name.size() > 255 ? ENAMETOOLONG : ENOENT, "lookup", name);
   auto prel = path_of(parent);
   if (!prel) return prel.error();
@@ -174,18 +181,17 @@ uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct st
 }
 
 std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup_many(
-    uint64_t parent, std::span<const std::string> names) {
-  std::vector<std::optional<std::pair<uint64_t, struct stat>>> out(names.size());
+    uint64_t parent, std::span<const DirEntry> entries) {
+  std::vector<std::optional<std::pair<uint64_t, struct stat>>> out(entries.size());
   auto prel = path_of(parent);
   if (!prel) return out;
   // The directory resolved as lookup() resolves it; each name is one component, never
   // followed if it is a symlink.
   auto dfd = open_beneath(root_.get(), *prel, O_PATH | O_DIRECTORY);
   if (!dfd) return out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string& name = names[i];
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.size() > 255)
-      continue;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string& name = entries[i].name;
+    if (!plain_name(name)) continue;
     struct stat st {};
     if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     uint64_t id = 0;

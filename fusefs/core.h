@@ -145,10 +145,11 @@ class StageFsCore {
 
   // lookup() counts one reference to the node; forget() drops n of them.
   stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name);
-  // lookup() of each name in directory parent (READDIRPLUS), with one open of the directory
-  // and one fstatat per name; a name that does not resolve (or is not a plain name) gets none.
+  // lookup() of each entry's name in directory parent (READDIRPLUS: a slice of its listing),
+  // with one open of the directory and one fstatat per name; a name that does not resolve
+  // (or is not a plain name) gets none.
   std::vector<std::optional<std::pair<uint64_t, struct stat>>> lookup_many(uint64_t parent,
-                                                                           std::span<const std::string> names);
+                                                                           std::span<const DirEntry> entries);
   void forget(uint64_t id, uint64_t n);
   stage::Result<struct stat> getattr(uint64_t id);
   stage::Result<std::string> readlink(uint64_t id);

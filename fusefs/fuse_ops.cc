@@ -17,6 +17,7 @@
 #include <fstream>
 #include <new>
 #include <optional>
+#include <span>
 #include <sstream>
 
 #include "fusefs/live.h"
@@ -209,16 +210,14 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     const std::vector<DirEntry>& entries = *h->entries;
     const auto first = std::min(static_cast<size_t>(off), entries.size());
     size_t last = first;
-    std::vector<std::string> names;
     for (size_t need = 0; last < entries.size(); ++last) {
       need += fuse_add_direntry_plus(req, nullptr, 0, entries[last].name.c_str(), nullptr, 0);
       if (need > size) break;
-      names.push_back(entries[last].name);
     }
     std::vector<char> buf(size);  // allocated before any id is counted
     std::vector<uint64_t> ids;
-    ids.reserve(names.size());
-    const auto looked = m.core().lookup_many(ino, names);
+    ids.reserve(last - first);
+    const auto looked = m.core().lookup_many(ino, std::span(entries).subspan(first, last - first));
     size_t used = 0;
     for (size_t i = first; i < last; ++i) {
       const DirEntry& d = entries[i];

@@ -241,7 +241,9 @@ TEST_F(CoreXattrTest, LookupManyIsLookupForEachName) {
   ASSERT_TRUE(f);
   const size_t nodes = core_->node_count();
   const std::vector<std::string> names = {"f", "g", "l", "gone", "..", ".", "a/b", ""};
-  const auto got = core_->lookup_many(d->first, names);
+  std::vector<DirEntry> listing;
+  for (const auto& n : names) listing.push_back(DirEntry{n, 1, 0});
+  const auto got = core_->lookup_many(d->first, listing);
   ASSERT_EQ(got.size(), names.size());
   ASSERT_TRUE(got[0] && got[1] && got[2]);
   for (size_t i = 3; i < names.size(); ++i) EXPECT_FALSE(got[i]) << names[i];
@@ -257,7 +259,7 @@ TEST_F(CoreXattrTest, LookupManyIsLookupForEachName) {
   EXPECT_EQ(core_->node_count(), nodes + 2);
   core_->forget(g->first, 1);
   EXPECT_EQ(core_->node_count(), nodes + 1);
-  EXPECT_TRUE(core_->lookup_many(12345678, names)[0] == std::nullopt);  // an unknown directory id
+  EXPECT_TRUE(core_->lookup_many(12345678, listing)[0] == std::nullopt);  // an unknown directory id
 }
 
 }  // namespace
