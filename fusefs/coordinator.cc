@@ -1,6 +1,7 @@
 #include "fusefs/coordinator.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace stagefs {
 
@@ -12,6 +13,7 @@ void Coordinator::on_request(const Message& m) {
     shutdown_queued_ = true;  // before any further transfer
     return;
   }
+  if (m.type == MsgType::batch) note_batch_request(m.path);
   Key key{m.type, m.path};
   if (auto it = announced_id_.find(key); it != announced_id_.end() && m.id < it->second) {
     ++stats_.already_answered;  // sent before its node saw the transfer that answers it
@@ -21,7 +23,35 @@ void Coordinator::on_request(const Message& m) {
     ++stats_.merged;
     return;
   }
+  if (m.type == MsgType::batch && later_set_.erase(m.path) > 0) {
+    later_.erase(std::find(later_.begin(), later_.end(), m.path));
+    ++stats_.promoted;
+  }
   queue_.push_back(std::move(key));
+}
+
+void Coordinator::note_batch_request(const std::string& dir) {
+  if (!walks_on_ || dir.empty()) return;  // the root has no siblings
+  const size_t slash = dir.rfind('/');
+  std::string parent = slash == std::string::npos ? std::string() : dir.substr(0, slash);
+  if (walked_.contains(parent)) return;
+  auto [it, fresh] = first_child_.try_emplace(parent, dir);
+  if (fresh || it->second == dir) return;
+  first_child_.erase(it);
+  walked_.insert(parent);
+  new_walks_.push_back(std::move(parent));
+  ++stats_.walks;
+}
+
+std::vector<std::string> Coordinator::take_walks() {
+  return std::exchange(new_walks_, {});
+}
+
+void Coordinator::prefetch(const std::string& dir) {
+  if (shutdown_queued_) return;
+  Key key{MsgType::batch, dir};
+  if (announced_id_.contains(key) || queued_.contains(key) || !later_set_.insert(dir).second) return;
+  later_.push_back(dir);
 }
 
 std::optional<Message> Coordinator::next_announcement() {
@@ -46,6 +76,17 @@ std::optional<Message> Coordinator::next_announcement() {
     shutdown_announced_ = true;
     queue_.clear();
     queued_.clear();
+    later_.clear();
+    later_set_.clear();
+  } else if (queue_.empty() && !later_.empty()) {  // nothing waits: the next prefetched batch
+    Key key{MsgType::batch, std::move(later_.front())};
+    later_.pop_front();
+    later_set_.erase(key.second);
+    m = Message{MsgType::batch, next_id_++, key.second};
+    announced_id_[std::move(key)] = m.id;
+    ++stats_.announced;
+    ++stats_.batches;
+    ++stats_.prefetched;
   } else {
     if (queue_.empty()) return std::nullopt;
     Key key = std::move(queue_.front());

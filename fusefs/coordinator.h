@@ -23,6 +23,14 @@
 //     announced while a transfer runs (nor after a shutdown request), and shutdown waits for
 //     its end. Without on_started calls (or with nesting off) one announcement runs at a
 //     time, in request order.
+//   - Walks (issue 11: readers that walk a tree; only with walks on): once opens have asked
+//     for the batches of two different directories with the same parent, that parent is a
+//     walk, reported once by take_walks(). The caller lists the parent's subdirectories
+//     (the coordinator does no I/O) and hands each to prefetch(): a batch key queued behind
+//     every request, announced only when no request waits (a request for it moves it
+//     ahead: promoted), never nested in a running transfer, and never queued if its key was
+//     announced already in this mount (an open of a file that changed since asks again).
+//     So the source reads and broadcasts the next directories while readers read the last.
 // Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
 // announcement a node has seen.
 //
@@ -36,6 +44,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fusefs/control.h"
 
@@ -48,6 +57,9 @@ struct CoordinatorStats {
   uint64_t announced = 0;         // transfers (shutdown not counted)
   uint64_t batches = 0;           // of which directory batches
   uint64_t nested = 0;            // of which announced nested in a running transfer
+  uint64_t walks = 0;             // parents found walked (take_walks)
+  uint64_t prefetched = 0;        // batches announced from prefetch() (not asked for by then)
+  uint64_t promoted = 0;          // prefetch keys a request moved ahead
 };
 
 class Coordinator {
@@ -63,18 +75,32 @@ class Coordinator {
   void on_started(const Message& m);
   void on_finished(const Message& m);
   void set_nesting(bool on) { nesting_ = on; }
+  // Walks: the parents found walked since the last call (each parent once per coordinator).
+  void set_walks(bool on) { walks_on_ = on; }
+  std::vector<std::string> take_walks();
+  // Queue the batch of dir behind every request (see Walks above).
+  void prefetch(const std::string& dir);
 
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
   [[nodiscard]] size_t queued() const {
-    return queue_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
+    return queue_.size() + later_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
   }
   [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
 
  private:
+  void note_batch_request(const std::string& dir);
   using Key = std::pair<MsgType, std::string>;
   std::deque<Key> queue_;  // keys decided but not yet announced, in request order
   std::set<Key> queued_;
+  std::deque<std::string> later_;  // prefetched batch directories, behind queue_
+  std::set<std::string> later_set_;
+  bool walks_on_ = false;
+  // Walks: per parent, the first directory asked for as a batch (until a second one makes it
+  // a walk, then the parent goes to walked_).
+  std::map<std::string, std::string> first_child_;
+  std::set<std::string> walked_;
+  std::vector<std::string> new_walks_;
   // The id of the latest announcement of each key.
   std::map<Key, uint64_t> announced_id_;
   bool shutdown_queued_ = false;

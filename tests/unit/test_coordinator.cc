@@ -7,7 +7,9 @@
 //     its path announced after the node sent it, or by the shutdown;
 //   - every transfer announcement answers at least one wait (no transfer twice for one need);
 //   - every rank sees the same announcements in the same order, ids increasing;
-//   - a shutdown goes before any further transfer and is the last announcement.
+//   - a shutdown goes before any further transfer and is the last announcement;
+//   - walks (prefetch of sibling directories): a prefetched batch is announced only when no
+//     request waits, never for a key announced before, and a request for it moves it ahead.
 // Keys: a node waits per (materialize, file) or (batch, directory): an open of a small file
 // waits for its directory's batch (issue 11), so small files of one directory merge into one
 // batch transfer, and a batch never answers a wait for a large file of the same directory.
@@ -18,8 +20,10 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusefs/control.h"
@@ -43,14 +47,19 @@ Message shutdown_req() {
 // The reference: the rules restated with linear scans over the whole history.
 class ReferenceCoordinator {
  public:
-  explicit ReferenceCoordinator(bool nesting) : nesting_(nesting) {}
+  ReferenceCoordinator(bool nesting, bool walks) : nesting_(nesting), walks_(walks) {}
   void on_request(const Message& m) {
     if (m.type == MsgType::batch_nested) return;
     if (std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }) || done_)
       return;
     if (m.type == MsgType::shutdown) {
       queue_.insert(queue_.begin(), m);
+      later_.clear();
       return;
+    }
+    if (m.type == MsgType::batch && walks_ && !m.path.empty()) {
+      auto& kids = children_[dir_of(m.path)];
+      if (kids.insert(m.path).second && kids.size() == 2) new_walks_.push_back(dir_of(m.path));
     }
     for (auto it = history_.rbegin(); it != history_.rend(); ++it)
       if (key_type(it->type) == m.type && it->path == m.path) {
@@ -59,10 +68,32 @@ class ReferenceCoordinator {
       }
     if (std::ranges::any_of(queue_, [&](const Message& q) { return q.type == m.type && q.path == m.path; }))
       return;
+    if (m.type == MsgType::batch) std::erase(later_, m.path);
     queue_.push_back(m);
   }
+  std::vector<std::string> take_walks() { return std::exchange(new_walks_, {}); }
+  void prefetch(const std::string& dir) {
+    if (done_ || std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; })) return;
+    if (std::ranges::any_of(history_, [&](const Message& h) { return key_type(h.type) == MsgType::batch && h.path == dir; }) ||
+        std::ranges::any_of(queue_, [&](const Message& q) { return q.type == MsgType::batch && q.path == dir; }) ||
+        std::ranges::find(later_, dir) != later_.end())
+      return;
+    later_.push_back(dir);
+  }
+  // Whether the last announcement came from prefetch() (it may answer no wait).
+  [[nodiscard]] bool last_prefetched() const { return last_prefetched_; }
   std::optional<Message> next() {
-    if (outstanding_ || done_ || queue_.empty()) return std::nullopt;
+    last_prefetched_ = false;
+    if (outstanding_ || done_) return std::nullopt;
+    if (queue_.empty() && !later_.empty() && !running_) {
+      Message m{MsgType::batch, history_.size() + 1, later_.front()};
+      later_.erase(later_.begin());
+      history_.push_back(m);
+      outstanding_ = true;
+      last_prefetched_ = true;
+      return m;
+    }
+    if (queue_.empty()) return std::nullopt;
     auto pick = queue_.begin();
     if (running_) {  // only a batch, nested in a single file's transfer, one at a time
       if (!nesting_ || running_->type != MsgType::materialize || nested_open_ ||
@@ -100,6 +131,11 @@ class ReferenceCoordinator {
 
  private:
   bool nesting_;
+  bool walks_;
+  std::map<std::string, std::set<std::string>> children_;
+  std::vector<std::string> new_walks_;
+  std::vector<std::string> later_;
+  bool last_prefetched_ = false;
   std::optional<Message> running_;
   bool nested_open_ = false;
   std::vector<Message> queue_;
@@ -125,8 +161,11 @@ struct SimRank {
 // a nested batch delivered after its transfer ended (its mark never came) runs alone.
 class Group {
  public:
-  explicit Group(int n, bool nesting = false) : ref_(nesting), ranks_(static_cast<size_t>(n)) {
+  // subdirs: what a walk of each parent lists (walks on when not empty).
+  explicit Group(int n, bool nesting = false, std::map<std::string, std::vector<std::string>> subdirs = {})
+      : ref_(nesting, !subdirs.empty()), ranks_(static_cast<size_t>(n)), subdirs_(std::move(subdirs)) {
     coord_.set_nesting(nesting);
+    coord_.set_walks(!subdirs_.empty());
   }
 
   void open(int r, const std::string& path, MsgType type = MsgType::materialize) {
@@ -173,8 +212,16 @@ class Group {
     } else {
       EXPECT_FALSE(running_) << "a transfer announced while one runs";
     }
+    if (ref_.last_prefetched()) {
+      EXPECT_EQ(a->type, MsgType::batch);
+      EXPECT_FALSE(running_) << "a prefetched batch while a transfer runs";
+      for (const Message& m : log_)
+        EXPECT_FALSE(ReferenceCoordinator::key_type(m.type) == MsgType::batch && m.path == a->path)
+            << "prefetched batch " << a->path << " announced twice";
+    }
     log_.push_back(*a);
     answers_.push_back(0);
+    prefetched_.push_back(ref_.last_prefetched());
     return true;
   }
   // Rank r processes its next announcement, as GroupService does.
@@ -239,7 +286,7 @@ class Group {
       EXPECT_EQ(k.delivered, log_.size()) << "rank " << r;
     }
     for (size_t i = 0; i < log_.size(); ++i) {
-      if (log_[i].type != MsgType::shutdown) {
+      if (log_[i].type != MsgType::shutdown && !prefetched_[i]) {
         EXPECT_GE(answers_[i], 1U) << "transfer of " << log_[i].path << " (id " << log_[i].id
                                    << ") answered nobody";
       }
@@ -252,6 +299,7 @@ class Group {
   [[nodiscard]] const std::vector<Message>& log() const { return log_; }
   [[nodiscard]] const Coordinator& coordinator() const { return coord_; }
   [[nodiscard]] bool stopped(int r) const { return ranks_[static_cast<size_t>(r)].stopped; }
+  [[nodiscard]] uint64_t walks() const { return walks_; }
 
  private:
   void send(int r, const Message& m) {
@@ -264,6 +312,19 @@ class Group {
     if (m.type == MsgType::shutdown) shutdown_received_ = true;
     coord_.on_request(m);
     ref_.on_request(m);
+    // What GroupService does after each poll: the walks, listed.
+    const auto walks = coord_.take_walks();
+    EXPECT_EQ(walks, ref_.take_walks()) << "request " << int(m.type) << " '" << m.path << "' id " << m.id;
+    for (const std::string& parent : walks) {
+      ++walks_;
+      auto it = subdirs_.find(parent);
+      if (it == subdirs_.end()) continue;
+      for (const std::string& d : it->second) {
+        const std::string dir = parent.empty() ? d : parent + "/" + d;
+        coord_.prefetch(dir);
+        ref_.prefetch(dir);
+      }
+    }
   }
 
   Coordinator coord_;
@@ -272,6 +333,9 @@ class Group {
   std::vector<SimRank> ranks_;
   std::vector<Message> log_;       // every announcement, in order
   std::vector<uint64_t> answers_;  // waits each announcement answered
+  std::vector<bool> prefetched_;   // announcements that came from a walk
+  std::map<std::string, std::vector<std::string>> subdirs_;
+  uint64_t walks_ = 0;
   bool shutdown_received_ = false;
 };
 
@@ -472,16 +536,90 @@ TEST(CoordinatorTest, NothingIsAnnouncedWhileABatchRunsOrWithNestingOff) {
   EXPECT_FALSE(c.next_announcement());
 }
 
+// Walks: opens in two sibling directories make their parent a walk; the other subdirectories
+// are prefetched behind every request, one at a time, and a request promotes one.
+TEST(CoordinatorTest, TwoSiblingDirectoriesStageTheOthersBehindEveryRequest) {
+  Group g(2, /*nesting=*/true, {{"data", {"a", "b", "c", "d", "e"}}});
+  g.open_small(1, "data/a/x");
+  g.drain();
+  EXPECT_EQ(g.walks(), 0U);  // one directory is not a walk
+  g.open_small(1, "data/a/y");
+  g.drain();
+  EXPECT_EQ(g.walks(), 0U);  // nor twice the same one
+  g.open_small(1, "data/b/x");
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_EQ(g.walks(), 1U);
+  ASSERT_TRUE(g.step_coordinator());  // what was asked for goes first
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 3, "data/b"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  EXPECT_FALSE(g.step_coordinator());  // nothing while it runs
+  ASSERT_TRUE(g.finish0());
+  ASSERT_TRUE(g.deliver_announcement(1));
+  ASSERT_TRUE(g.step_coordinator());  // then c, the first not announced yet (a and b were)
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 4, "data/c"}));
+  // While c runs, rank 1 opens a file of e and a large file: both go before d.
+  ASSERT_TRUE(g.deliver_announcement(0));
+  g.open_small(1, "data/e/x");
+  g.open(1, "data/big");
+  while (g.deliver_request(1)) {
+  }
+  EXPECT_EQ(g.coordinator().stats().promoted, 1U);
+  EXPECT_FALSE(g.step_coordinator());  // c runs
+  ASSERT_TRUE(g.finish0());
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 5, "data/e"}));  // promoted
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.finish0());
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::materialize, 6, "data/big"}));
+  ASSERT_TRUE(g.deliver_announcement(0));  // rank 0 runs the large file: a prefetch never nests
+  EXPECT_FALSE(g.step_coordinator());
+  ASSERT_TRUE(g.finish0());
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 7, "data/d"}));
+  g.drain();
+  g.check_quiescent();
+  const auto& st = g.coordinator().stats();
+  EXPECT_EQ(st.prefetched, 2U);  // c and d; e was asked for
+  EXPECT_EQ(st.walks, 1U);
+  ASSERT_EQ(g.log().size(), 7U);
+  // A later open in a third, fourth directory of the same parent is no new walk.
+  g.open_small(1, "data/c/new");
+  g.drain();
+  EXPECT_EQ(g.walks(), 1U);
+  g.check_quiescent();
+}
+
+// A shutdown drops what was prefetched; nothing is prefetched after it.
+TEST(CoordinatorTest, AShutdownDropsThePrefetchedBatches) {
+  Group g(2, false, {{"", {"a", "b", "c", "d"}}});
+  g.open_small(1, "a/x");
+  g.open_small(1, "b/x");
+  while (g.deliver_request(1)) {
+  }
+  g.request_shutdown(1);
+  ASSERT_TRUE(g.deliver_request(1));
+  g.drain();
+  ASSERT_EQ(g.log().size(), 1U);
+  EXPECT_EQ(g.log().back().type, MsgType::shutdown);
+  EXPECT_EQ(g.coordinator().stats().prefetched, 0U);
+  g.check_quiescent();
+}
+
 // Random interleavings of opens (large files, small files by directory), deliveries and
 // shutdowns on 1 to 7 ranks.
 TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
   uint64_t nested = 0;  // the runs with nesting on do nest
+  uint64_t prefetched = 0, promoted = 0;  // and the runs with walks do prefetch
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     std::mt19937 rng(seed);
     const int n = 1 + static_cast<int>(seed % 7);
     const int paths = 1 + static_cast<int>(rng() % 6);
     const bool with_shutdown = seed % 3 == 0;
-    Group g(n, /*nesting=*/seed % 2 == 0);
+    const bool walks = seed % 5 < 2;
+    Group g(n, /*nesting=*/seed % 2 == 0,
+            walks ? std::map<std::string, std::vector<std::string>>{{"", {"d3", "d0", "d1", "d2"}}}
+                  : std::map<std::string, std::vector<std::string>>{});
     auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<uint32_t>(k)); };
     for (int step = 0; step < 400; ++step) {
       const int r = pick(n);
@@ -527,8 +665,12 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
     for (int r = 0; r < n; ++r) EXPECT_TRUE(g.stopped(r)) << "seed " << seed;
     if (::testing::Test::HasFailure()) FAIL() << "seed " << seed;
     nested += g.coordinator().stats().nested;
+    prefetched += g.coordinator().stats().prefetched;
+    promoted += g.coordinator().stats().promoted;
   }
   EXPECT_GT(nested, 100U);
+  EXPECT_GT(prefetched, 20U);
+  EXPECT_GT(promoted, 5U);
 }
 
 }  // namespace
