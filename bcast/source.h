@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
@@ -47,6 +48,13 @@ class SourceReader {
   virtual Result<Manifest> scan_small_files(const std::string& dir, uint64_t max_size) {
     (void)max_size;
     return stage_error(Errc::unsupported, "a batch of small files", dir);
+  }
+  // The subdirectories directly in `dir` that every user may list and enter (mode o+rx), in
+  // the order the directory lists them, at most max of them (a mount's walks, issue 11).
+  // Readers that cannot list say unsupported.
+  virtual Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) {
+    (void)max;
+    return stage_error(Errc::unsupported, "list subdirectories", dir);
   }
   // Opens a regular file of the manifest and checks it is still the file that was scanned.
   virtual Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) = 0;

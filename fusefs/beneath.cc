@@ -93,6 +93,41 @@ stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string
   return m;
 }
 
+stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::string& dir, size_t max) {
+  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
+  if (!fd) return fd.error();
+  const int lfd = ::dup(fd->get());
+  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+  if (d == nullptr) {
+    const int err = errno;
+    if (lfd >= 0) ::close(lfd);
+    return stage::sys_error(err, "list source directory", dir);
+  }
+  std::vector<std::string> out;
+  int err = 0;
+  while (out.size() < max) {
+    errno = 0;
+    const dirent* de = ::readdir(d);
+    if (de == nullptr) {
+      err = errno;
+      break;
+    }
+    if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
+    const std::string name = de->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st {};
+    // Only what every user may reach: a walk by one user never stages a directory the
+    // others (or that user) could not list.
+    if (::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+        (st.st_mode & (S_IROTH | S_IXOTH)) != (S_IROTH | S_IXOTH))
+      continue;
+    out.push_back(name);
+  }
+  ::closedir(d);
+  if (err != 0) return stage::sys_error(err, "list source directory", dir);
+  return out;
+}
+
 stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std::string& rel,
                                                                       const stage::Entry& e) {
   auto fd = open_beneath(root_fd_, stage::join_path(rel, e.path), O_RDONLY);

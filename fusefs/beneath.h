@@ -30,6 +30,8 @@ class BeneathSource final : public stage::SourceReader {
   // others are staged alone, after their opener's access check), listed through the
   // directory's fd (fstatat without following symlinks), sorted by name.
   stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max_size) override;
+  // Listed through the directory's fd; each entry checked with fstatat (no symlinks).
+  stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override;
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel,
                                                          const stage::Entry& e) override;
 

@@ -213,6 +213,7 @@ std::string Daemon::setup_local() {
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
   g.nest_batches = cfg_.nested_batches;
+  g.prefetch_siblings = cfg_.prefetch_siblings;
   g.before_batch = [this](const std::string& dir) {
     auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (!dfd) return;

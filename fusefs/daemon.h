@@ -46,6 +46,9 @@ struct DaemonConfig {
   bool read_during_copy = true;
   // --nested-batches: a batch may run nested in a single-file transfer (rank 0's setting).
   bool nested_batches = true;
+  // --prefetch-siblings: a walk (opens of small files in two sibling directories) stages the
+  // other subdirectories of their parent in the background (rank 0's setting).
+  bool prefetch_siblings = true;
   double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem

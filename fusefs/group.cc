@@ -31,6 +31,7 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
   if (ctl_.is_coordinator()) {
     coord_.emplace();
     coord_->set_nesting(cfg_.nest_batches && nested_ != nullptr);
+    coord_->set_walks(cfg_.prefetch_siblings && cfg_.small_file_size > 0);
   }
   watchdog_ = std::thread([this] { watchdog(); });
 }
@@ -119,9 +120,11 @@ void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
   if (!slot) {  // first open of this file (batch) on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
     slot->requested = Clock::now();
-    outbox_.push_back(key);
-    ++stats_.requests_sent;
-    service_cv_.notify_one();
+    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) {
+      outbox_.push_back(key);
+      ++stats_.requests_sent;
+      service_cv_.notify_one();
+    }
     watchdog_cv_.notify_all();
   }
   if (early)
@@ -217,6 +220,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
   {
     std::lock_guard lk(m_);
     ++epoch_;
+    if (key.first == MsgType::batch) batch_running_.erase(key.second);
     if (key.first == MsgType::batch && st.ok()) batch_done_[key.second] = epoch_;
     auto it = waits_.find(key);
     if (it == waits_.end()) return;
@@ -456,11 +460,25 @@ stage::Result<bool> GroupService::coordinate() {
     busy = true;
     coord_->on_request(**r);
   }
+  expand_walks();
   if (auto next = coord_->next_announcement()) {
     if (auto st = ctl_.announce(*next); !st) return st.error();
     busy = true;
   }
   return busy;
+}
+
+void GroupService::expand_walks() {
+  for (const std::string& parent : coord_->take_walks()) {
+    auto dirs = src_.list_dirs(parent, kMaxWalkDirs);
+    if (!dirs) {
+      spdlog::debug("walk of {}/: {}", parent, dirs.error().message);
+      continue;
+    }
+    for (const std::string& name : *dirs) coord_->prefetch(stage::join_path(parent, name));
+    spdlog::info("readers walk {}/: staging the small files of its {} subdirectories in the background",
+                 parent.empty() ? std::string() : parent, dirs->size());
+  }
 }
 
 stage::Result<std::optional<Message>> GroupService::receive() {
@@ -473,6 +491,10 @@ bool GroupService::run_announcement(const Message& m) {
   // From now on this node's requests say they saw m: an open that starts waiting before m
   // ends here is answered by m; one before m started (a nested batch's announcement may
   // arrive well before it runs) still asks, and the coordinator drops what m answers.
+  if (m.type == MsgType::batch || m.type == MsgType::batch_nested) {
+    std::lock_guard lk(m_);  // before this node's requests say they saw m (see wait_for)
+    batch_running_.insert(m.path);
+  }
   last_seen_id_ = std::max(last_seen_id_, m.id);
   running_.emplace_back(m.type == MsgType::batch_nested ? MsgType::batch : m.type, m.path);
   if (coord_) coord_->on_started(m);

@@ -66,6 +66,10 @@ namespace stagefs {
 
 using Clock = std::chrono::steady_clock;
 
+// Walks: at most this many subdirectories of one parent are prefetched (the rest wait for
+// their opens).
+inline constexpr size_t kMaxWalkDirs = 100000;
+
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
   std::string cache_dir;   // CACHE_DIR/data (absolute)
@@ -92,6 +96,10 @@ struct GroupConfig {
   // The coordinator announces batches nested in a running single-file transfer (needs the
   // nested Comm on every rank; only the coordinator's setting counts).
   bool nest_batches = true;
+  // Walks (coordinator.h): once opens asked for two sibling directories' batches, the other
+  // subdirectories of their parent are staged in the background, behind every request
+  // (source readers without list_dirs() never do; only the coordinator's setting counts).
+  bool prefetch_siblings = true;
 };
 
 struct GroupStats {
@@ -167,6 +175,7 @@ class GroupService final : public Materializer {
   }
   stage::Result<bool> forward_local();  // true if it sent anything
   stage::Result<bool> coordinate();     // coordinator's node; true if anything happened
+  void expand_walks();                  // coordinator's node: walks into prefetched batches
   stage::Status control_failed(const stage::Error& e, const char* what = "control plane");
   void complete(const Key& key, const stage::Status& st);
   Ready fail_all_locked(const stage::Error& e);
@@ -191,6 +200,10 @@ class GroupService final : public Materializer {
   // Directories whose batch failed (both runs): their small files are staged alone from then
   // on, for the life of the mount, so one bad file does not cost every open a failed batch.
   std::set<std::string> batch_failed_;
+  // The batch this node runs now: an open that misses a file of its directory waits for its
+  // end instead of asking for another batch (a file the batch did not cover is then staged
+  // alone by the caller).
+  std::set<std::string> batch_running_;
   // The single-file transfer in progress and its LiveFile (read_during_copy).
   std::map<std::string, std::shared_ptr<LiveFile>> live_;
   bool shutdown_requested_ = false;

@@ -38,7 +38,7 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", nested_batches = "on", cache_size,
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
       small_file_size = "1M", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
@@ -121,6 +121,15 @@ int main(int argc, char** argv) {
                  "0 counts). off: one transfer at a time")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--prefetch-siblings", prefetch_siblings,
+                 "on: once opens have staged the small files of two directories with the same "
+                 "parent (a reader walking a tree), the small files of the parent's other "
+                 "subdirectories (those every user may list and enter) are staged too, one "
+                 "directory after another, in the background: only when no open waits, so the "
+                 "source is read while readers read what is already here (only the setting of "
+                 "rank 0 counts). off: only what opens ask for")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--small-file-size", small_file_size,
                  "files of at most this size (bytes with K/M/G) are staged by directory: the first "
                  "open of one copies every small file of its directory (not subdirectories) in one "
@@ -199,6 +208,7 @@ int main(int argc, char** argv) {
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
   cfg.read_during_copy = read_during_copy == "on";
   cfg.nested_batches = nested_batches == "on";
+  cfg.prefetch_siblings = prefetch_siblings == "on";
   cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;

@@ -9,7 +9,10 @@ Usage: test_smallfiles11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (cla
               source, one log line per batch; with --small-file-size 0 one transfer per file.
               A batch's copies are published unsynced (--sync-after) with their names in
               CACHE/unsynced; after kill -9 the next start keeps them (same boot id) or, if the
-              log names another boot (a crash), removes them and they are copied again
+              log names another boot (a crash), removes them and they are copied again.
+              Walks: opens in two sibling directories stage the parent's other
+              subdirectories (those every user may list and enter) without an open;
+              --prefetch-siblings off stages only what opens ask for
   Group       (NP ranks, one mount namespace each) every rank reads the whole tree at once:
               transfers == directories on every rank, every file identical on every rank
 Run as `test_smallfiles11.py compare MNT SRC` inside a node's namespace, it reads every file
@@ -199,6 +202,59 @@ class Standalone(h.MountTestCase):
         self.assertEqual(d.stop(), 0)  # a clean stop syncs and leaves no log
         self.assertFalse(os.path.exists(os.path.join(cache, "unsynced")))
         self.assertIn("restarted while %d cached cop(ies) were not yet synced" % small, d.output()[1])
+
+    def _walk_tree(self):
+        small, _, _ = make_tree(self.work.src, 5, 12, large=False)
+        # A sibling other users may not enter: never staged by a walk, though its files are o+r.
+        private = os.path.join(self.work.src, "private")
+        os.makedirs(private)
+        for i in range(3):
+            with open(os.path.join(private, "p%d" % i), "wb") as f:
+                f.write(b"private %d\n" % i)
+        os.chmod(private, 0o750)
+        return small
+
+    def _cached(self, d, rel_dir):
+        p = os.path.join(self.work.file("cache"), "data", rel_dir)
+        return sorted(os.listdir(p)) if os.path.isdir(p) else []
+
+    def test_two_sibling_directories_stage_the_others(self):
+        small = self._walk_tree()
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        for rel in ("d00/f0000", "d01/f0003"):
+            with open(os.path.join(d.mnt, rel), "rb") as f, open(os.path.join(self.work.src, rel), "rb") as g:
+                self.assertEqual(f.read(), g.read())
+        # d02..d04 come without an open (d00/nested is no sibling of d00: not a walk's).
+        s = h.wait_for(lambda: (lambda s: s if s["batches"] >= 5 else None)(d.stats()), 60, "the walk's batches")
+        for k in range(5):
+            rel = "d%02d" % k
+            want = sorted(n for n in os.listdir(os.path.join(self.work.src, rel))
+                          if os.path.isfile(os.path.join(self.work.src, rel, n)))
+            self.assertEqual([n for n in self._cached(d, rel) if n != "nested"], want, rel)
+        self.assertEqual(self._cached(d, "private"), [])
+        self.assertEqual(s["opens"], 2, s)
+        # Then every file reads from the cache, identical (and the nested directory's batch).
+        out = h.run([h.PYTHON, SCRIPT, "compare", d.mnt, self.work.src], timeout=300, check=False)
+        self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
+        s = d.stats()
+        self.assertEqual(s["batches"], 7, s)  # d00-d04, d00/nested, private (its own open)
+        self.assertEqual(s["open_errors"], 0, s)
+        self.assertEqual(d.stop(), 0)
+        _, err = d.output()
+        self.assertEqual(len(re.findall(r"readers walk /:", err)), 1, err[-3000:])
+
+    def test_prefetch_siblings_off_stages_only_what_is_opened(self):
+        self._walk_tree()
+        d = self.daemon(self.work.file("cache"), "--prefetch-siblings", "off").wait_ready()
+        for rel in ("d00/f0000", "d01/f0003", "d02/f0001"):
+            with open(os.path.join(d.mnt, rel), "rb") as f:
+                f.read()
+        s = d.stats()
+        self.assertEqual(s["batches"], 3, s)
+        self.assertEqual(self._cached(d, "d03"), [])
+        self.assertEqual(d.stop(), 0)
+        _, err = d.output()
+        self.assertNotIn("readers walk", err)
 
     def test_bad_small_file_size_is_a_usage_error(self):
         r = h.run([h.STAGEFS, self.work.src, self.work.mnt, "--cache", self.work.file("c"), "--small-file-size",

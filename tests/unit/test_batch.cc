@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -540,6 +542,93 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   EXPECT_TRUE(again.published.empty());
   EXPECT_EQ(again.bytes_streamed, 0U);
   EXPECT_EQ(store.syncfs, 1);
+}
+
+// Walks (issue 11): opens in two sibling directories stage the parent's other subdirectories
+// that every user may list and enter, without an open; never a private one, nor a symlink.
+TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) {
+    fs::create_directories(path(std::string("src/") + d));
+    for (int i = 0; i < 3; ++i) write_file(path(std::string("src/") + d + "/f" + std::to_string(i)), small_[i]);
+  }
+  ASSERT_EQ(::chmod(path("src/w/private").c_str(), 0750), 0);
+  fs::create_directory_symlink("../many", path("src/w/link"));
+  write_file(path("src/w/plain"), small_[4]);
+  // The listing itself: o+rx directories only, at most max of them.
+  auto all = source_->list_dirs("w", 100);
+  ASSERT_TRUE(all) << all.error().message;
+  std::vector<std::string> names = *all;
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "c", "d"}));
+  auto two = source_->list_dirs("w", 2);
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->size(), 2U);
+  EXPECT_FALSE(source_->list_dirs("w/plain", 100));
+  EXPECT_FALSE(source_->list_dirs("w/link", 100));
+
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t w = lookup(StageFsCore::kRootId, "w");
+  for (const char* d : {"a", "b"}) {
+    auto r = core_->open(lookup(lookup(w, d), "f1"), O_RDONLY);
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_EQ(read_fd(r->fd.get()), small_[1]);
+    core_->release(r->pinned);
+  }
+  // c and d follow in the background (a bounded poll of the counter, nothing timed).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (group.stats().batches < 4 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto s = group.stats();
+  EXPECT_EQ(s.batches, 4U);
+  EXPECT_EQ(s.batch_files, 12U);
+  EXPECT_TRUE(fs::exists(path("cache/data/w/c/f2")));
+  EXPECT_TRUE(fs::exists(path("cache/data/w/d/f0")));
+  EXPECT_FALSE(fs::exists(path("cache/data/w/private")));
+  EXPECT_FALSE(fs::exists(path("cache/data/many")));
+  // An open in c is a cache hit: no transfer.
+  auto c = core_->open(lookup(lookup(w, "c"), "f2"), O_RDONLY);
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(read_fd(c->fd.get()), small_[2]);
+  core_->release(c->pinned);
+  EXPECT_EQ(group.stats().transfers, 4U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
+}
+
+// With prefetch_siblings off, only what opens ask for.
+TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
+  for (const char* d : {"w/a", "w/b", "w/c"}) {
+    fs::create_directories(path(std::string("src/") + d));
+    write_file(path(std::string("src/") + d + "/f"), small_[0]);
+  }
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  auto cfg = config();
+  cfg.prefetch_siblings = false;
+  GroupService group(comm, ctl, *source_, store_, cfg);
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t w = lookup(StageFsCore::kRootId, "w");
+  for (const char* d : {"a", "b", "c"}) {
+    auto r = core_->open(lookup(lookup(w, d), "f"), O_RDONLY);
+    ASSERT_TRUE(r) << r.error().message;
+    core_->release(r->pinned);
+  }
+  // Each open asked for its own directory: had a (wrong) walk queued c after b, c's open would
+  // have found it queued or staged, and no open would be a miss for c.
+  const auto s = group.stats();
+  EXPECT_EQ(s.batches, 3U);
+  EXPECT_EQ(s.requests_sent, 3U);
+  core_->stop();
+  core_.reset();
+  group.request_shutdown();
+  service.join();
 }
 
 }  // namespace
