@@ -10,6 +10,8 @@ Points, each reader, wall time until every rank finished:
   source xNP     NP processes at once reading the source directly
   stagefs        NP ranks, fresh caches, default --small-file-size (1M): batches by directory
   stagefs warm   the same mounts again (every file cached)
+  no walks       the same as stagefs with --prefetch-siblings off: only the directories
+                 opens ask for are staged (the behaviour before walks), cold only, same run
   synced         the same as stagefs with --sync-after 0: every batch synced before its files
                  appear (the behaviour before the unsynced log), same run
   old            --small-file-size 0 (one collective per file) on the first OLD_DIRS directories
@@ -24,6 +26,7 @@ direct I/O, blkio cgroup), page cache dropped before each point, cold only:
   source xNP     NP processes, each reading a copy of its own (simulated nodes share one page
                  cache: readers of one copy would read the device once between them)
   stagefs        NP ranks, fresh caches: rank 0 reads the source once
+  no walks       the same with --prefetch-siblings off
 The first points use a source warm in the page cache (it was just written). Source and caches
 live on a fresh journaled ext4 on a loop device, as on a node's NVMe (CACHE_FS=root: on
 /var/tmp, this machine's root filesystem, an ext4 without a journal). Usage:
@@ -162,6 +165,7 @@ try:
         r["stagefs"], r["stagefs_warm"], r["stats"] = group_point(work, kind, [], "stagefs (batches), full")
         r["stagefs_cpu"] = r["stats"]["cold_cpu"]
         r["synced"], _, _ = group_point(work, kind, ["--sync-after", "0"], "--sync-after 0, full")
+        r["nowalk"], _, _ = group_point(work, kind, ["--prefetch-siblings", "off"], "no walks, full", warm=False)
         # Same-run subset: batches vs one collective per file.
         work.src = subset
         r["sub_source_x1"], _ = timed_parallel([reader_cmd(kind, subset)])
@@ -171,14 +175,15 @@ try:
         work.src = full
         res[kind] = r
     print()
-    print("| reader | source x1 | source x%d | stagefs x%d cold | --sync-after 0 | warm | stagefs / source x1 |"
+    print("| reader | source x1 | source x%d | stagefs x%d cold | --prefetch-siblings off | --sync-after 0 | warm |"
+          " stagefs / source x1 |"
           " / source x%d | subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |"
           " old, whole tree (est.) / stagefs |" % (np_, np_, np_, sub_files))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, r in res.items():
-        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.1fx | %.1fx | %.2f s | %.2f s | %.2f s (%.1f ms/file)"
+        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.1fx | %.1fx | %.2f s | %.2f s | %.2f s (%.1f ms/file)"
               " | %.1fx | %.1fx |" %
-              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["synced"], r["stagefs_warm"],
+              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["nowalk"], r["synced"], r["stagefs_warm"],
                r["stagefs"] / r["source_x1"], r["stagefs"] / r["source_xnp"], r["sub_source_x1"], r["sub_stagefs"],
                r["sub_old"], 1000 * r["sub_old"] / sub_files, r["sub_old"] / r["sub_stagefs"],
                r["sub_old"] * nfiles / sub_files / r["stagefs"]))
@@ -201,20 +206,23 @@ try:
                                                      for k in range(np_)])
                 benchlib.drop_caches()
                 c["stagefs"], _, _ = group_point(work, kind, [], "contended, stagefs", warm=False)
-                print("  %-6s contended: source x1 %.2f s, source x%d %.2f s, stagefs x%d %.2f s" %
-                      (kind, c["source_x1"], np_, c["source_xnp"], np_, c["stagefs"]), flush=True)
+                benchlib.drop_caches()
+                c["nowalk"], _, _ = group_point(work, kind, ["--prefetch-siblings", "off"], "contended, no walks",
+                                                warm=False)
+                print("  %-6s contended: source x1 %.2f s, source x%d %.2f s, stagefs x%d %.2f s (no walks %.2f s)" %
+                      (kind, c["source_x1"], np_, c["source_xnp"], np_, c["stagefs"], c["nowalk"]), flush=True)
                 contended[kind] = c
         finally:
             work.src = full
             remove_thr()
         print()
-        print("| contended (%d MB/s) | source x1 | source x%d (each its own copy) | stagefs x%d | stagefs / source x1 |"
-              " stagefs / source x%d |" % (contended_mbs, np_, np_, np_))
-        print("|---|---|---|---|---|---|")
+        print("| contended (%d MB/s) | source x1 | source x%d (each its own copy) | stagefs x%d | no walks |"
+              " stagefs / source x1 | no walks / source x1 | stagefs / source x%d |" % (contended_mbs, np_, np_, np_))
+        print("|---|---|---|---|---|---|---|---|")
         for kind, c in contended.items():
-            print("| %s | %.2f s | %.2f s | %.2f s | %.2fx | %.2fx |" %
-                  (kind, c["source_x1"], c["source_xnp"], c["stagefs"], c["stagefs"] / c["source_x1"],
-                   c["stagefs"] / c["source_xnp"]))
+            print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2fx | %.2fx | %.2fx |" %
+                  (kind, c["source_x1"], c["source_xnp"], c["stagefs"], c["nowalk"], c["stagefs"] / c["source_x1"],
+                   c["nowalk"] / c["source_x1"], c["stagefs"] / c["source_xnp"]))
     print()
     print("raw:", json.dumps({k: {x: y for x, y in v.items() if "stats" not in x} for k, v in res.items()}),
           json.dumps(contended))
