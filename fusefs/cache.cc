@@ -277,7 +277,7 @@ void NodeCache::index_tree(int dirfd, const std::string& prefix) {
     const std::string rel = prefix.empty() ? name : prefix + "/" + name;
     if (S_ISREG(st.st_mode)) {
       const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-      index_[rel] = Entry{bytes, stage::to_ns(st.st_atim)};
+      index_[rel] = Entry{.bytes = bytes, .last_use = stage::to_ns(st.st_atim), .origin = {}};
       bytes_ += bytes;
     } else if (S_ISDIR(st.st_mode)) {
       const int sub = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -296,12 +296,16 @@ CacheUsage NodeCache::usage() const {
                     unsynced_ ? unsynced_->synced() : 0};
 }
 
-void NodeCache::touch(const std::string& rel, int fd) {
-  // The copy's atime carries the order across restarts (mtime is the source's: untouched).
-  const struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-  ::futimens(fd, times);
+void NodeCache::touch(const std::string& rel, int fd, const struct stat* copy_st) {
   struct timespec now {};
   ::clock_gettime(CLOCK_REALTIME, &now);
+  // The copy's atime carries the order across restarts (mtime is the source's: untouched).
+  constexpr int64_t kAtimeGrain = int64_t{60} * 1000 * 1000 * 1000;
+  const int64_t atime = copy_st != nullptr ? stage::to_ns(copy_st->st_atim) : 0;
+  if (copy_st == nullptr || atime > stage::to_ns(now) || stage::to_ns(now) - atime >= kAtimeGrain) {
+    const struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    ::futimens(fd, times);
+  }
   std::lock_guard lk(m_);
   if (auto it = index_.find(rel); it != index_.end()) it->second.last_use = stage::to_ns(now);
 }
@@ -347,7 +351,7 @@ void NodeCache::index_put(const std::string& rel, const struct stat* st, int64_t
   }
   if (st == nullptr) return;
   const uint64_t bytes = static_cast<uint64_t>(st->st_blocks) * 512;
-  index_[rel] = Entry{bytes, now_ns};
+  index_[rel] = Entry{.bytes = bytes, .last_use = now_ns, .origin = {}};
   bytes_ += bytes;
 }
 
@@ -445,7 +449,26 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
   if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat cached copy", rel);
   if (!S_ISREG(st.st_mode) || st.st_uid != euid_ || st.st_nlink != 1)
     return stage::stage_error(stage::Errc::source_changed, "cached copy was not written by this daemon", rel);
-  const auto origin = stage::origin_of_fd(fd->get());
+  std::optional<stage::Origin> origin;
+  const auto dev = static_cast<uint64_t>(st.st_dev), ino = static_cast<uint64_t>(st.st_ino);
+  const int64_t ctime = stage::to_ns(st.st_ctim);
+  {
+    std::lock_guard lk(m_);
+    if (auto it = index_.find(rel); it != index_.end() && it->second.origin && it->second.origin_dev == dev &&
+                                    it->second.origin_ino == ino && it->second.origin_ctime_ns == ctime)
+      origin = it->second.origin;
+  }
+  if (!origin) {
+    origin = stage::origin_of_fd(fd->get());
+    ++origin_reads_;
+    std::lock_guard lk(m_);
+    if (auto it = index_.find(rel); origin && it != index_.end()) {
+      it->second.origin = origin;
+      it->second.origin_dev = dev;
+      it->second.origin_ino = ino;
+      it->second.origin_ctime_ns = ctime;
+    }
+  }
   if (static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
       !stage::origin_matches(*origin, stage::to_ns(st.st_mtim), stage::meta_from_stat(src)))
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", rel);

@@ -40,11 +40,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,13 +107,18 @@ class NodeCache {
   // Whether the cache holds directory rel_dir ("" is data itself): when it does not, no copy
   // of its files is there either, and a batch's plan need not look for each one.
   [[nodiscard]] bool has_dir(const std::string& rel_dir) const;
+  // How many times open_current() read a copy's origin xattr (tests: the memo in the index).
+  [[nodiscard]] uint64_t origin_reads() const { return origin_reads_.load(); }
   // Removes the copy of rel (a corrupted one).
   void remove(const std::string& rel);
 
   // ---- index, capacity, pins
   void set_limit(uint64_t bytes) { std::lock_guard lk(m_); limit_ = bytes; }
   [[nodiscard]] CacheUsage usage() const;
-  void touch(const std::string& rel, int fd);  // a cache hit: most recently used now
+  // A cache hit: most recently used now. copy_st (the copy's stat, when the caller has it):
+  // the copy's atime is left alone when it is under a minute old (one futimens per copy and
+  // minute, not per open: the order across restarts needs no finer grain).
+  void touch(const std::string& rel, int fd, const struct stat* copy_st = nullptr);
   void added(const std::string& rel);          // a copy of rel was published (or replaced)
   // A batch published `names` (plain names) in rel_dir: each joins the index, as added()
   // does, with one fstatat per name under one directory fd. Returns the stat of each copy
@@ -132,6 +139,12 @@ class NodeCache {
   struct Entry {
     uint64_t bytes = 0;
     int64_t last_use = 0;  // ns since the epoch
+    // The copy's recorded origin as open_current() last read it, valid while the copy's inode
+    // and ctime are those below (any write, xattr change or rename moves its ctime): a warm
+    // open then needs no getxattr (ext4's was a tenth of the daemon's CPU in a warm pass).
+    mutable std::optional<stage::Origin> origin;
+    mutable uint64_t origin_dev = 0, origin_ino = 0;
+    mutable int64_t origin_ctime_ns = 0;
   };
   NodeCache() = default;
   void index_tree(int dirfd, const std::string& prefix);
@@ -155,6 +168,7 @@ class NodeCache {
   stage::Fd data_;  // CACHE/data (O_DIRECTORY)
   stage::Fd lock_;
   struct stat data_st_ {};
+  mutable std::atomic<uint64_t> origin_reads_{0};
   uid_t euid_ = ::geteuid();  // the daemon's user: the owner of every copy it wrote
   SweepCounts swept_;
   RecoveryCounts recovered_;

@@ -490,7 +490,7 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     }
     if (verified) {
       ++counters_.cache_hits;
-      cache_.touch(rel, fd->get());
+      cache_.touch(rel, fd->get(), &cst);
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }

@@ -239,5 +239,64 @@ TEST_F(NodeCacheTest, IndexSurvivesARestartInAtimeOrder) {
   EXPECT_TRUE(fs::exists(path("c/data/new")));
 }
 
+// A warm open reads the copy's origin xattr once: the index remembers it while the copy's
+// inode and ctime hold; a new copy (a new inode) is read again. Nothing stale is served.
+TEST_F(NodeCacheTest, AWarmOpenReadsTheOriginOnceUntilTheCopyIsReplaced) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  auto copy = [&](const std::string& data) {
+    write_file(path("src"), data);
+    struct stat src {};
+    EXPECT_EQ(::stat(path("src").c_str(), &src), 0);
+    const std::string dest = cache.store_root() + "/d/f";
+    EXPECT_TRUE(cache.store().make_parents(dest));
+    auto txn = cache.store().begin(dest);
+    EXPECT_TRUE(txn);
+    EXPECT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+    EXPECT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+    EXPECT_TRUE((*txn)->commit());
+    cache.added("d/f");
+    return src;
+  };
+  const struct stat v1 = copy("version one");
+  EXPECT_TRUE(cache.open_current("d/f", v1));
+  EXPECT_TRUE(cache.open_current("d/f", v1));
+  EXPECT_TRUE(cache.open_current("d/f", v1));
+  EXPECT_EQ(cache.origin_reads(), 1U);
+  // The source changes: the remembered origin says the copy is not current.
+  write_file(path("src"), "version two!");
+  struct stat v2 {};
+  ASSERT_EQ(::stat(path("src").c_str(), &v2), 0);
+  EXPECT_FALSE(cache.open_current("d/f", v2));
+  // A new copy replaces it: read again, and current.
+  const struct stat v2b = copy("version two!");
+  EXPECT_TRUE(cache.open_current("d/f", v2b));
+  EXPECT_EQ(cache.origin_reads(), 2U);
+  EXPECT_FALSE(cache.open_current("d/f", v1));
+}
+
+// A hit moves the copy's atime (the LRU order across restarts) at most once a minute.
+TEST_F(NodeCacheTest, AHitMovesTheAtimeOnlyWhenItIsAMinuteOld) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  put(**c, "a", 4096);
+  stage::Fd fd(::open(path("c/data/a").c_str(), O_RDONLY));
+  ASSERT_TRUE(fd.valid());
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  auto atime_after_touch = [&](time_t age) {
+    const struct timespec t[2] = {{now.tv_sec - age, 0}, {0, UTIME_OMIT}};
+    EXPECT_EQ(::futimens(fd.get(), t), 0);
+    struct stat st {};
+    EXPECT_EQ(::fstat(fd.get(), &st), 0);
+    (*c)->touch("a", fd.get(), &st);
+    EXPECT_EQ(::fstat(fd.get(), &st), 0);
+    return st.st_atim.tv_sec;
+  };
+  EXPECT_EQ(atime_after_touch(30), now.tv_sec - 30);  // recent: left alone
+  EXPECT_GE(atime_after_touch(120), now.tv_sec);      // a minute old: now
+}
+
 }  // namespace
 }  // namespace stagefs
