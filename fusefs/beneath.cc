@@ -51,13 +51,13 @@ stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool 
   return m;
 }
 
-stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size) {
-  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
-  if (!fd) return fd.error();
-  struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
-  // fdopendir takes its own descriptor: the listing never resolves the path again.
-  const int lfd = ::dup(fd->get());
+namespace {
+
+// The names of the entries of the directory fd holds whose d_type is `type` (or unknown: the
+// caller checks with fstatat), "." and ".." left out, in the order the directory lists them.
+// fdopendir takes a descriptor of its own: the listing never resolves a path again.
+stage::Result<std::vector<std::string>> list_names(int fd, unsigned char type, const std::string& dir) {
+  const int lfd = ::dup(fd);
   DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
   if (d == nullptr) {
     const int err = errno;
@@ -67,13 +67,26 @@ stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string
   std::vector<std::string> names;
   errno = 0;
   while (const dirent* de = ::readdir(d)) {
-    if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
+    if (de->d_type != type && de->d_type != DT_UNKNOWN) continue;
     const std::string name = de->d_name;
     if (name != "." && name != "..") names.push_back(name);
   }
   const int err = errno;
   ::closedir(d);
   if (err != 0) return stage::sys_error(err, "list source directory", dir);
+  return names;
+}
+
+}  // namespace
+
+stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size) {
+  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
+  auto listed = list_names(fd->get(), DT_REG, dir);
+  if (!listed) return listed.error();
+  std::vector<std::string> names = std::move(listed.value());
   std::sort(names.begin(), names.end());  // the same order on every run
   stage::Manifest m;
   m.tree = true;
@@ -96,35 +109,18 @@ stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string
 stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::string& dir, size_t max) {
   auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
-  const int lfd = ::dup(fd->get());
-  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
-  if (d == nullptr) {
-    const int err = errno;
-    if (lfd >= 0) ::close(lfd);
-    return stage::sys_error(err, "list source directory", dir);
-  }
+  auto names = list_names(fd->get(), DT_DIR, dir);
+  if (!names) return names.error();
   std::vector<std::string> out;
-  int err = 0;
-  while (out.size() < max) {
-    errno = 0;
-    const dirent* de = ::readdir(d);
-    if (de == nullptr) {
-      err = errno;
-      break;
-    }
-    if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
-    const std::string name = de->d_name;
-    if (name == "." || name == "..") continue;
+  for (const std::string& name : *names) {
+    if (out.size() >= max) break;
     struct stat st {};
     // Only what every user may reach: a walk by one user never stages a directory the
     // others (or that user) could not list.
-    if (::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
-        (st.st_mode & (S_IROTH | S_IXOTH)) != (S_IROTH | S_IXOTH))
-      continue;
-    out.push_back(name);
+    if (::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+        (st.st_mode & (S_IROTH | S_IXOTH)) == (S_IROTH | S_IXOTH))
+      out.push_back(name);
   }
-  ::closedir(d);
-  if (err != 0) return stage::sys_error(err, "list source directory", dir);
   return out;
 }
 

@@ -28,6 +28,10 @@
 // second Comm once the mark is complete on it, then goes on with the file.
 // A nested announcement whose mark never came (the stream ended first) runs right after the
 // transfer, like any announcement. Large files still go one at a time (they share the links).
+// Walks (GroupConfig::prefetch_siblings; coordinator.h): when the coordinator sees a walk,
+// this (its) node lists the parent's subdirectories through the source reader and queues
+// their batches behind every request. An open that misses a file of the batch running on
+// this node waits for that batch (no new request): a file it did not cover is staged alone.
 // Waiting opens hold no thread: materialize_async() keeps a callback per open, run when the
 // transfer completes. A watchdog thread (not the service thread, which may be stuck in MPI)
 // enforces the stall timeout.
