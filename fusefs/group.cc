@@ -90,6 +90,11 @@ uint64_t GroupService::epoch() const {
   return epoch_;
 }
 
+bool GroupService::batch_running(const std::string& dir) const {
+  std::lock_guard lk(m_);
+  return batch_running_.contains(dir);
+}
+
 void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
   std::unique_lock lk(m_);
   const std::string& rel = key.second;

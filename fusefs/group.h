@@ -140,6 +140,7 @@ class GroupService final : public Materializer {
   void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
   void materialize_live_async(const std::string& rel, Done done, Early early) override;
   [[nodiscard]] uint64_t epoch() const override;
+  [[nodiscard]] bool batch_running(const std::string& dir) const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
   // Service thread: loops until a shutdown announcement or a broken control plane.

@@ -631,5 +631,64 @@ TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
   service.join();
 }
 
+// A copy its directory's batch is publishing on this node right now is not yet known to the
+// core as made in this mount (the batch tells it when it ends). An open that finds it then
+// waits for the batch, instead of reading it back for its CRC as a copy from an earlier mount.
+class Publishing final : public Materializer {
+ public:
+  void materialize_async(const std::string& rel, Done done) override {
+    ADD_FAILURE() << "a transfer of " << rel << " alone";
+    done(stage::sys_error(EIO, "unexpected"));
+  }
+  void materialize_small_async(const std::string& rel, uint64_t, Done done) override {
+    asked = rel;
+    pending = std::move(done);
+    called.set_value();  // publishes asked and pending to the test's thread
+  }
+  [[nodiscard]] bool batch_running(const std::string& dir) const override { return dir == "many"; }
+  std::string asked;
+  Done pending;
+  std::promise<void> called;
+};
+
+TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheCrc) {
+  {  // a first mount stages the directory (copies with their CRC recorded)
+    stage::SelfComm comm;
+    LocalControlPlane ctl;
+    GroupService group(comm, ctl, *source_, store_, config());
+    std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+    make_core(group);
+    auto r = core_->open(lookup(lookup(StageFsCore::kRootId, "many"), name(5)), O_RDONLY);
+    ASSERT_TRUE(r) << r.error().message;
+    core_->release(r->pinned);
+    core_->stop();
+    core_.reset();
+    group.request_shutdown();
+    service.join();
+  }
+  // A new core over the same cache, whose materializer says the batch of "many" runs now.
+  Publishing mat;
+  make_core(mat);
+  const uint64_t id = lookup(lookup(StageFsCore::kRootId, "many"), name(5));
+  std::promise<stage::Result<OpenFile>> answer;
+  core_->open_async(id, O_RDONLY, Caller{}, [&](stage::Result<OpenFile> r) { answer.set_value(std::move(r)); });
+  auto f = answer.get_future();
+  // The core asks for the batch (on its completion pool); 60 s is only a bound.
+  ASSERT_EQ(mat.called.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(mat.asked, "many/" + name(5));
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // waiting, not read back
+  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  // The batch ends: it tells the core what it published, then answers.
+  core_->copies_made(cache_->added_in("many", {name(5)}));
+  mat.pending({});
+  auto r = f.get();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), small_[5]);
+  core_->release(r->pinned);
+  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  core_->stop();
+  core_.reset();
+}
+
 }  // namespace
 }  // namespace stagefs
