@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "bcast/comm.h"
@@ -568,7 +570,19 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
 
   stage::SelfComm comm;
   LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
+  // Each batch's end, counted (the walk's batches run in the background).
+  std::mutex m;
+  std::condition_variable cv;
+  int ended = 0;
+  auto cfg = config();
+  cfg.after_batch = [&, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
+                                                 bool ok, double secs) {
+    inner(dir, published, ok, secs);
+    std::lock_guard lk(m);
+    ++ended;
+    cv.notify_all();
+  };
+  GroupService group(comm, ctl, *source_, store_, cfg);
   std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
@@ -578,10 +592,11 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
     EXPECT_EQ(read_fd(r->fd.get()), small_[1]);
     core_->release(r->pinned);
   }
-  // c and d follow in the background (a bounded poll of the counter, nothing timed).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (group.stats().batches < 4 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // c and d follow in the background (60 s is only a bound).
+  {
+    std::unique_lock lk(m);
+    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended >= 4; }));
+  }
   const auto s = group.stats();
   EXPECT_EQ(s.batches, 4U);
   EXPECT_EQ(s.batch_files, 12U);
