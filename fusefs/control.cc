@@ -11,6 +11,11 @@ constexpr uint32_t kMagic = 0x53544643;  // "STFC"
 constexpr size_t kHeader = 4 + 1 + 8 + 4;
 }  // namespace
 
+std::string batch_dir_of(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? std::string() : rel.substr(0, slash);
+}
+
 std::string encode_message(const Message& m) {
   std::string out(kHeader, '\0');
   const auto len = static_cast<uint32_t>(m.path.size());

@@ -41,6 +41,10 @@ struct Message {
   bool operator==(const Message&) const = default;
 };
 
+// The directory holding rel ("" at the root of the source): a small file's batch key, and
+// the parent of a batch's directory.
+std::string batch_dir_of(const std::string& rel);
+
 std::string encode_message(const Message& m);
 stage::Result<Message> decode_message(std::span<const std::byte> bytes);
 

@@ -23,17 +23,14 @@ void Coordinator::on_request(const Message& m) {
     ++stats_.merged;
     return;
   }
-  if (m.type == MsgType::batch && later_set_.erase(m.path) > 0) {
-    later_.erase(std::find(later_.begin(), later_.end(), m.path));
-    ++stats_.promoted;
-  }
+  // Promoted: its entry in later_ is skipped when reached (no search of a long queue).
+  if (m.type == MsgType::batch && later_set_.erase(m.path) > 0) ++stats_.promoted;
   queue_.push_back(std::move(key));
 }
 
 void Coordinator::note_batch_request(const std::string& dir) {
   if (!walks_on_ || dir.empty()) return;  // the root has no siblings
-  const size_t slash = dir.rfind('/');
-  std::string parent = slash == std::string::npos ? std::string() : dir.substr(0, slash);
+  std::string parent = batch_dir_of(dir);
   if (walked_.contains(parent)) return;
   auto [it, fresh] = first_child_.try_emplace(parent, dir);
   if (fresh || it->second == dir) return;
@@ -78,7 +75,8 @@ std::optional<Message> Coordinator::next_announcement() {
     queued_.clear();
     later_.clear();
     later_set_.clear();
-  } else if (queue_.empty() && !later_.empty()) {  // nothing waits: the next prefetched batch
+  } else if (queue_.empty() && !later_set_.empty()) {  // nothing waits: the next prefetched batch
+    while (!later_set_.contains(later_.front())) later_.pop_front();  // promoted meanwhile
     Key key{MsgType::batch, std::move(later_.front())};
     later_.pop_front();
     later_set_.erase(key.second);

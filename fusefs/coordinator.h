@@ -84,7 +84,7 @@ class Coordinator {
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
   [[nodiscard]] size_t queued() const {
-    return queue_.size() + later_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
+    return queue_.size() + later_set_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
   }
   [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
 
@@ -93,7 +93,9 @@ class Coordinator {
   using Key = std::pair<MsgType, std::string>;
   std::deque<Key> queue_;  // keys decided but not yet announced, in request order
   std::set<Key> queued_;
-  std::deque<std::string> later_;  // prefetched batch directories, behind queue_
+  // Prefetched batch directories, behind queue_: later_set_ holds the ones still queued,
+  // later_ their order (a promoted one stays in later_ until reached, then is skipped).
+  std::deque<std::string> later_;
   std::set<std::string> later_set_;
   bool walks_on_ = false;
   // Walks: per parent, the first directory asked for as a batch (until a second one makes it

@@ -501,8 +501,7 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
                        (src.st_mode & S_IROTH) != 0;
     // A copy that its directory's batch is publishing on this node right now (a walk runs
     // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
-    const size_t slash = rel.rfind('/');
-    const bool publishing = small && mat_.batch_running(slash == std::string::npos ? std::string() : rel.substr(0, slash));
+    const bool publishing = small && mat_.batch_running(rel);
     if (!publishing) {
       if (auto fd = open_verified(rel, src, false)) {
         ++counters_.cache_hits;

@@ -85,11 +85,11 @@ class Materializer {
   }
   // A counter of completed transfers (0 if the materializer has none).
   [[nodiscard]] virtual uint64_t epoch() const { return 0; }
-  // Whether the batch of directory dir runs on this node now: its copies appear one by one
-  // before the batch tells the core they are verified, so an open that finds one waits for
-  // the batch instead of reading the copy back for its CRC.
-  [[nodiscard]] virtual bool batch_running(const std::string& dir) const {
-    (void)dir;
+  // Whether the batch that holds small file rel runs on this node now: its copies appear
+  // one by one before the batch tells the core they are verified, so an open that finds one
+  // waits for the batch instead of reading the copy back for its CRC.
+  [[nodiscard]] virtual bool batch_running(const std::string& rel) const {
+    (void)rel;
     return false;
   }
   // Blocking form.

@@ -54,8 +54,7 @@ void GroupService::materialize_async(const std::string& rel, Done done) {
 
 void GroupService::materialize_small_async(const std::string& rel, uint64_t since, Done done) {
   if (cfg_.small_file_size == 0) return materialize_async(rel, std::move(done));
-  const size_t slash = rel.rfind('/');
-  std::string dir = slash == std::string::npos ? std::string() : rel.substr(0, slash);
+  std::string dir = batch_dir_of(rel);
   {
     std::unique_lock lk(m_);
     if (batch_failed_.contains(dir)) {
@@ -90,7 +89,8 @@ uint64_t GroupService::epoch() const {
   return epoch_;
 }
 
-bool GroupService::batch_running(const std::string& dir) const {
+bool GroupService::batch_running(const std::string& rel) const {
+  const std::string dir = batch_dir_of(rel);
   std::lock_guard lk(m_);
   return batch_running_.contains(dir);
 }
@@ -474,7 +474,12 @@ stage::Result<bool> GroupService::coordinate() {
 }
 
 void GroupService::expand_walks() {
-  for (const std::string& parent : coord_->take_walks()) {
+  const auto walks = coord_->take_walks();
+  if (!walks.empty()) {
+    std::lock_guard lk(m_);
+    stats_.walks += walks.size();
+  }
+  for (const std::string& parent : walks) {
     auto dirs = src_.list_dirs(parent, kMaxWalkDirs);
     if (!dirs) {
       spdlog::debug("walk of {}/: {}", parent, dirs.error().message);
@@ -482,7 +487,7 @@ void GroupService::expand_walks() {
     }
     for (const std::string& name : *dirs) coord_->prefetch(stage::join_path(parent, name));
     spdlog::info("readers walk {}/: staging the small files of its {} subdirectories in the background",
-                 parent.empty() ? std::string() : parent, dirs->size());
+                 parent, dirs->size());
   }
 }
 

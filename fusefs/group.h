@@ -115,6 +115,7 @@ struct GroupStats {
   uint64_t bytes_broadcast = 0;
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
+  uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
   uint64_t waiting = 0;        // files this node waits for
   uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers
   // The transfer in flight, if any.
@@ -140,7 +141,7 @@ class GroupService final : public Materializer {
   void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
   void materialize_live_async(const std::string& rel, Done done, Early early) override;
   [[nodiscard]] uint64_t epoch() const override;
-  [[nodiscard]] bool batch_running(const std::string& dir) const override;
+  [[nodiscard]] bool batch_running(const std::string& rel) const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
   // Service thread: loops until a shutdown announcement or a broken control plane.

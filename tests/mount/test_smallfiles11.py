@@ -214,7 +214,7 @@ class Standalone(h.MountTestCase):
         os.chmod(private, 0o750)
         return small
 
-    def _cached(self, d, rel_dir):
+    def _cached(self, rel_dir):
         p = os.path.join(self.work.file("cache"), "data", rel_dir)
         return sorted(os.listdir(p)) if os.path.isdir(p) else []
 
@@ -230,8 +230,8 @@ class Standalone(h.MountTestCase):
             rel = "d%02d" % k
             want = sorted(n for n in os.listdir(os.path.join(self.work.src, rel))
                           if os.path.isfile(os.path.join(self.work.src, rel, n)))
-            self.assertEqual([n for n in self._cached(d, rel) if n != "nested"], want, rel)
-        self.assertEqual(self._cached(d, "private"), [])
+            self.assertEqual([n for n in self._cached(rel) if n != "nested"], want, rel)
+        self.assertEqual(self._cached("private"), [])
         self.assertEqual(s["opens"], 2, s)
         # Then every file reads from the cache, identical (and the nested directory's batch).
         out = h.run([h.PYTHON, SCRIPT, "compare", d.mnt, self.work.src], timeout=300, check=False)
@@ -251,7 +251,7 @@ class Standalone(h.MountTestCase):
                 f.read()
         s = d.stats()
         self.assertEqual(s["batches"], 3, s)
-        self.assertEqual(self._cached(d, "d03"), [])
+        self.assertEqual(self._cached("d03"), [])
         self.assertEqual(d.stop(), 0)
         _, err = d.output()
         self.assertNotIn("readers walk", err)
