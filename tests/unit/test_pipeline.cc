@@ -125,14 +125,19 @@ TEST(PipelineTest, SegmentSize) {
   EXPECT_LT(kDefaultSegment + 64, 64 * 1024U);  // under Open MPI's TCP eager limit, with headers
 }
 
-// N = 1..17, every root, both shapes: every rank ends with the root's bytes, no request left.
+// N = 1..9, 12 and 15..17 (around a power of two), both shapes: every rank ends with the root's
+// bytes, no request left. Every root up to 9 ranks; beyond, the first two, the middle and the
+// last two (the broadcast order is the placement rotated to start at the root). Every N and
+// every root made this the suite's longest test under ThreadSanitizer (77 s).
 TEST(PipelineTest, EveryRankGetsTheRootsBytes) {
   PipelineOptions opt;
   opt.segment = 1000;  // odd, and many segments per buffer
   opt.window_bytes = 3000;
   opt.stall_timeout = milliseconds(20000);
   for (int n = 1; n <= 17; ++n) {
+    if (n > 9 && n != 12 && n < 15) continue;
     for (int root = 0; root < n; ++root) {
+      if (n > 9 && root > 1 && root != n / 2 && root < n - 2) continue;
       for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
         // odd sizes: one byte, a partial last segment, exactly k segments; all sizes on a few roots
         std::vector<size_t> sizes{7777};
