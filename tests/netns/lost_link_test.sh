@@ -24,8 +24,12 @@
 # and the caches after the test), LOST_LINK_LOGDIR (default
 # BUILD_DIR/tests/netns/lost_link.logs), LOST_LINK_SIZE_MB (256), LOST_LINK_RATE (50mbit),
 # LOST_LINK_CHUNK (4M), LOST_LINK_STALL (5), LOST_LINK_READ_BOUND (60 s after the cut),
-# LOST_LINK_MPIRUN_GRACE (15 s after SIGTERM before escalating), LOST_LINK_RELINK_BOUND (90 s:
-# TCP retransmission back-off decides when a node whose link returns hears from its peers).
+# LOST_LINK_MPIRUN_GRACE (15 s after SIGTERM for the nodes to end, and for mpirun to end in the
+# recovery run), LOST_LINK_MPIRUN_WAIT (3 s: how long mpirun is given with node 4 still cut off
+# before escalating (eio) or restoring the link (source); it cannot end by itself then, and
+# restoring the link sooner also keeps TCP's retransmission back-off short),
+# LOST_LINK_RELINK_BOUND (90 s: TCP retransmission back-off decides when a node whose link
+# returns hears from its peers).
 set -uo pipefail
 
 SKIP=77
@@ -56,6 +60,7 @@ CHUNK=${LOST_LINK_CHUNK:-4M}
 STALL=${LOST_LINK_STALL:-5}
 READ_BOUND=${LOST_LINK_READ_BOUND:-60}
 GRACE=${LOST_LINK_MPIRUN_GRACE:-15}
+CUT_WAIT=${LOST_LINK_MPIRUN_WAIT:-3}
 RELINK_BOUND=${LOST_LINK_RELINK_BOUND:-90}
 N=4
 CUT=4                                   # the node whose link is cut
@@ -321,7 +326,7 @@ lost_link_run() {  # POLICY (eio|source)
   end_job "$name" $(seq 1 $((N - 1)))
   # eio: the dead-node case, mpirun is made to end while the link is still down.
   # source: mpirun gets no second signal; the link comes back while it still runs.
-  if [[ $policy == eio ]]; then mpirun_ended "$name" "$GRACE" yes; else mpirun_ended "$name" "$GRACE" no; fi
+  if [[ $policy == eio ]]; then mpirun_ended "$name" "$CUT_WAIT" yes; else mpirun_ended "$name" "$CUT_WAIT" no; fi
   if node_clean "$CUT"; then
     info "$name: node $CUT (cut off) has nothing left $(secs_since "$T_TERM") s after the SIGTERM"
   else
