@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# examples_slurm_test.sh BUILD_DIR EXAMPLE      EXAMPLE: stage-image | container | dataset
+# examples_slurm_test.sh BUILD_DIR EXAMPLE...      EXAMPLE: stage-image | container | dataset
 #
-# Runs one job script of packaging/examples/ as it is, with sbatch on a simulated 4-node
-# Slurm cluster (tests/harness/simslurm.sh; each node with its own hostname, /tmp, /nvme,
+# Runs job scripts of packaging/examples/ as they are, one after the other, with sbatch on one
+# simulated 4-node Slurm cluster (tests/harness/simslurm.sh; each node with its own hostname, /tmp, /nvme,
 # /stage and mount namespace), the build's stagefs and stage-bcast first on PATH. The
 # container image is a SquashFS made here from busybox-static (tiny: /bin/busybox, a data
 # file, /etc/motd); the runtime is Charliecloud's ch-run.
@@ -20,6 +20,8 @@
 #                broadcast = the dataset's size; every node's cache holds every file;
 #                stagefs stopped cleanly
 #
+# Each example starts from empty node caches (/nvme/stagefs, /nvme/app.sqsh) and a work
+# directory of its own; a failed example does not stop the next.
 # Exit: 0 all passed, 1 some check failed, 77 skipped (not root, or slurmd, munge, ch-run,
 # busybox-static, mksquashfs or /dev/fuse missing). The cluster is brought up fresh and torn
 # down on exit.
@@ -33,31 +35,35 @@ JOB_TIMEOUT=${JOB_TIMEOUT:-60}
 # shellcheck source=checks.sh
 source "$HERE/checks.sh" # NAME is read by its finish
 
-(($# == 2)) || { echo "usage: $0 BUILD_DIR stage-image|container|dataset" >&2; exit 2; }
+(($# >= 2)) || { echo "usage: $0 BUILD_DIR stage-image|container|dataset..." >&2; exit 2; }
 BUILD_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: build dir '$1' not found"; exit 1; }
-EXAMPLE=$2
-export NAME=example_$EXAMPLE
-SCRIPT=$EXAMPLES/$EXAMPLE.sbatch
-[[ -f $SCRIPT ]] || { echo "FAIL: no $SCRIPT"; exit 1; }
+shift
+EXAMPLE_LIST=("$@")
+export NAME="examples (${EXAMPLE_LIST[*]})"
+for EXAMPLE in "${EXAMPLE_LIST[@]}"; do
+  [[ -f $EXAMPLES/$EXAMPLE.sbatch ]] || { echo "FAIL: no $EXAMPLES/$EXAMPLE.sbatch"; exit 1; }
+done
 
 [[ $(id -u) == 0 ]] || skip "needs root (simulated Slurm uses mount/UTS namespaces)"
 for tool in slurmd slurmctld srun sbatch munged mksquashfs getfattr; do
   command -v "$tool" >/dev/null 2>&1 || skip "$tool not installed"
 done
-if [[ $EXAMPLE != stage-image ]]; then
-  if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then skip "/dev/fuse or fusermount3 missing"; fi
-fi
-if [[ $EXAMPLE != dataset ]]; then
-  command -v ch-run >/dev/null || skip "ch-run not installed (apt-get install charliecloud-runtime)"
-  if ! file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; then
-    skip "a static /bin/busybox is needed for the test image (apt-get install busybox-static)"
+for EXAMPLE in "${EXAMPLE_LIST[@]}"; do
+  if [[ $EXAMPLE != stage-image ]]; then
+    if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then skip "/dev/fuse or fusermount3 missing"; fi
   fi
-fi
+  if [[ $EXAMPLE != dataset ]]; then
+    command -v ch-run >/dev/null || skip "ch-run not installed (apt-get install charliecloud-runtime)"
+    if ! file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; then
+      skip "a static /bin/busybox is needed for the test image (apt-get install busybox-static)"
+    fi
+  fi
+done
 for b in stagefs stage-bcast; do
   [[ -x $BUILD_DIR/tools/$b ]] || { echo "FAIL: $BUILD_DIR/tools/$b missing"; exit 1; }
 done
 
-WORK='' JOBID=''
+WORK='' JOBID='' WORKS=()
 # ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed. Real nodes
 # each have their own /var/tmp; the simulated nodes share this machine's, and ch-run's mkdir
 # is not EEXIST-tolerant ("can't mkdir: /var/tmp/root.ch: File exists" when four nodes race),
@@ -73,7 +79,8 @@ cleanup() {
   trap - EXIT INT TERM
   [[ -n $JOBID ]] && timeout 15 scancel "$JOBID" >/dev/null 2>&1
   "$HARNESS" down >/dev/null 2>&1 || echo "warning: simslurm down failed" >&2
-  [[ -n $WORK && -d $WORK ]] && rm -rf "$WORK"
+  local w
+  for w in "${WORKS[@]}"; do [[ -d $w ]] && rm -rf "$w"; done
   [[ -n $CH_MNT ]] && rmdir "$CH_MNT" "${CH_MNT%/mnt}" 2>/dev/null
   exit "$rc"
 }
@@ -94,10 +101,6 @@ echo "    cluster up after $((SECONDS - t0))s"
 # what a user's environment has: the commands on PATH, USER (ch-run wants it)
 export PATH=$BUILD_DIR/tools:$PATH USER=${USER:-root}
 
-WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/example-test.XXXXXX")
-chmod 0755 "$WORK"
-SHARED=$WORK/shared
-mkdir -p "$SHARED"
 sum() { sha256sum "$1" | cut -d' ' -f1; }
 
 # the test image: busybox, a 4 MiB data file, /etc/motd, and what ch-run binds over
@@ -180,9 +183,18 @@ stopped_cleanly() {
   all_equal "$(per_node "$LEFT")" "procs=0 mounts=0"
 }
 
+run_example() {  # EXAMPLE: its own work directory, empty node caches
+SCRIPT=$EXAMPLES/$EXAMPLE.sbatch JOB_SECS=''
+WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/example-test.XXXXXX")
+WORKS+=("$WORK")
+chmod 0755 "$WORK"
+SHARED=$WORK/shared
+mkdir -p "$SHARED"
+per_node 'rm -rf /nvme/stagefs /nvme/app.sqsh' >/dev/null
+info "example $EXAMPLE"
 case $EXAMPLE in
 stage-image)
-  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; finish; exit 1; }
+  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; return 1; }
   IMG_SUM=$(sum "$SHARED/app.sqsh")
   per_node 'rm -f /nvme/app.sqsh' >/dev/null
   submit -- "$SHARED/app.sqsh" "${IN_CONTAINER[@]}"
@@ -193,7 +205,7 @@ stage-image)
     all_equal "$(per_node 'echo "$(hostname) $(sha256sum /nvme/app.sqsh | cut -d" " -f1)"')" "$IMG_SUM"
   ;;
 container)
-  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; finish; exit 1; }
+  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; return 1; }
   IMG_SUM=$(sum "$SHARED/app.sqsh") IMG_SIZE=$(stat -c %s "$SHARED/app.sqsh")
   submit -- "$SHARED" app.sqsh "${IN_CONTAINER[@]}"
   check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
@@ -242,9 +254,10 @@ dataset)
     "$(sha256sum <"$WORK/expected" | cut -d' ' -f1)"
   check "stagefs stopped cleanly: exit 0, no stagefs process or mount left on any node" stopped_cleanly
   ;;
-*) echo "usage: $0 BUILD_DIR stage-image|container|dataset" >&2; exit 2 ;;
 esac
 echo "    the job took ${JOB_SECS:-?}s (limit ${JOB_TIMEOUT}s)"
+}
 
-echo "---- total time $((SECONDS - t0))s (cluster up + job + checks)"
+for EXAMPLE in "${EXAMPLE_LIST[@]}"; do run_example || true; done
+echo "---- total time $((SECONDS - t0))s (cluster up + jobs + checks)"
 finish
