@@ -40,15 +40,14 @@ stage::Result<Message> decode_message(std::span<const std::byte> b) {
   std::memcpy(&m.id, b.data() + 5, 8);
   std::memcpy(&len, b.data() + 13, 4);
   if (magic != kMagic) return bad("bad magic");
-  if (type != static_cast<uint8_t>(MsgType::materialize) && type != static_cast<uint8_t>(MsgType::shutdown) &&
-      type != static_cast<uint8_t>(MsgType::batch) && type != static_cast<uint8_t>(MsgType::batch_nested))
+  if (type < static_cast<uint8_t>(MsgType::materialize) || type > static_cast<uint8_t>(MsgType::batch_prefetch))
     return bad("bad type");
   m.type = static_cast<MsgType>(type);
   if (len > kMaxPath || len != b.size() - kHeader) return bad("bad path length");
   m.path.assign(reinterpret_cast<const char*>(b.data() + kHeader), len);
   if (m.type == MsgType::materialize && (m.path.empty() || !stage::is_safe_relative(m.path)))
     return bad("unsafe path");
-  if ((m.type == MsgType::batch || m.type == MsgType::batch_nested) && !stage::is_safe_relative(m.path))
+  if (is_batch(m.type) && !stage::is_safe_relative(m.path))
     return bad("unsafe path");  // "" = root
   if (m.type == MsgType::shutdown && !m.path.empty()) return bad("path on shutdown");
   return m;

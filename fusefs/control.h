@@ -32,7 +32,14 @@ inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one 
 // batch_nested: an announcement only, a batch to run nested in the single-file transfer in
 // progress (bcast/engine.h, Nest), where the source rank puts a mark in its stream (or after
 // that transfer, if its stream ends first). Its key is the batch's.
-enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3, batch_nested = 4 };
+// batch_prefetch: an announcement only, a batch that no open had asked for when it was
+// announced (a walk's, coordinator.h): it never evicts a copy to make room. Its key is the
+// batch's.
+enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3, batch_nested = 4, batch_prefetch = 5 };
+// A directory batch, whatever the announcement's kind.
+inline bool is_batch(MsgType t) {
+  return t == MsgType::batch || t == MsgType::batch_nested || t == MsgType::batch_prefetch;
+}
 
 struct Message {
   MsgType type = MsgType::materialize;

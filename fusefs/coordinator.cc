@@ -8,9 +8,11 @@ namespace stagefs {
 void Coordinator::on_request(const Message& m) {
   ++stats_.requests;
   if (shutdown_queued_) return;  // answered by the shutdown announcement
-  if (m.type == MsgType::batch_nested) return;  // an announcement's type, never a request's
+  if (m.type == MsgType::batch_nested || m.type == MsgType::batch_prefetch) return;  // announcements' types only
   if (m.type == MsgType::shutdown) {
-    shutdown_queued_ = true;  // before any further transfer
+    shutdown_queued_ = true;  // before any further transfer; no prefetch is announced after it
+    later_.clear();
+    later_set_.clear();
     return;
   }
   if (m.type == MsgType::batch) note_batch_request(m.path);
@@ -51,6 +53,14 @@ void Coordinator::prefetch(const std::string& dir) {
   later_.push_back(dir);
 }
 
+size_t Coordinator::drop_prefetches() {
+  const size_t n = later_set_.size();
+  later_.clear();
+  later_set_.clear();
+  stats_.prefetch_dropped += n;
+  return n;
+}
+
 std::optional<Message> Coordinator::next_announcement() {
   if (outstanding_ || shutdown_announced_) return std::nullopt;
   Message m;
@@ -73,14 +83,12 @@ std::optional<Message> Coordinator::next_announcement() {
     shutdown_announced_ = true;
     queue_.clear();
     queued_.clear();
-    later_.clear();
-    later_set_.clear();
   } else if (queue_.empty() && !later_set_.empty()) {  // nothing waits: the next prefetched batch
     while (!later_set_.contains(later_.front())) later_.pop_front();  // promoted meanwhile
     Key key{MsgType::batch, std::move(later_.front())};
     later_.pop_front();
     later_set_.erase(key.second);
-    m = Message{MsgType::batch, next_id_++, key.second};
+    m = Message{MsgType::batch_prefetch, next_id_++, key.second};
     announced_id_[std::move(key)] = m.id;
     ++stats_.announced;
     ++stats_.batches;

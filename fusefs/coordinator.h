@@ -31,6 +31,8 @@
 //     ahead: promoted), never nested in a running transfer, and never queued if its key was
 //     announced already in this mount (an open of a file that changed since asks again).
 //     So the source reads and broadcasts the next directories while readers read the last.
+//     It is announced as batch_prefetch (no open asked for it yet), which never evicts a
+//     copy; when one did not fit, the caller drops the rest of the queue (drop_prefetches).
 // Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
 // announcement a node has seen.
 //
@@ -60,6 +62,7 @@ struct CoordinatorStats {
   uint64_t walks = 0;             // parents found walked (take_walks)
   uint64_t prefetched = 0;        // batches announced from prefetch() (not asked for by then)
   uint64_t promoted = 0;          // prefetch keys a request moved ahead
+  uint64_t prefetch_dropped = 0;  // prefetch keys dropped unannounced (drop_prefetches)
 };
 
 class Coordinator {
@@ -80,6 +83,10 @@ class Coordinator {
   std::vector<std::string> take_walks();
   // Queue the batch of dir behind every request (see Walks above).
   void prefetch(const std::string& dir);
+  // Forget every prefetch key not yet announced (a prefetched batch found no room without
+  // evicting: the next ones would not either). Returns how many were dropped. Requests and
+  // later walks are unaffected.
+  size_t drop_prefetches();
 
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }

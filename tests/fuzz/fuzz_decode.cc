@@ -19,8 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!stage::decode(std::as_bytes(std::span(again.data(), again.size())))) std::abort();
   }
   if (auto c = stagefs::decode_message(bytes); c) {
-    if ((c->type == stagefs::MsgType::materialize || c->type == stagefs::MsgType::batch) &&
-        !stage::is_safe_relative(c->path))
+    if ((c->type == stagefs::MsgType::materialize || stagefs::is_batch(c->type)) && !stage::is_safe_relative(c->path))
       std::abort();
     const std::string again = stagefs::encode_message(*c);
     auto back = stagefs::decode_message(std::as_bytes(std::span(again.data(), again.size())));

@@ -49,7 +49,7 @@ class ReferenceCoordinator {
  public:
   ReferenceCoordinator(bool nesting, bool walks) : nesting_(nesting), walks_(walks) {}
   void on_request(const Message& m) {
-    if (m.type == MsgType::batch_nested) return;
+    if (m.type == MsgType::batch_nested || m.type == MsgType::batch_prefetch) return;
     if (std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }) || done_)
       return;
     if (m.type == MsgType::shutdown) {
@@ -86,7 +86,7 @@ class ReferenceCoordinator {
     last_prefetched_ = false;
     if (outstanding_ || done_) return std::nullopt;
     if (queue_.empty() && !later_.empty() && !running_) {
-      Message m{MsgType::batch, history_.size() + 1, later_.front()};
+      Message m{MsgType::batch_prefetch, history_.size() + 1, later_.front()};
       later_.erase(later_.begin());
       history_.push_back(m);
       outstanding_ = true;
@@ -118,6 +118,7 @@ class ReferenceCoordinator {
     return m;
   }
   void announced() { outstanding_ = false; }
+  size_t drop_prefetches() { return std::exchange(later_, {}).size(); }
   void started(const Message& m) {
     if (m.type != MsgType::batch_nested) running_ = m;
   }
@@ -127,7 +128,7 @@ class ReferenceCoordinator {
     else
       running_.reset();
   }
-  static MsgType key_type(MsgType t) { return t == MsgType::batch_nested ? MsgType::batch : t; }
+  static MsgType key_type(MsgType t) { return is_batch(t) ? MsgType::batch : t; }
 
  private:
   bool nesting_;
@@ -212,8 +213,8 @@ class Group {
     } else {
       EXPECT_FALSE(running_) << "a transfer announced while one runs";
     }
+    EXPECT_EQ(ref_.last_prefetched(), a->type == MsgType::batch_prefetch) << "prefetched iff announced so";
     if (ref_.last_prefetched()) {
-      EXPECT_EQ(a->type, MsgType::batch);
       EXPECT_FALSE(running_) << "a prefetched batch while a transfer runs";
       for (const Message& m : log_)
         EXPECT_FALSE(ReferenceCoordinator::key_type(m.type) == MsgType::batch && m.path == a->path)
@@ -265,6 +266,12 @@ class Group {
     ref_.finished(*m);
     m.reset();
     return true;
+  }
+  // What GroupService does when a prefetched batch failed (no room without evicting).
+  size_t drop_prefetches() {
+    const size_t n = coord_.drop_prefetches();
+    EXPECT_EQ(n, ref_.drop_prefetches());
+    return n;
   }
   // Everything in flight delivered, everything queued announced and seen.
   void drain() {
@@ -455,14 +462,14 @@ TEST(CoordinatorTest, ASmallFileRequestThatRacedWithItsBatchIsDropped) {
 
 TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
   for (const Message& m : {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""},
-                           Message{MsgType::batch_nested, 9, "d"}}) {
+                           Message{MsgType::batch_nested, 9, "d"}, Message{MsgType::batch_prefetch, 10, "d/f"}}) {
     const std::string bytes = encode_message(m);
     auto back = decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())));
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(*back, m);
   }
   for (const char* bad : {"../x", "/etc", "d/../..", "d//e"}) {
-    for (MsgType t : {MsgType::batch, MsgType::batch_nested}) {
+    for (MsgType t : {MsgType::batch, MsgType::batch_nested, MsgType::batch_prefetch}) {
       const std::string bytes = encode_message(Message{t, 1, bad});
       EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
     }
@@ -470,6 +477,12 @@ TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
   // A single file still needs a name.
   const std::string empty = encode_message(Message{MsgType::materialize, 1, ""});
   EXPECT_FALSE(decode_message(std::as_bytes(std::span(empty.data(), empty.size()))));
+  // No type beyond the last one.
+  std::string unknown = encode_message(Message{MsgType::batch_prefetch, 1, "d"});
+  unknown[4] = static_cast<char>(static_cast<uint8_t>(MsgType::batch_prefetch) + 1);
+  EXPECT_FALSE(decode_message(std::as_bytes(std::span(unknown.data(), unknown.size()))));
+  unknown[4] = 0;
+  EXPECT_FALSE(decode_message(std::as_bytes(std::span(unknown.data(), unknown.size()))));
 }
 
 // Nesting: while rank 0 runs a file's transfer, the first queued batch (and only a batch) is
@@ -556,7 +569,7 @@ TEST(CoordinatorTest, TwoSiblingDirectoriesStageTheOthersBehindEveryRequest) {
   ASSERT_TRUE(g.finish0());
   ASSERT_TRUE(g.deliver_announcement(1));
   ASSERT_TRUE(g.step_coordinator());  // then c, the first not announced yet (a and b were)
-  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 4, "data/c"}));
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch_prefetch, 4, "data/c"}));
   // While c runs, rank 1 opens a file of e and a large file: both go before d.
   ASSERT_TRUE(g.deliver_announcement(0));
   g.open_small(1, "data/e/x");
@@ -576,7 +589,7 @@ TEST(CoordinatorTest, TwoSiblingDirectoriesStageTheOthersBehindEveryRequest) {
   EXPECT_FALSE(g.step_coordinator());
   ASSERT_TRUE(g.finish0());
   ASSERT_TRUE(g.step_coordinator());
-  EXPECT_EQ(g.log().back(), (Message{MsgType::batch, 7, "data/d"}));
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch_prefetch, 7, "data/d"}));
   g.drain();
   g.check_quiescent();
   const auto& st = g.coordinator().stats();
@@ -606,11 +619,41 @@ TEST(CoordinatorTest, AShutdownDropsThePrefetchedBatches) {
   g.check_quiescent();
 }
 
+// A prefetched batch that found no room drops the queue: the other siblings are not
+// announced; what readers ask for still is, and so is a later walk's prefetch.
+TEST(CoordinatorTest, DroppedPrefetchesAreNotAnnouncedButRequestsAndLaterWalksAre) {
+  Group g(2, false, {{"data", {"a", "b", "c", "d", "e"}}, {"more", {"x", "y", "z"}}});
+  g.open_small(1, "data/a/f");
+  g.open_small(1, "data/b/f");
+  g.drain();  // a, b asked for; c, d, e prefetched
+  ASSERT_EQ(g.log().size(), 5U);
+  EXPECT_EQ(g.log()[2], (Message{MsgType::batch_prefetch, 3, "data/c"}));
+  g.open_small(1, "more/x/f");
+  g.open_small(1, "more/y/f");
+  while (g.deliver_request(1)) {
+  }
+  ASSERT_TRUE(g.step_coordinator());
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.finish0());
+  EXPECT_EQ(g.drop_prefetches(), 1U);  // z, behind x and y
+  g.drain();
+  ASSERT_EQ(g.log().size(), 7U);
+  EXPECT_EQ(g.log()[5], (Message{MsgType::batch, 6, "more/x"}));
+  EXPECT_EQ(g.log()[6], (Message{MsgType::batch, 7, "more/y"}));
+  g.open_small(0, "more/z/f");  // asked for: announced as usual
+  g.drain();
+  ASSERT_EQ(g.log().size(), 8U);
+  EXPECT_EQ(g.log()[7], (Message{MsgType::batch, 8, "more/z"}));
+  EXPECT_EQ(g.coordinator().stats().prefetch_dropped, 1U);
+  EXPECT_EQ(g.drop_prefetches(), 0U);
+  g.check_quiescent();
+}
+
 // Random interleavings of opens (large files, small files by directory), deliveries and
 // shutdowns on 1 to 7 ranks.
 TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
   uint64_t nested = 0;  // the runs with nesting on do nest
-  uint64_t prefetched = 0, promoted = 0;  // and the runs with walks do prefetch
+  uint64_t prefetched = 0, promoted = 0, dropped = 0;  // and the runs with walks do prefetch (and drop)
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     std::mt19937 rng(seed);
     const int n = 1 + static_cast<int>(seed % 7);
@@ -649,6 +692,7 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
         default:
           if (pick(2) == 0) g.finish0();
           if (with_shutdown && pick(40) == 0) g.request_shutdown(r);
+          if (walks && pick(30) == 0) dropped += g.drop_prefetches();
       }
       if (::testing::Test::HasFailure()) FAIL() << "seed " << seed << " step " << step;
     }
@@ -671,6 +715,7 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
   EXPECT_GT(nested, 100U);
   EXPECT_GT(prefetched, 20U);
   EXPECT_GT(promoted, 5U);
+  EXPECT_GT(dropped, 5U);
 }
 
 }  // namespace
