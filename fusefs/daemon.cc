@@ -209,12 +209,13 @@ std::string Daemon::setup_local() {
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
   // Batches of small files (issue 11): the same, for every small file of the directory,
-  // with one make_room for the batch; afterwards each published copy joins the index.
+  // with one make_room for the batch (none for a prefetched one); afterwards each published
+  // copy joins the index.
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
   g.nest_batches = cfg_.nested_batches;
   g.prefetch_siblings = cfg_.prefetch_siblings;
-  g.before_batch = [this](const std::string& dir) {
+  g.before_batch = [this](const std::string& dir, bool may_evict) {
     auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (!dfd) return;
     const int lfd = ::dup(dfd->get());
@@ -237,7 +238,9 @@ std::string Daemon::setup_local() {
       if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st))
         need += stage::allocated_from_stat(st);
     }
-    if (need == 0) return;
+    // A prefetch (no open asked for it) does not evict: the engine's free-space check refuses
+    // it on every node when it does not fit in what the limit and the filesystem leave.
+    if (need == 0 || !may_evict) return;
     if (auto room = cache_->make_room(dir.empty() ? "/" : dir, need); !room)
       spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
   };

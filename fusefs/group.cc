@@ -349,12 +349,15 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   std::vector<std::string> published;
   uint64_t streamed = 0;
   int runs = 0;
+  // A prefetched batch (no open asked for it when it was announced) never evicts, and is
+  // not run twice: it is only a head start.
+  const bool prefetch = a.type == MsgType::batch_prefetch;
   for (; runs < 2; ++runs) {
-    if (cfg_.before_batch) cfg_.before_batch(a.path);
+    if (cfg_.before_batch) cfg_.before_batch(a.path, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     streamed += report.bytes_streamed;
     published.insert(published.end(), report.published.begin(), report.published.end());
-    if (report.ok || report.comm_broken) break;
+    if (report.ok || report.comm_broken || prefetch) break;
     // Identical on every rank (the outcome is collective): try once more, e.g. after a file
     // changed during the copy.
     if (runs == 0)
@@ -378,7 +381,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     stats_.batch_files += published.size();
     stats_.bytes_broadcast += streamed;
     if (!published.empty()) ++stats_.local_writes;
-    if (!report.ok) ++stats_.failures;
+    if (!report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
     last_progress_ = Clock::now();
   }
   const Key key{MsgType::batch, a.path};
@@ -387,11 +390,23 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
                  "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote, reads via {}",
                  shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
-                 a.type == MsgType::batch_nested ? " (nested)" : "",
+                 a.type == MsgType::batch_nested ? " (nested)" : prefetch ? " (prefetched)" : "",
                  report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
                  report.writers,
                  cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
+  } else if (prefetch && !report.comm_broken) {
+    // Typically a cache full up to --cache-size: what a prefetch would evict is what readers
+    // asked for. Nothing is marked failed (an open of this directory asks for it as usual),
+    // and the prefetches still queued go too: they would not fit either. An open that
+    // attached to this batch meanwhile stages its file alone.
+    const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
+    const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
+    spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
+                 coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
+    complete(key, stage::Error{report.local_error ? report.local_error
+                                                  : stage::make_error_code(stage::Errc::peer_failed),
+                               why});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
@@ -501,12 +516,12 @@ bool GroupService::run_announcement(const Message& m) {
   // From now on this node's requests say they saw m: an open that starts waiting before m
   // ends here is answered by m; one before m started (a nested batch's announcement may
   // arrive well before it runs) still asks, and the coordinator drops what m answers.
-  if (m.type == MsgType::batch || m.type == MsgType::batch_nested) {
+  if (is_batch(m.type)) {
     std::lock_guard lk(m_);  // before this node's requests say they saw m (see wait_for)
     batch_running_.insert(m.path);
   }
   last_seen_id_ = std::max(last_seen_id_, m.id);
-  running_.emplace_back(m.type == MsgType::batch_nested ? MsgType::batch : m.type, m.path);
+  running_.emplace_back(is_batch(m.type) ? MsgType::batch : m.type, m.path);
   if (coord_) coord_->on_started(m);
   const bool ok = m.type == MsgType::materialize ? run_transfer(m)
                   : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);

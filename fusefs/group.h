@@ -94,7 +94,10 @@ struct GroupConfig {
   uint64_t small_file_size = 0;
   // Reads before the copy ends: single-file transfers get a LiveFile (materialize_live_async).
   bool read_during_copy = false;
-  std::function<void(const std::string& dir)> before_batch;
+  // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
+  // room by evicting; a batch that does not fit is then refused by the engine's free-space
+  // check, on every rank.
+  std::function<void(const std::string& dir, bool may_evict)> before_batch;
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
       after_batch;
   // The coordinator announces batches nested in a running single-file transfer (needs the
@@ -116,6 +119,7 @@ struct GroupStats {
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
+  uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   uint64_t waiting = 0;        // files this node waits for
   uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers
   // The transfer in flight, if any.

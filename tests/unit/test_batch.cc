@@ -22,6 +22,7 @@
 #include "fusefs/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
+#include "fakes.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -604,6 +605,72 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   EXPECT_EQ(s.batch_files, 12U);
   EXPECT_EQ(s.transfers, 4U);
   EXPECT_EQ(s.walks, 1U);
+}
+
+// A prefetched batch never evicts: its hook is told so (the daemon's then makes no room), and
+// when it does not fit (here the store has no room for it) it fails quietly: the rest of the
+// walk is dropped, nothing is marked failed, and opens in the skipped and the dropped
+// directories get their batches as usual.
+TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
+  const std::vector<std::string> dirs{"a", "b", "c", "d", "e"};
+  for (const auto& d : dirs) {
+    fs::create_directories(path("src/w/" + d));
+    for (int i = 0; i < 3; ++i) write_file(path("src/w/" + d + "/f" + std::to_string(i)), small_[i]);
+  }
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  stage::testing::StoreFaults faults;
+  stage::testing::FaultStore store(faults);
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
+  int ended = 0;
+  auto cfg = config();
+  cfg.before_batch = [&](const std::string& dir, bool may_evict) {
+    faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
+    std::lock_guard lk(m);
+    hooks.emplace_back(dir, may_evict);
+  };
+  cfg.after_batch = [&, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
+                                                 bool ok, double secs) {
+    inner(dir, published, ok, secs);
+    std::lock_guard lk(m);
+    ++ended;
+    cv.notify_all();
+  };
+  GroupService group(comm, ctl, *source_, store, cfg);
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t w = lookup(StageFsCore::kRootId, "w");
+  for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
+  {  // the walk's first prefetch ends (it fails)
+    std::unique_lock lk(m);
+    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended >= 3; }));
+  }
+  std::string skipped;
+  {
+    std::lock_guard lk(m);
+    ASSERT_EQ(hooks.size(), 3U);
+    EXPECT_EQ(hooks[0], (std::pair<std::string, bool>{"w/a", true}));
+    EXPECT_EQ(hooks[1], (std::pair<std::string, bool>{"w/b", true}));
+    EXPECT_FALSE(hooks[2].second) << "a prefetched batch must not evict";
+    skipped = hooks[2].first;
+  }
+  for (const char* d : {"c", "d", "e"}) {
+    EXPECT_FALSE(fs::exists(path("cache/data/w/" + std::string(d) + "/f0"))) << d;
+    EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f2")), small_[2]) << d;
+  }
+  stop(group, service);
+  const auto s = group.stats();
+  EXPECT_EQ(s.prefetch_skipped, 1U);
+  EXPECT_EQ(s.failures, 0U);
+  EXPECT_EQ(s.batches, 6U);  // a, b, the skipped prefetch, then c, d, e asked for
+  EXPECT_EQ(s.batch_files, 15U);
+  std::lock_guard lk(m);
+  ASSERT_EQ(hooks.size(), 6U);
+  for (size_t i = 3; i < 6; ++i) EXPECT_TRUE(hooks[i].second) << hooks[i].first;
+  EXPECT_TRUE(std::ranges::any_of(hooks.begin() + 3, hooks.end(), [&](const auto& h) { return h.first == skipped; }))
+      << skipped << ": asked for after its prefetch failed, it is a batch again (not file by file)";
 }
 
 // With prefetch_siblings off, only what opens ask for.
