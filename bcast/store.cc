@@ -92,14 +92,14 @@ Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache) {
   return crc;
 }
 
-namespace {
-
 std::string encode_origin(const FileMeta& m, uint64_t crc) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "v1 %" PRIu64 " %" PRId64 " %" PRId64 " %" PRIu64 " %" PRIu64 " %016" PRIx64,
                 m.size, m.mtime_ns, m.ctime_ns, m.ino, m.dev, crc);
   return buf;
 }
+
+namespace {
 
 std::optional<Origin> decode_origin(const std::string& s) {
   Origin o;

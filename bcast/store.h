@@ -127,8 +127,10 @@ std::string parent_dir(const std::string& path);
 // CRC-64 of a whole file read with pread (drop_cache: ask the kernel to read from disk).
 Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache);
 
-// The origin recorded on an open copy, if present and well-formed.
+// The origin recorded on an open copy, if present and well-formed; and the value recorded
+// (kOriginXattr) for a copy of source m with this CRC.
 std::optional<Origin> origin_of_fd(int fd);
+std::string encode_origin(const FileMeta& m, uint64_t crc);
 // True when a copy with this origin and mtime is current for a source with meta `src`
 // (size, mtime, ctime and inode all match): the mount's validity rule.
 bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src);

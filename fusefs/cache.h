@@ -126,6 +126,14 @@ class NodeCache {
   std::vector<struct stat> added_in(const std::string& rel_dir, const std::vector<std::string>& names);
   void pin(const std::string& rel);
   void unpin(const std::string& rel);
+  // What one copy takes on disk beyond its data (the origin xattr's block on ext4 with small
+  // inodes; 0 where xattrs live in the inode), measured at open(). A transfer's need is its
+  // data plus this per file.
+  [[nodiscard]] uint64_t copy_overhead() const { return copy_overhead_; }
+  // The overhead of the copies about to be written (files x copy_overhead()): store()'s
+  // free_bytes() leaves it out, so that the engine's free-space check counts it too. Set
+  // before a transfer, 0 after it (the service thread).
+  void set_pending_overhead(uint64_t bytes) { pending_overhead_ = bytes; }
   // Evicts LRU unpinned copies (never `rel` itself) until need more bytes fit under the
   // limit and in the filesystem. Error (ENOSPC, with both sizes) when they cannot.
   stage::Status make_room(const std::string& rel, uint64_t need);
@@ -161,6 +169,8 @@ class NodeCache {
   uint64_t limit_ = 0;
   uint64_t evictions_ = 0;
   uint64_t evicted_bytes_ = 0;
+  uint64_t copy_overhead_ = 0;
+  std::atomic<uint64_t> pending_overhead_{0};
   std::unique_ptr<stage::PosixStore> base_;
   std::unique_ptr<stage::LocalStore> store_;
   std::string dir_;

@@ -201,10 +201,12 @@ std::string Daemon::setup_local() {
     struct stat st {};
     if (!fd || ::fstat(fd->get(), &st) != 0) return;
     if (cache_->remove_stale(rel, st)) spdlog::debug("removed the outdated cached copy of {}", rel);
-    if (auto room = cache_->make_room(rel, stage::allocated_from_stat(st)); !room)
+    cache_->set_pending_overhead(cache_->copy_overhead());
+    if (auto room = cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead()); !room)
       spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
   };
   g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
+    cache_->set_pending_overhead(0);
     cache_->added(rel);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
@@ -228,16 +230,19 @@ std::string Daemon::setup_local() {
     while (const dirent* de = ::readdir(d))
       if (de->d_type == DT_REG || de->d_type == DT_UNKNOWN) names.emplace_back(de->d_name);
     ::closedir(d);
-    uint64_t need = 0;
+    uint64_t need = 0, files = 0;
     const bool cached_dir = cache_->has_dir(dir);  // if not, no copy to look for (a first batch)
     for (const auto& name : names) {
       struct stat st {};
       if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
           static_cast<uint64_t>(st.st_size) > cfg_.small_file_size || (st.st_mode & S_IROTH) == 0)
         continue;
-      if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st))
-        need += stage::allocated_from_stat(st);
+      if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st)) {
+        need += stage::allocated_from_stat(st) + cache_->copy_overhead();
+        ++files;
+      }
     }
+    cache_->set_pending_overhead(files * cache_->copy_overhead());
     // A prefetch (no open asked for it) does not evict: the engine's free-space check refuses
     // it on every node when it does not fit in what the limit and the filesystem leave.
     if (need == 0 || !may_evict) return;
@@ -245,6 +250,7 @@ std::string Daemon::setup_local() {
       spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
   };
   g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok, double secs) {
+    cache_->set_pending_overhead(0);
     const auto copies = cache_->added_in(dir, published);
     if (core_) core_->copies_made(copies);
     if (metrics_) metrics_->observe_transfer(secs, ok);

@@ -12,7 +12,9 @@ Usage: test_smallfiles11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (cla
               log names another boot (a crash), removes them and they are copied again.
               Walks: opens in two sibling directories stage the parent's other
               subdirectories (those every user may list and enter) without an open;
-              --prefetch-siblings off stages only what opens ask for
+              --prefetch-siblings off stages only what opens ask for; under --cache-size a
+              walk's batch that does not fit without evicting is skipped, with the rest of
+              the walk, and nothing is evicted
   Group       (NP ranks, one mount namespace each) every rank reads the whole tree at once:
               transfers == directories on every rank, every file identical on every rank
 Run as `test_smallfiles11.py compare MNT SRC` inside a node's namespace, it reads every file
@@ -242,6 +244,41 @@ class Standalone(h.MountTestCase):
         self.assertEqual(d.stop(), 0)
         _, err = d.output()
         self.assertEqual(len(re.findall(r"readers walk /:", err)), 1, err[-3000:])
+
+    def test_a_walk_never_evicts_under_a_cache_limit(self):
+        """Room for the two opened directories and a third of another: the walk's first prefetch
+        does not fit without evicting, so it is skipped and the rest of the walk dropped;
+        nothing is evicted. An open in a skipped directory still gets its batch (and evicts)."""
+        self._walk_tree()
+        def alloc(rel):
+            p = os.path.join(self.work.src, rel)
+            return sum(os.stat(os.path.join(p, n)).st_blocks * 512 for n in os.listdir(p)
+                       if os.path.isfile(os.path.join(p, n)))
+        # (each copy may take a block more than its source, for its origin xattr: 12 per directory)
+        limit = alloc("d00") + alloc("d01") + 24 * 4096 + min(alloc("d%02d" % k) for k in (2, 3, 4)) // 3
+        d = self.daemon(self.work.file("cache"), "--cache-size", str(limit)).wait_ready()
+        for rel in ("d00/f0000", "d01/f0003"):
+            with open(os.path.join(d.mnt, rel), "rb") as f:
+                f.read()
+        s = h.wait_for(lambda: (lambda s: s if s["batches"] >= 3 else None)(d.stats()), 60, "the walk's first batch")
+        self.assertEqual(s["cache"]["evictions"], 0, s)
+        for k in (2, 3, 4):
+            self.assertEqual(self._cached("d%02d" % k), [], k)
+        for k in (0, 1):
+            self.assertEqual(len([n for n in self._cached("d%02d" % k) if n != "nested"]), 12, k)
+        # An open in d03 is asked for: its batch runs, evicting what it must.
+        with open(os.path.join(d.mnt, "d03", "f0001"), "rb") as f, \
+                open(os.path.join(self.work.src, "d03", "f0001"), "rb") as g:
+            self.assertEqual(f.read(), g.read())
+        s = d.stats()
+        self.assertEqual(s["batches"], 4, s)  # d00, d01, the skipped prefetch, d03
+        self.assertEqual(len(self._cached("d03")), 12)
+        self.assertGreater(s["cache"]["evictions"], 0, s)
+        self.assertLessEqual(s["cache"]["bytes"], limit, s)
+        self.assertEqual(d.stop(), 0)
+        _, err = d.output()
+        self.assertEqual(len(re.findall(r"prefetch of d0[234]/ skipped \(.*\); it never evicts a copy: 2 more", err)), 1,
+                         err[-3000:])
 
     def test_prefetch_siblings_off_stages_only_what_is_opened(self):
         self._walk_tree()
