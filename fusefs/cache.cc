@@ -226,7 +226,7 @@ NodeCache::~NodeCache() = default;
 // (128-byte inodes: no room) in a block of its own, counted in st_blocks: one more 4 KiB for a
 // small file of 4 KiB. Measured once, on an unnamed file in the cache carrying an origin of
 // the longest form; 4 KiB when it cannot be measured.
-uint64_t probe_copy_overhead(int data_fd) {
+static uint64_t probe_copy_overhead(int data_fd) {
   constexpr uint64_t kGuess = 4096;
   Fd f(::openat(data_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
   if (!f.valid()) return kGuess;

@@ -27,7 +27,8 @@
 //     until a new copy fits under --cache-size and in the filesystem's free space. store()
 //     is the LocalStore handed to the engine: PosixStore, except that free_bytes() is what
 //     the limit leaves, so the engine's collective free-space check (every node agrees
-//     before a byte moves) counts the limit and what eviction freed on each node.
+//     before a byte moves) counts the limit and what eviction freed on each node. A copy
+//     costs its data plus copy_overhead() (its origin xattr's block, measured at open).
 //   - Copies of a batch are published before their data is on disk; the UnsyncedLog
 //     (unsynced.h, CACHE/unsynced) records them first and syncs them in the background
 //     about sync_after later. open() acts on a log an earlier daemon left (after the sweep):
