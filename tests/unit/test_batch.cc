@@ -70,6 +70,26 @@ class ChangingSource final : public stage::SourceReader {
   std::string victim_, path_, data_;
 };
 
+// Counts the batches that ended (a walk's run in the background) and waits for them.
+struct BatchEnds {
+  std::mutex m;
+  std::condition_variable cv;
+  int ended = 0;
+  void count_in(GroupConfig& cfg) {
+    cfg.after_batch = [this, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
+                                                      bool ok, double secs) {
+      if (inner) inner(dir, published, ok, secs);
+      std::lock_guard lk(m);
+      ++ended;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(int n) {  // 60 s is only a bound
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended >= n; });
+  }
+};
+
 class BatchTest : public TmpDirTest {
  protected:
   void SetUp() override {
@@ -567,28 +587,15 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
 
   stage::SelfComm comm;
   LocalControlPlane ctl;
-  // Each batch's end, counted (the walk's batches run in the background).
-  std::mutex m;
-  std::condition_variable cv;
-  int ended = 0;
+  BatchEnds ends;
   auto cfg = config();
-  cfg.after_batch = [&, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
-                                                 bool ok, double secs) {
-    inner(dir, published, ok, secs);
-    std::lock_guard lk(m);
-    ++ended;
-    cv.notify_all();
-  };
+  ends.count_in(cfg);
   GroupService group(comm, ctl, *source_, store_, cfg);
   std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
   for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
-  // c and d follow in the background (60 s is only a bound).
-  {
-    std::unique_lock lk(m);
-    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended >= 4; }));
-  }
+  EXPECT_TRUE(ends.wait_for(4));  // c and d follow in the background
   EXPECT_TRUE(fs::exists(path("cache/data/w/c/f2")));
   EXPECT_TRUE(fs::exists(path("cache/data/w/d/f0")));
   EXPECT_FALSE(fs::exists(path("cache/data/w/private")));
@@ -622,31 +629,21 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   stage::testing::StoreFaults faults;
   stage::testing::FaultStore store(faults);
   std::mutex m;
-  std::condition_variable cv;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
-  int ended = 0;
   auto cfg = config();
   cfg.before_batch = [&](const std::string& dir, bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
   };
-  cfg.after_batch = [&, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
-                                                 bool ok, double secs) {
-    inner(dir, published, ok, secs);
-    std::lock_guard lk(m);
-    ++ended;
-    cv.notify_all();
-  };
+  BatchEnds ends;
+  ends.count_in(cfg);
   GroupService group(comm, ctl, *source_, store, cfg);
   std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
   for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
-  {  // the walk's first prefetch ends (it fails)
-    std::unique_lock lk(m);
-    EXPECT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return ended >= 3; }));
-  }
+  EXPECT_TRUE(ends.wait_for(3));  // the walk's first prefetch ended (it failed)
   std::string skipped;
   {
     std::lock_guard lk(m);
