@@ -398,15 +398,19 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   } else if (prefetch && !report.comm_broken) {
     // Typically a cache full up to --cache-size: what a prefetch would evict is what readers
     // asked for. Nothing is marked failed (an open of this directory asks for it as usual),
-    // and the prefetches still queued go too: they would not fit either. An open that
-    // attached to this batch meanwhile stages its file alone.
+    // and the prefetches still queued go too: they would not fit either. Opens that attached
+    // to this batch meanwhile keep waiting and ask for it again, as an ordinary batch (one
+    // that may evict); the request says it saw this announcement, so it is not dropped.
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
     spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
-    complete(key, stage::Error{report.local_error ? report.local_error
-                                                  : stage::make_error_code(stage::Errc::peer_failed),
-                               why});
+    std::lock_guard lk(m_);
+    batch_running_.erase(a.path);
+    if (waits_.contains(key)) {
+      outbox_.push_back(key);
+      ++stats_.requests_sent;
+    }
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);

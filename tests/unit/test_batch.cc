@@ -670,6 +670,47 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
       << skipped << ": asked for after its prefetch failed, it is a batch again (not file by file)";
 }
 
+// An open that attached to a prefetch while it ran (its directory's batch was running here)
+// is not failed when the prefetch is skipped: it asks again and gets an ordinary batch. The
+// open attaches from inside the prefetch's hook, so the order is certain.
+TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
+  for (const char* d : {"a", "b", "c"}) {
+    fs::create_directories(path(std::string("src/w/") + d));
+    write_file(path(std::string("src/w/") + d + "/f"), small_[0]);
+  }
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  stage::testing::StoreFaults faults;
+  stage::testing::FaultStore store(faults);
+  std::vector<std::pair<std::string, bool>> hooks;  // the service thread's, read after stop()
+  std::promise<stage::Status> attached;
+  GroupService* g = nullptr;
+  auto cfg = config();
+  cfg.before_batch = [&](const std::string& dir, bool may_evict) {
+    hooks.emplace_back(dir, may_evict);
+    faults.free_bytes = may_evict ? -1 : 0;
+    if (!may_evict) g->materialize_small_async(dir + "/f", 0, [&](stage::Status st) { attached.set_value(st); });
+  };
+  GroupService group(comm, ctl, *source_, store, cfg);
+  g = &group;
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t w = lookup(StageFsCore::kRootId, "w");
+  for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f")), small_[0]) << d;
+  auto done = attached.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const stage::Status st = done.get();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(read_file(path("cache/data/w/c/f")), small_[0]);
+  stop(group, service);
+  ASSERT_EQ(hooks.size(), 4U);
+  EXPECT_EQ(hooks[2], (std::pair<std::string, bool>{"w/c", false}));
+  EXPECT_EQ(hooks[3], (std::pair<std::string, bool>{"w/c", true}));  // asked again: may evict
+  const auto s = group.stats();
+  EXPECT_EQ(s.prefetch_skipped, 1U);
+  EXPECT_EQ(s.failures, 0U);
+}
+
 // With prefetch_siblings off, only what opens ask for.
 TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
   for (const char* d : {"w/a", "w/b", "w/c"}) {
