@@ -8,7 +8,8 @@
 # Time (CI: 2 cores, budget well under 20 minutes). The tests outside `unit` run one at a time
 # and leave about a core idle (measured: 0.8 of a core over 7.5 minutes; they wait on mpirun,
 # FUSE and the disk). The two sanitizer trees are built meanwhile, in the background at the
-# lowest CPU and I/O priority, one compile job each: they take only what the tests leave.
+# lowest CPU priority (nice 19, best-effort I/O at its lowest level): they take what the tests
+# leave.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/packaging/install-deps.sh"
@@ -20,15 +21,17 @@ export OMPI_MCA_btl_tcp_if_include=lo
 asan=$top/build-asan tsan=$top/build-tsan
 sanflags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
-background_build() {  # DIR SANITIZER TARGET...: configure and build at idle priority, log in DIR.log
-  local dir=$1 san=$2; shift 2
+background_build() {  # DIR SANITIZER JOBS TARGET...: configure and build at low priority, log in DIR.log
+  local dir=$1 san=$2 jobs=$3; shift 3
   cmake -S "$top" -B "$dir" "${sanflags[@]}" -DSTAGEFS_SANITIZE="$san" >/dev/null &&
-    nice -n 19 ionice -c 3 cmake --build "$dir" -j1 --target "$@"
+    nice -n 19 ionice -c 2 -n 7 cmake --build "$dir" -j"$jobs" --target "$@"
 }
+# (not the idle I/O class: the tests' I/O starved the builds, which were still 4 minutes from
+# done when the tests ended)
 set -m  # each background build in a process group of its own, so that it can be ended whole
-background_build "$asan" address unit_tests stage-bcast polite_wait >"$asan.log" 2>&1 &
+background_build "$asan" address 2 unit_tests stage-bcast polite_wait >"$asan.log" 2>&1 &
 asan_pid=$!
-background_build "$tsan" thread unit_tests >"$tsan.log" 2>&1 &
+background_build "$tsan" thread 1 unit_tests >"$tsan.log" 2>&1 &
 tsan_pid=$!
 set +m
 # a failing test ends the script: the background builds go with it
