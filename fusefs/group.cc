@@ -385,6 +385,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     last_progress_ = Clock::now();
   }
   const Key key{MsgType::batch, a.path};
+  const std::string why = report.ok ? std::string() : report.errors.empty() ? "transfer failed" : report.errors.front();
   if (report.ok) {
     // One line per batch, whatever the number of files.
     spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
@@ -401,7 +402,6 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     // and the prefetches still queued go too: they would not fit either. Opens that attached
     // to this batch meanwhile keep waiting and ask for it again, as an ordinary batch (one
     // that may evict); the request says it saw this announcement, so it is not dropped.
-    const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
     spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
@@ -412,7 +412,6 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
       ++stats_.requests_sent;
     }
   } else {
-    const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {
       std::lock_guard lk(m_);
