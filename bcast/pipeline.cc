@@ -106,7 +106,9 @@ BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes) {
   return bytes > kPipelineMinBytes ? BcastAlgorithm::chain : BcastAlgorithm::mpi;
 }
 
-namespace {
+// Named rather than anonymous: ChunkStream::Impl, a member of an exported class, holds these
+// types (GCC's -Wsubobject-linkage, which fires once this file is part of a unity build).
+namespace pipeline_detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -199,7 +201,8 @@ class Backoff {
   long sleep_ns_ = 0;
 };
 
-}  // namespace
+}  // namespace pipeline_detail
+using namespace pipeline_detail;
 
 struct ChunkStream::Impl {
   // One chunk on its way through this rank. Its header lives here (a send or receive buffer
