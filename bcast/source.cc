@@ -25,6 +25,14 @@ uint64_t allocated_from_stat(const struct stat& st) {
   return S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_blocks) * 512U : 0;
 }
 
+Status settle_regular(int fd, struct stat& st, const std::string& path) {
+  if (::fstat(fd, &st) != 0) return sys_error(errno, "stat source", path);
+  if (!S_ISREG(st.st_mode)) return stage_error(Errc::unsupported, "source (not a regular file)", path);
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) return sys_error(errno, "fcntl source", path);
+  return {};
+}
+
 namespace {
 
 class PosixSourceFile final : public SourceFile {
@@ -141,7 +149,7 @@ Result<Manifest> PosixSource::scan(const std::string& path, bool recursive, cons
   }
   if (!S_ISREG(st.st_mode)) return stage_error(Errc::unsupported, "source", path);
   // Check readability now so every rank hears about it before any collective on data.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | kNoWaitOpen));
   if (!fd.valid()) return sys_error(errno, "open source", path);
   m.entries.push_back(Entry{"", EntryType::file, meta_from_stat(st), {}, allocated_from_stat(st)});
   return m;
@@ -154,11 +162,10 @@ std::unique_ptr<SourceFile> posix_source_file(Fd fd, std::string path, uint64_t 
 Result<std::unique_ptr<SourceFile>> PosixSource::open(const std::string& root, const Entry& e) {
   const std::string path = join_path(root, e.path);
   // The root may be a symlink the user named; below it, symlinks are never followed.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (e.path.empty() ? 0 : O_NOFOLLOW)));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | kNoWaitOpen | (e.path.empty() ? 0 : O_NOFOLLOW)));
   if (!fd.valid()) return sys_error(errno, "open source", path);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return sys_error(errno, "stat source", path);
-  if (!S_ISREG(st.st_mode) || meta_from_stat(st) != e.meta)
+  if (auto s = settle_regular(fd.get(), st, path); !s || meta_from_stat(st) != e.meta)
     return stage_error(Errc::source_changed, "open source", path);
   return std::unique_ptr<SourceFile>(new PosixSourceFile(std::move(fd), path, e.meta.size));
 }

@@ -6,6 +6,7 @@
 // SourceFile is used by one thread (the engine's reader thread).
 #pragma once
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -69,6 +70,13 @@ class PosixSource final : public SourceReader {
 FileMeta meta_from_stat(const struct stat& st);
 // Bytes a regular file occupies on disk (st_blocks x 512); 0 for anything else.
 uint64_t allocated_from_stat(const struct stat& st);
+
+// Opening a source file never waits: a name a user swapped for a FIFO would block open(2)
+// (O_RDONLY waits for a writer) and with it the thread that stages for every node. Open with
+// kNoWaitOpen added, then settle_regular(): it fails with Errc::unsupported unless fd is a
+// regular file, clears O_NONBLOCK, and leaves the file's stat in st.
+inline constexpr int kNoWaitOpen = O_NONBLOCK | O_NOCTTY;
+Status settle_regular(int fd, struct stat& st, const std::string& path);
 
 // A SourceFile over an open regular file (pread, SEEK_DATA, fstat), for readers that resolve
 // paths their own way (the mount's BeneathSource).

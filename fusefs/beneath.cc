@@ -24,6 +24,13 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
   return stage::Fd(static_cast<int>(fd));
 }
 
+stage::Result<stage::Fd> open_regular_beneath(int root_fd, const std::string& rel, struct stat& st) {
+  auto fd = open_beneath(root_fd, rel, O_RDONLY | stage::kNoWaitOpen);
+  if (!fd) return fd.error();
+  if (auto s = stage::settle_regular(fd->get(), st, rel); !s) return s.error();
+  return fd;
+}
+
 std::string proc_fd_path(int fd) {
   return "/proc/self/fd/" + std::to_string(fd);
 }
@@ -40,11 +47,9 @@ bool unlink_beneath(int root_fd, const std::string& rel) {
 
 stage::Result<stage::Manifest> BeneathSource::scan(const std::string& rel, bool /*recursive*/,
                                                    const SkipFn& /*skipped*/) {
-  auto fd = open_beneath(root_fd_, rel, O_RDONLY);
-  if (!fd) return fd.error();
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
-  if (!S_ISREG(st.st_mode)) return stage::stage_error(stage::Errc::unsupported, "source", rel);
+  auto fd = open_regular_beneath(root_fd_, rel, st);
+  if (!fd) return fd.error();
   stage::Manifest m;
   m.entries.push_back(stage::Entry{
       "", stage::EntryType::file, stage::meta_from_stat(st), {}, stage::allocated_from_stat(st)});
@@ -126,12 +131,14 @@ stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::stri
 
 stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std::string& rel,
                                                                       const stage::Entry& e) {
-  auto fd = open_beneath(root_fd_, stage::join_path(rel, e.path), O_RDONLY);
-  if (!fd) return fd.error();
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
-  if (!S_ISREG(st.st_mode) || stage::meta_from_stat(st) != e.meta)
-    return stage::stage_error(stage::Errc::source_changed, "open source", rel);
+  auto fd = open_regular_beneath(root_fd_, stage::join_path(rel, e.path), st);
+  if (!fd) {
+    if (fd.error().code == stage::make_error_code(stage::Errc::unsupported))  // swapped for a FIFO...
+      return stage::stage_error(stage::Errc::source_changed, "open source", rel);
+    return fd.error();
+  }
+  if (stage::meta_from_stat(st) != e.meta) return stage::stage_error(stage::Errc::source_changed, "open source", rel);
   return stage::posix_source_file(std::move(fd.value()), rel, e.meta.size);
 }
 

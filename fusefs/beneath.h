@@ -6,6 +6,8 @@
 // Stateless apart from the root fd; thread-safe.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <string>
 
 #include "bcast/fd.h"
@@ -15,6 +17,10 @@ namespace stagefs {
 
 // rel == "" opens the root itself. flags as for openat (O_PATH, O_RDONLY, O_DIRECTORY...).
 stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int flags);
+// A regular file beneath the root, opened for reading without ever waiting in open(2): a
+// name swapped for a FIFO fails with Errc::unsupported instead of blocking the caller (a
+// thread that stages for every node). st receives the file's stat.
+stage::Result<stage::Fd> open_regular_beneath(int root_fd, const std::string& rel, struct stat& st);
 // "/proc/self/fd/N": a path that reaches what fd holds without resolving any name again.
 std::string proc_fd_path(int fd);
 // Removes the regular file rel (its parent resolved as above; anything else is left).

@@ -431,8 +431,10 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
-    auto fd = open_beneath(root_.get(), rel, O_RDONLY);
-    if (fd) {
+    // Only the version this open was decided on (its access check and its node id).
+    struct stat now {};
+    auto fd = open_regular_beneath(root_.get(), rel, now);
+    if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src))) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
       return OpenFile{std::move(fd.value()), false, true, {}, {}};
@@ -562,9 +564,9 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       OpenFile f;
       f.live = std::move(live);
       if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
-        auto fd = open_beneath(root_.get(), rel, O_RDONLY);
         struct stat now {};
-        if (fd && ::fstat(fd->get(), &now) == 0 && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src)))
+        auto fd = open_regular_beneath(root_.get(), rel, now);
+        if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src)))
           f.fd = std::move(fd.value());
       }
       done(std::move(f));

@@ -11,6 +11,8 @@
 
 #include "bcast/engine.h"
 #include "bcast/paths.h"
+#include "bcast/source.h"
+#include "fusefs/beneath.h"
 #include "fusefs/privilege.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
@@ -69,6 +71,54 @@ TEST_F(PathsTest, SpecialFileKinds) {
   EXPECT_EQ(special_file_kind(S_IFLNK | 0777), nullptr);
   EXPECT_STREQ(special_file_kind(S_IFBLK | 0660), "block device");
   EXPECT_STREQ(special_file_kind(S_IFSOCK | 0755), "socket");
+}
+
+// ---- a source file swapped for a FIFO --------------------------------------------------------
+
+// A user who may write in the source replaces a file, between the open that queued it and the
+// staging thread's open, with a FIFO. open(2) of a FIFO for reading waits for a writer: the
+// thread that stages for every node would hang there, and the watchdog would break the whole
+// mount group. Every reader of the source must refuse it at once instead. (Without the fix,
+// this test hangs in open(2) until ctest's timeout fails it.)
+TEST_F(PathsTest, ASourceFileSwappedForAFifoIsRefusedWithoutWaiting) {
+  fs::create_directories(path("src/a"));
+  write_file(path("src/a/f"), "bytes");
+  const stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  stagefs::BeneathSource beneath(root.get());
+  PosixSource posix;
+  auto scanned = beneath.scan("a/f", false, {});
+  ASSERT_TRUE(scanned) << scanned.error().message;
+  const Entry e = scanned->entries.at(0);
+  {  // a regular file is opened blocking as before
+    struct stat st {};
+    auto fd = stagefs::open_regular_beneath(root.get(), "a/f", st);
+    ASSERT_TRUE(fd);
+    EXPECT_EQ(::fcntl(fd->get(), F_GETFL) & O_NONBLOCK, 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+  }
+  ASSERT_EQ(::unlink(path("src/a/f").c_str()), 0);
+  ASSERT_EQ(::mkfifo(path("src/a/f").c_str(), 0644), 0);
+
+  struct stat st {};
+  auto fd = stagefs::open_regular_beneath(root.get(), "a/f", st);
+  ASSERT_FALSE(fd);
+  EXPECT_EQ(fd.error().code, make_error_code(Errc::unsupported));
+  auto rescanned = beneath.scan("a/f", false, {});
+  ASSERT_FALSE(rescanned);
+  EXPECT_EQ(rescanned.error().code, make_error_code(Errc::unsupported));
+  auto opened = beneath.open("a/f", e);
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().code, make_error_code(Errc::source_changed));
+  // stage-bcast's reader, for a tree whose file is swapped after the scan
+  Entry named = e;
+  named.path = "f";
+  auto posix_opened = posix.open(path("src/a"), named);
+  ASSERT_FALSE(posix_opened);
+  EXPECT_EQ(posix_opened.error().code, make_error_code(Errc::source_changed));
+  // and for a single source named directly
+  auto posix_scanned = posix.scan(path("src/a/f"), false, {});
+  ASSERT_FALSE(posix_scanned);
 }
 
 // ---- fuse.conf ----------------------------------------------------------------------------
