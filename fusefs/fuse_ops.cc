@@ -561,7 +561,8 @@ std::string check_mountpoint(const std::string& path) {
            " first)";
   }
   stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (DIR* d = dfd.valid() ? ::fdopendir(dfd.release()) : nullptr) {
+  if (DIR* d = dfd.valid() ? ::fdopendir(dfd.get()) : nullptr) {
+    (void)dfd.release();  // the DIR owns it now
     int n = 0;
     while (const dirent* de = ::readdir(d))
       if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) ++n;

@@ -49,7 +49,9 @@ std::string to_json(const MountStatus& s) {
   } else {
     j["transfer"] = nullptr;
   }
-  return j.dump();
+  // File names are bytes, not necessarily UTF-8: such a name is shown with U+FFFD where its
+  // bytes are not UTF-8, rather than failing the whole status (strict mode throws).
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace stagefs

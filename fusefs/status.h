@@ -31,6 +31,7 @@ struct MountStatus {
   CacheUsage cache;
 };
 
+// Never throws on file names that are not UTF-8 (their bad bytes become U+FFFD).
 std::string to_json(const MountStatus& s);
 
 }  // namespace stagefs

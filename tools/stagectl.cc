@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   if (const int rc = read_status(mnt, s); rc != 0) return rc;
   if (*status || *stats) {
     if (as_json)
-      std::puts(s.dump(2).c_str());
+      std::puts(s.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     else if (*status)
       print_status(s);
     else
@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
   for (const auto& r : results)
     if (!r.value("ok", false)) rc = 1;
   if (as_json) {
-    std::puts(json{{"results", results}, {"ok", rc == 0}}.dump(2).c_str());
+    // Paths as typed may be any bytes: shown with U+FFFD, never an abort.
+    std::puts(json{{"results", results}, {"ok", rc == 0}}.dump(2, ' ', false, json::error_handler_t::replace).c_str());
   } else {
     const char* verb = *evict ? "evicted" : no_wait ? "queued" : "prefetched";
     for (const auto& r : results) {

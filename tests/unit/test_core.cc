@@ -10,6 +10,7 @@
 #include "bcast/engine.h"
 #include "bcast/manifest.h"
 #include "bcast/stream.h"
+#include "fusefs/status.h"
 
 namespace stage {
 namespace {
@@ -178,6 +179,18 @@ TEST(Errors, ErrnoTable) {
   EXPECT_EQ(stage_error(Errc::timed_out, "x").to_errno(), ETIMEDOUT);
   EXPECT_NE(sys_error(ENOSPC, "write", "/nvme/x").message.find("/nvme/x"), std::string::npos);
   EXPECT_NE(sys_error(ENOSPC, "write", "/nvme/x").message.find(host_name()), std::string::npos);
+}
+
+// A file name is bytes: a transfer of one that is not UTF-8 must not make user.stagefs.status
+// (and with it stagectl status, stats and the metrics) fail while it runs.
+TEST(Status, ANameThatIsNotUtf8IsShownNotRefused) {
+  stagefs::MountStatus s;
+  s.current = "data/\xff\xfe-shard.bin";
+  s.cache_dir = "/nvme/\xc3";  // a truncated sequence
+  std::string j;
+  ASSERT_NO_THROW(j = stagefs::to_json(s));
+  EXPECT_NE(j.find("data/\xef\xbf\xbd"), std::string::npos) << j;  // U+FFFD in UTF-8
+  EXPECT_NE(j.find("-shard.bin"), std::string::npos) << j;
 }
 
 }  // namespace
