@@ -241,9 +241,9 @@ Result<std::string> StageFsCore::readlink(uint64_t id) {
 Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  if (auto ok = check_access(*rel, R_OK, who); !ok) return ok.error();
   auto fd = open_beneath(root_.get(), *rel, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
+  if (auto ok = check_access(fd->get(), *rel, R_OK, who); !ok) return ok.error();
   struct stat dst {};
   if (::fstat(fd->get(), &dst) != 0) return stage::sys_error(errno, "stat directory", *rel);
   const auto key = std::tuple{*rel, static_cast<uint64_t>(dst.st_dev), static_cast<uint64_t>(dst.st_ino),
@@ -382,14 +382,14 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   return out;
 }
 
-stage::Status StageFsCore::check_access(const std::string& rel, int mask, const Caller& who) const {
+stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask, const Caller& who) const {
   if (who.uid == 0 || ::geteuid() != 0) return {};  // root, or a daemon that reads as its user
   int rc = 0;
   int err = 0;
   {
     const AsCaller as(who);
     if (!as.ok()) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
-    rc = ::faccessat(root_.get(), rel.empty() ? "." : rel.c_str(), mask, AT_EACCESS | AT_SYMLINK_NOFOLLOW);
+    rc = ::faccessat(fd, "", mask, AT_EACCESS | AT_EMPTY_PATH);
     err = errno;
   }
   if (rc == 0) return {};
@@ -472,18 +472,22 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     version = it->second.version;
   }
   *pinned = rel;
-  auto st = stat_rel(rel);
-  if (!st) return done(st.error());
-  if (!S_ISREG(st->st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
-  if (auto ok = check_access(rel, R_OK, who); !ok) return done(ok.error());
-  if (stage::meta_from_stat(*st) != version) {
+  // One resolution of the path for the type, the access check and the version below.
+  auto src_fd = open_beneath(root_.get(), rel, O_PATH);
+  if (!src_fd) return done(src_fd.error());
+  struct stat st {};
+  if (::fstat(src_fd->get(), &st) != 0) return done(stage::sys_error(errno, "stat source", rel));
+  if (!S_ISREG(st.st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
+  if (auto ok = check_access(src_fd->get(), rel, R_OK, who); !ok) return done(ok.error());
+  src_fd->reset();
+  if (stage::meta_from_stat(st) != version) {
     // This id names an older version: ESTALE makes the kernel look the name up again.
     ++counters_.stale_opens;
     return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
   }
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
   struct stat cst {};
-  if (auto fd = cache_.open_current(rel, *st, &cst)) {
+  if (auto fd = cache_.open_current(rel, st, &cst)) {
     bool verified = cfg_.verify == Verify::none;
     if (!verified) {
       std::lock_guard lk(verified_m_);
@@ -496,7 +500,7 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }
-  post([this, rel, src = *st, early_ok, done = std::move(done)]() mutable {
+  post([this, rel, src = st, early_ok, done = std::move(done)]() mutable {
     const uint64_t since = mat_.epoch();  // before the look into the cache
     // Batches hold only files every user may read (BeneathSource::scan_small_files).
     const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&

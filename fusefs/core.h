@@ -209,7 +209,10 @@ class StageFsCore {
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
-  stage::Status check_access(const std::string& rel, int mask, const Caller& who) const;
+  // The caller's access to what fd holds (faccessat2 AT_EMPTY_PATH): the very inode that was
+  // stat'ed or is about to be listed, never a path resolved again (a path checked apart from
+  // the fd could be swapped in between by a user who may rename a parent).
+  stage::Status check_access(int fd, const std::string& rel, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);

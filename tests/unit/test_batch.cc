@@ -179,6 +179,43 @@ class BatchTest : public TmpDirTest {
   stage::PosixStore store_;
 };
 
+// The daemon's own access check, behind the kernel's default_permissions (which a user who
+// may rename a parent directory can fool with attributes of another file). It is made on the
+// inode the open stat'ed (faccessat2 on that fd), never on the path resolved a second time.
+TEST_F(BatchTest, TheCoreChecksTheCallersAccessOnTheFileItOpens) {
+  fs::create_directories(path("src/priv"));
+  fs::create_directories(path("src/closed"));
+  write_file(path("src/priv/secret"), "root only");
+  write_file(path("src/priv/shared"), "anyone");
+  ASSERT_EQ(::chmod(path("src").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(path("src/priv").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(path("src/priv/secret").c_str(), 0600), 0);
+  ASSERT_EQ(::chmod(path("src/priv/shared").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path("src/closed").c_str(), 0700), 0);
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const Caller nobody{65534, 65534, {}};
+  const uint64_t dir = lookup(StageFsCore::kRootId, "priv");
+  auto denied = core_->open(lookup(dir, "secret"), O_RDONLY, nobody);
+  ASSERT_FALSE(denied);
+  EXPECT_EQ(denied.error().code, std::error_code(EACCES, std::generic_category())) << denied.error().message;
+  auto allowed = core_->open(lookup(dir, "shared"), O_RDONLY, nobody);
+  ASSERT_TRUE(allowed) << allowed.error().message;
+  EXPECT_EQ(read_fd(allowed->fd.get()), "anyone");
+  core_->release(allowed->pinned);
+  auto root_may = core_->open(lookup(dir, "secret"), O_RDONLY, Caller{});
+  ASSERT_TRUE(root_may) << root_may.error().message;
+  core_->release(root_may->pinned);
+  auto listing = core_->readdir(lookup(StageFsCore::kRootId, "closed"), nobody);
+  ASSERT_FALSE(listing);
+  EXPECT_EQ(listing.error().code, std::error_code(EACCES, std::generic_category()));
+  EXPECT_TRUE(core_->readdir(lookup(StageFsCore::kRootId, "closed"), Caller{}));
+  stop(group, service);
+}
+
 TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeFile) {
   stage::SelfComm comm;
   LocalControlPlane ctl;
