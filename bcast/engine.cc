@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -48,12 +50,42 @@ constexpr size_t kNestAheadChunks = 2;
 // What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB
 // file with 1 MiB of data needs about 1 MiB), at most its size. A source filesystem that
 // reports no blocks for a non-empty file (some FUSE and object-store mounts) gets the size.
-// An estimate: holes are skipped per chunk, so holes inside a chunk that also holds data are
-// written as zeros; if the disk fills anyway, the copy fails with ENOSPC and nothing is
+// Holes stay holes within a chunk too (write_sparse), so the estimate holds however the data
+// is spread. It can still fall short for a source on a compressing filesystem (allocation
+// below the data's size); if the disk fills, the copy fails with ENOSPC and nothing is
 // published.
 uint64_t expected_disk_bytes(const Entry& e) {
   if (e.type != EntryType::file) return 0;
   return e.allocated == 0 ? e.meta.size : std::min(e.meta.size, e.allocated);
+}
+
+bool is_sparse(const Entry& e) {
+  return e.type == EntryType::file && e.allocated != 0 && e.allocated < e.meta.size;
+}
+
+// Writes data at off, leaving each all-zero 4 KiB block (aligned in the file) a hole. For a
+// sparse source's chunks that hold data: without it, a file with one 4 KiB block of data in
+// every 16 MiB chunk (1 TiB with 256 MiB allocated, a user's file in the source) would write
+// its whole size on every node, far past its reservation and --cache-size.
+Status write_sparse(Txn& t, uint64_t off, std::span<const std::byte> data) {
+  constexpr uint64_t kBlock = 4096;
+  static const std::array<std::byte, kBlock> kZeros{};
+  size_t run = 0;
+  bool in_run = false;
+  for (size_t i = 0; i < data.size();) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(data.size() - i, kBlock - (off + i) % kBlock));
+    const bool zero = std::memcmp(data.data() + i, kZeros.data(), n) == 0;
+    if (!zero && !in_run) {
+      run = i;
+      in_run = true;
+    } else if (zero && in_run) {
+      if (auto st = t.write(off + run, data.subspan(run, i - run)); !st) return st;
+      in_run = false;
+    }
+    i += n;
+  }
+  if (in_run) return t.write(off + run, data.subspan(run));
+  return {};
 }
 
 using Clock = std::chrono::steady_clock;
@@ -575,7 +607,9 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
         if (need_local_[seg.entry] == 0) continue;
         Txn& t = *txn_[seg.entry];
         if (!zero) {
-          if (auto st = t.write(p.file_off, std::span(buf.mem->data() + p.chunk_off, p.length)); !st) {
+          const std::span<const std::byte> data(buf.mem->data() + p.chunk_off, p.length);
+          if (auto st = is_sparse(m_.entries[seg.entry]) ? write_sparse(t, p.file_off, data) : t.write(p.file_off, data);
+              !st) {
             writer_err_ = st.error();
             break;
           }

@@ -247,6 +247,38 @@ TEST_F(EngineTest, FreeSpaceCheckCountsAllocatedBytesNotHoles) {
   EXPECT_TRUE(no_temps_under(dir_));
 }
 
+// A user's file with one 4 KiB block of data in every chunk: its reservation is its allocation
+// (the free-space check and --cache-size count that), so its copy must not write the zeros
+// around the data (a 1 TiB file of this shape would write 1 TiB on every node).
+TEST_F(EngineTest, AZeroBlockInAChunkThatHoldsDataStaysAHole) {
+  constexpr uint64_t kChunk = 1 << 20, kChunks = 32;
+  const std::string data = random_bytes(4096, 23);
+  {
+    const int fd = ::open(path("dotted.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    for (uint64_t k = 0; k < kChunks; ++k)  // mid-chunk, on a 4 KiB boundary
+      ASSERT_EQ(::pwrite(fd, data.data(), data.size(), static_cast<off_t>(k * kChunk + 256 * 1024)), 4096);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(kChunks * kChunk)), 0);
+    ::close(fd);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path("dotted.bin").c_str(), &st), 0);
+  const uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512U;
+  if (allocated >= kChunks * kChunk / 2) GTEST_SKIP() << "no sparse files here";
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = kChunk;
+  auto r = run(2, opt, src, plain_, path("dotted.bin"), "dotted.bin");
+  ASSERT_TRUE(r.reports[0].ok && r.reports[1].ok);
+  for (int node = 0; node < 2; ++node) {
+    EXPECT_TRUE(read_file(node_file(node, "dotted.bin")) == read_file(path("dotted.bin")));
+    struct stat cst {};
+    ASSERT_EQ(::stat(node_file(node, "dotted.bin").c_str(), &cst), 0);
+    // The source's allocation, plus room for a filesystem's own rounding; 32 MiB without holes.
+    EXPECT_LE(static_cast<uint64_t>(cst.st_blocks) * 512U, allocated + (256U << 10)) << "node " << node;
+  }
+}
+
 TEST_F(EngineTest, ChecksumPreAndPostValidation) {
   const std::string data = random_bytes(300000, 9);
   write_file(path("src.bin"), data);
