@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "bcast/fd.h"
+#include "bcast/store.h"
 
 namespace stage {
 
@@ -109,7 +110,10 @@ struct Walker {
       struct stat st {};
       if (::lstat(cabs.c_str(), &st) != 0) return sys_error(errno, "stat source", cabs);
       Entry e{crel, EntryType::file, meta_from_stat(st), {}, allocated_from_stat(st)};
-      if (S_ISREG(st.st_mode)) {
+      if (S_ISREG(st.st_mode) && is_temp_name(name)) {
+        // Its copy would be the temporary file of the copy of its neighbour in the destination.
+        if (skipped) skipped(cabs, "named like a stage-bcast temporary file");
+      } else if (S_ISREG(st.st_mode)) {
         if (::access(cabs.c_str(), R_OK) != 0) return sys_error(errno, "source", cabs);
         m.entries.push_back(std::move(e));
       } else if (S_ISDIR(st.st_mode)) {

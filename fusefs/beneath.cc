@@ -31,6 +31,15 @@ stage::Result<stage::Fd> open_regular_beneath(int root_fd, const std::string& re
   return fd;
 }
 
+bool has_temp_component(const std::string& rel) {
+  for (size_t b = 0; b <= rel.size();) {
+    const size_t e = std::min(rel.find('/', b), rel.size());
+    if (stage::is_temp_name(rel.substr(b, e - b))) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
 std::string proc_fd_path(int fd) {
   return "/proc/self/fd/" + std::to_string(fd);
 }
@@ -85,6 +94,7 @@ stage::Result<std::vector<std::string>> list_names(int fd, unsigned char type, c
 }  // namespace
 
 stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size) {
+  if (has_temp_component(dir)) return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
   auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
   struct stat st {};
@@ -105,6 +115,7 @@ stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string
     // file, and a batch must not copy, on the strength of one user's open, files that user
     // may not read (they are staged alone, at their own open, after its access check).
     if ((fst.st_mode & S_IROTH) == 0) continue;
+    if (stage::is_temp_name(name)) continue;  // never cached (has_temp_component)
     m.entries.push_back(stage::Entry{name, stage::EntryType::file, stage::meta_from_stat(fst), {},
                                      stage::allocated_from_stat(fst)});
   }
@@ -122,8 +133,8 @@ stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::stri
     struct stat st {};
     // Only what every user may reach: a walk by one user never stages a directory the
     // others (or that user) could not list.
-    if (::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
-        (st.st_mode & (S_IROTH | S_IXOTH)) == (S_IROTH | S_IXOTH))
+    if (!stage::is_temp_name(name) && ::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(st.st_mode) && (st.st_mode & (S_IROTH | S_IXOTH)) == (S_IROTH | S_IXOTH))
       out.push_back(name);
   }
   return out;

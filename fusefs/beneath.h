@@ -21,6 +21,12 @@ stage::Result<stage::Fd> open_beneath(int root_fd, const std::string& rel, int f
 // name swapped for a FIFO fails with Errc::unsupported instead of blocking the caller (a
 // thread that stages for every node). st receives the file's stat.
 stage::Result<stage::Fd> open_regular_beneath(int root_fd, const std::string& rel, struct stat& st);
+// True when a component of rel is named like a copy's temporary file (".B.stage-tmp.HOST.PID",
+// stage::is_temp_name). Such a file or directory is never copied into the cache: its copy
+// would land on (or, as a directory, block) the temporary file of B's copy, and a user who may
+// create files beside B could thus replace or stop another user's copy. It is read from the
+// source instead.
+bool has_temp_component(const std::string& rel);
 // "/proc/self/fd/N": a path that reaches what fd holds without resolving any name again.
 std::string proc_fd_path(int fd);
 // Removes the regular file rel (its parent resolved as above; anything else is left).

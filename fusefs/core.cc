@@ -485,6 +485,16 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     ++counters_.stale_opens;
     return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
   }
+  // A path named like a copy's temporary file is never copied into the cache: reads go to the
+  // source (has_temp_component says why).
+  if (has_temp_component(rel)) {
+    struct stat now {};
+    auto fd = open_regular_beneath(root_.get(), rel, now);
+    if (!fd) return done(fd.error());
+    if (!stage::same_version(stage::meta_from_stat(now), version))
+      return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
+    return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
+  }
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
   struct stat cst {};
   if (auto fd = cache_.open_current(rel, st, &cst)) {
@@ -642,6 +652,8 @@ stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {
   auto st = stat_rel(*rel);
   if (!st) return st.error();
   if (!S_ISREG(st->st_mode)) return stage::stage_error(stage::Errc::unsupported, "evict", *rel);
+  // Never cached; the name in the cache may be another file's temporary file.
+  if (has_temp_component(*rel)) return stage::stage_error(stage::Errc::unsupported, "evict", *rel);
   if (who.uid != 0 && who.uid != st->st_uid)
     return stage::sys_error(EPERM, "evict: only root or the file's owner may evict it", *rel);
   return cache_.evict(*rel);

@@ -216,6 +216,44 @@ TEST_F(BatchTest, TheCoreChecksTheCallersAccessOnTheFileItOpens) {
   stop(group, service);
 }
 
+// A user who may create files beside another user's file B can name one like B's temporary
+// file in the cache (".B.stage-tmp.HOST.PID", predictable from the status). Copied into the
+// cache, it would land on (or, as a directory, block) that temporary file. Such paths are
+// never cached: read from the source, left out of batches and walks, never evicted.
+TEST_F(BatchTest, AFileNamedLikeATemporaryFileIsReadFromTheSourceNeverCached) {
+  EXPECT_TRUE(has_temp_component(".b.stage-tmp.h.1"));
+  EXPECT_TRUE(has_temp_component("d/.b.stage-tmp.h.1/f"));
+  EXPECT_FALSE(has_temp_component("d/b.stage-tmp.h.1"));  // not hidden: not the store's shape
+  EXPECT_FALSE(has_temp_component("many/s01"));
+  const std::string planted = "." + name(5) + ".stage-tmp.node7.4242";
+  write_file(path("src/many/" + planted), "planted bytes");
+  fs::create_directories(path("src/" + planted));
+  write_file(path("src/" + planted + "/f"), "in a planted directory");
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());
+  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  EXPECT_EQ(open_and_read(lookup(dir, name(0))), small_[0]);  // the directory's batch
+  EXPECT_EQ(group.stats().batch_files, 50U) << "the planted name went into the batch";
+  const uint64_t id = lookup(dir, planted);
+  auto f = core_->open(id, O_RDONLY);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_TRUE(f->from_source);
+  EXPECT_EQ(read_fd(f->fd.get()), "planted bytes");
+  core_->release(f->pinned);
+  auto in_dir = core_->open(lookup(lookup(StageFsCore::kRootId, planted), "f"), O_RDONLY);
+  ASSERT_TRUE(in_dir) << in_dir.error().message;
+  EXPECT_TRUE(in_dir->from_source);
+  core_->release(in_dir->pinned);
+  EXPECT_FALSE(core_->evict(id, Caller{}));
+  EXPECT_FALSE(fs::exists(path("cache/data/many/" + planted)));
+  EXPECT_FALSE(fs::exists(path("cache/data/" + planted)));
+  EXPECT_EQ(group.stats().transfers, 1U);
+  stop(group, service);
+}
+
 TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeFile) {
   stage::SelfComm comm;
   LocalControlPlane ctl;

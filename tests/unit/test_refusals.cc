@@ -121,6 +121,22 @@ TEST_F(PathsTest, ASourceFileSwappedForAFifoIsRefusedWithoutWaiting) {
   ASSERT_FALSE(posix_scanned);
 }
 
+// stage-bcast --recursive: a source file named like a temporary file of the copy would be
+// written over the temporary file of its neighbour's copy in the destination. Skipped, said.
+TEST_F(PathsTest, ATreeFileNamedLikeATemporaryFileIsSkippedAndReported) {
+  fs::create_directories(path("tree"));
+  write_file(path("tree/a"), "a");
+  write_file(path("tree/.a.stage-tmp.host.123"), "planted");
+  std::vector<std::string> skipped;
+  PosixSource posix;
+  auto m = posix.scan(path("tree"), true, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
+  ASSERT_TRUE(m) << m.error().message;
+  std::vector<std::string> names;
+  for (const Entry& e : m->entries) names.push_back(e.path);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "a"}));
+  EXPECT_EQ(skipped, std::vector<std::string>{path("tree/.a.stage-tmp.host.123")});
+}
+
 // ---- fuse.conf ----------------------------------------------------------------------------
 
 TEST(FuseConf, UserAllowOtherAsFusermount3ReadsIt) {
