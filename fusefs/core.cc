@@ -291,11 +291,32 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   ::closedir(d);
   if (err != 0) return stage::sys_error(err, "readdir", *rel);
   out->shrink_to_fit();
-  // The last handle's release frees the listing and gives the memory back to the system.
-  DirSnapshot snap(out.release(), [](const std::vector<DirEntry>* v) {
+  uint64_t bytes = out->capacity() * sizeof(DirEntry);
+  for (const DirEntry& e : *out)
+    if (e.name.capacity() > 15) bytes += e.name.capacity() + 1;  // past std::string's inline buffer
+  if (who.uid != 0) {
+    std::lock_guard lk(listing_bytes_->m);
+    uint64_t& used = listing_bytes_->by_uid[who.uid];
+    if (used + bytes > cfg_.listing_bytes_per_user) {
+      if (used == 0) listing_bytes_->by_uid.erase(who.uid);
+      return stage::sys_error(ENOMEM,
+                              "opendir: the listings held open by uid " + std::to_string(who.uid) + " would take " +
+                                  std::to_string((used + bytes) >> 20) + " MiB, over the limit of " +
+                                  std::to_string(cfg_.listing_bytes_per_user >> 20) + " MiB",
+                              *rel);
+    }
+    used += bytes;
+  }
+  // The last handle's release frees the listing, gives the memory back to the system and to
+  // its user's budget.
+  DirSnapshot snap(out.release(), [acct = listing_bytes_, uid = who.uid, bytes](const std::vector<DirEntry>* v) {
     const bool big = v->size() > 1000;
     delete v;
     if (big) ::malloc_trim(0);
+    if (uid == 0) return;
+    std::lock_guard lk(acct->m);
+    if (auto it = acct->by_uid.find(uid); it != acct->by_uid.end() && (it->second -= std::min(it->second, bytes)) == 0)
+      acct->by_uid.erase(it);
   });
   std::lock_guard lk(dirs_m_);
   for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots

@@ -112,6 +112,11 @@ struct CoreConfig {
   // (Materializer::materialize_live_async); its reads are served by the daemon from the copy
   // in progress (OpenFile::live) for the life of that handle.
   bool read_during_copy = false;
+  // Memory the directory listings held open by one user (other than root) may take, summed
+  // over the listings that user's opendirs built. Handles on one version of a directory share
+  // one listing; a user who changes a large directory between opendirs builds a new one each
+  // time. Past this, opendir fails with ENOMEM for that user only.
+  uint64_t listing_bytes_per_user = uint64_t{1} << 30;
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -239,6 +244,13 @@ class StageFsCore {
   std::mutex dirs_m_;
   std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>, std::weak_ptr<const std::vector<DirEntry>>>
       dirs_;
+  // Bytes of the listings alive, by the uid whose opendir built them (CoreConfig::
+  // listing_bytes_per_user). Shared with the listings' deleters, which may run after the core.
+  struct ListingBytes {
+    std::mutex m;
+    std::map<uint32_t, uint64_t> by_uid;
+  };
+  std::shared_ptr<ListingBytes> listing_bytes_ = std::make_shared<ListingBytes>();
   // Completion pool.
   std::mutex pool_m_;
   std::condition_variable pool_cv_;

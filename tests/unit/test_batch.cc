@@ -254,6 +254,42 @@ TEST_F(BatchTest, AFileNamedLikeATemporaryFileIsReadFromTheSourceNeverCached) {
   stop(group, service);
 }
 
+// Handles on one version of a directory share its listing, but a user who changes a large
+// directory between opendirs builds a new listing each time, and could hold hundreds of them
+// open (a million 255-byte names is about 300 MB each). Each user's listings have a budget.
+TEST_F(BatchTest, AUsersOpenListingsHaveAMemoryBudget) {
+  fs::create_directories(path("src/big"));
+  ASSERT_EQ(::chmod(path("src").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(path("src/big").c_str(), 0777), 0);
+  for (int i = 0; i < 200; ++i) write_file(path("src/big/" + std::string(200, 'n') + std::to_string(i)), "");
+  stage::SelfComm comm;
+  LocalControlPlane ctl;
+  GroupService group(comm, ctl, *source_, store_, config());  // not run: listings only
+  CoreConfig cc{path("src"), StallPolicy::eio};
+  cc.listing_bytes_per_user = 64 << 10;  // one listing of the 200 long names (~50 KiB), not two
+  auto c = StageFsCore::create(cc, *cache_, group);
+  ASSERT_TRUE(c) << c.error().message;
+  core_ = std::move(c.value());
+  const Caller nobody{65534, 65534, {}}, other{65533, 65533, {}};
+  const uint64_t big = lookup(StageFsCore::kRootId, "big");
+  auto v1 = core_->readdir(big, nobody);
+  ASSERT_TRUE(v1) << v1.error().message;
+  auto shared = core_->readdir(big, nobody);  // the same version: the same listing, no charge
+  ASSERT_TRUE(shared);
+  EXPECT_EQ(v1->get(), shared->get());
+  write_file(path("src/big/one-more"), "");  // a new version of the directory
+  auto v2 = core_->readdir(big, nobody);
+  ASSERT_FALSE(v2) << "a second listing went past the budget";
+  EXPECT_EQ(v2.error().code, std::error_code(ENOMEM, std::generic_category())) << v2.error().message;
+  EXPECT_TRUE(core_->readdir(big, other)) << "one user's listings used another's budget";
+  EXPECT_TRUE(core_->readdir(big, Caller{}));  // root: no budget
+  v1->reset();
+  shared->reset();  // the last handle on v1: its bytes return to the budget
+  auto again = core_->readdir(big, nobody);
+  EXPECT_TRUE(again) << again.error().message;
+  core_.reset();
+}
+
 TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeFile) {
   stage::SelfComm comm;
   LocalControlPlane ctl;
