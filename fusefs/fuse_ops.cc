@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "fusefs/live.h"
+#include "fusefs/log.h"
 #include "fusefs/mount.h"
 #include "fusefs/privilege.h"
 
@@ -72,12 +73,19 @@ Caller caller(fuse_req_t req, bool with_groups) {
   return who;
 }
 
+// Failed requests are the one warning any user can cause at will (stat a name under a file,
+// open what they may not read): at most 20 per 10 s reach the log.
+WarnBudget g_request_warnings(20, std::chrono::seconds(10));
+
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
-  if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG || err == ESTALE)
+  uint64_t held_back = 0;
+  if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG || err == ESTALE) {
     spdlog::debug("{}", e.message);
-  else
+  } else if (g_request_warnings.allow(WarnBudget::Clock::now(), held_back)) {
+    if (held_back > 0) spdlog::warn("{} more failed requests were not logged (at most 20 per 10 s)", held_back);
     spdlog::warn("{}", e.message);
+  }
   fuse_reply_err(req, err != 0 ? err : EIO);
 }
 

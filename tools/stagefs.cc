@@ -1,7 +1,6 @@
 // stagefs: mount a read-only view of SOURCE_DIR whose files are copied onto every node's
 // local disk at their first open (one MPI broadcast per file for the whole job step).
 // A thin shell over fusefs/daemon.h: parse options, run the daemon or wait for readiness.
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +11,7 @@
 #include "bcast/chunk.h"
 #include "bcast/pipeline.h"
 #include "fusefs/daemon.h"
+#include "fusefs/log.h"
 
 namespace {
 
@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
   cfg.mount.passthrough = !no_passthrough;
   cfg.mount.debug = debug_fuse;
   // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
-  spdlog::set_default_logger(spdlog::stderr_logger_mt("stagefs"));
+  // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("stagefs", stagefs::escaping_sink()));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
   return stagefs::run_daemon(cfg, &argc, &argv);
 }

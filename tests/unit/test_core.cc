@@ -1,15 +1,18 @@
 // Pure parts of the core: chunk arithmetic, CRC-64 and its combination, the manifest codec,
-// the stream layout and the pre-validation decision.
+// the stream layout and the pre-validation decision; the status JSON and the daemon log.
 #include <gtest/gtest.h>
 
 #include <climits>
 #include <random>
+
+#include <spdlog/spdlog.h>
 
 #include "bcast/chunk.h"
 #include "bcast/crc.h"
 #include "bcast/engine.h"
 #include "bcast/manifest.h"
 #include "bcast/stream.h"
+#include "fusefs/log.h"
 #include "fusefs/status.h"
 
 namespace stage {
@@ -191,6 +194,39 @@ TEST(Status, ANameThatIsNotUtf8IsShownNotRefused) {
   ASSERT_NO_THROW(j = stagefs::to_json(s));
   EXPECT_NE(j.find("data/\xef\xbf\xbd"), std::string::npos) << j;  // U+FFFD in UTF-8
   EXPECT_NE(j.find("-shard.bin"), std::string::npos) << j;
+}
+
+// A file name with a newline must not forge a log line of the root daemon.
+TEST(Log, ControlCharactersInAMessageAreEscaped) {
+  EXPECT_EQ(stagefs::escape_controls("a/b c.bin"), "a/b c.bin");
+  EXPECT_EQ(stagefs::escape_controls("x\n[stagefs r0] info: fake\x1b[2J\\"),
+            "x\\x0a[stagefs r0] info: fake\\x1b[2J\\\\");
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  spdlog::logger log("t", stagefs::escaping_sink(f));
+  log.set_pattern("%l: %v");
+  log.warn("open {}: permission denied", "evil\nwarning: forged line");
+  std::rewind(f);
+  char buf[256] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  EXPECT_EQ(std::string(buf, n), "warning: open evil\\x0awarning: forged line: permission denied\n");
+}
+
+// Warnings users can cause at will: a burst per window, then a count of what was held back.
+TEST(Log, AWarnBudgetHoldsBackABurstAndSaysHowMany) {
+  using namespace std::chrono_literals;
+  stagefs::WarnBudget b(3, 10s);
+  const auto t0 = stagefs::WarnBudget::Clock::time_point{} + 100s;
+  uint64_t held = 99;
+  int allowed = 0;
+  for (int i = 0; i < 10; ++i) allowed += b.allow(t0 + std::chrono::milliseconds(i), held) ? 1 : 0;
+  EXPECT_EQ(allowed, 3);
+  EXPECT_FALSE(b.allow(t0 + 9s, held));
+  EXPECT_TRUE(b.allow(t0 + 10s, held));  // the next window
+  EXPECT_EQ(held, 8U);
+  EXPECT_TRUE(b.allow(t0 + 10s, held));
+  EXPECT_EQ(held, 0U);
 }
 
 }  // namespace

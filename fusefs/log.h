@@ -1,0 +1,45 @@
+// The daemon's log, written for a root process whose log lines carry names users chose and
+// whose warnings users can trigger at will.
+// - escaping_sink(): control characters in a message (a newline in a file name would forge a
+//   log line of its own; an escape sequence would rewrite a terminal) are written as \xNN.
+// - WarnBudget: at most `burst` warnings per window from a source users control (failed
+//   requests); the next window's first warning is preceded by how many were held back.
+// Both are thread-safe; neither needs FUSE or MPI.
+#pragma once
+
+#include <spdlog/sinks/sink.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace stagefs {
+
+// s with every byte below 0x20 and 0x7f written as \xNN (backslashes as \\).
+std::string escape_controls(std::string_view s);
+
+// An stderr-like sink (formatted by spdlog's pattern) that escapes each message's payload.
+std::shared_ptr<spdlog::sinks::sink> escaping_sink(std::FILE* out = stderr);
+
+class WarnBudget {
+ public:
+  using Clock = std::chrono::steady_clock;
+  WarnBudget(unsigned burst, Clock::duration window) : burst_(burst), window_(window) {}
+  // True: log this warning. When it opens a new window after warnings were held back,
+  // held_back says how many (log that first); otherwise 0.
+  bool allow(Clock::time_point now, uint64_t& held_back);
+
+ private:
+  std::mutex m_;
+  const unsigned burst_;
+  const Clock::duration window_;
+  Clock::time_point start_{};
+  unsigned used_ = 0;
+  uint64_t dropped_ = 0;
+};
+
+}  // namespace stagefs
