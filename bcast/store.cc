@@ -207,8 +207,11 @@ class PosixTxn final : public Txn {
 
   Status commit() override {
     if (auto st = commit_unsynced(); !st) return st;
+    // Durable only once the directory entry is: a directory that cannot be opened (EMFILE...)
+    // is an error like a failed fsync, not a copy silently left unsynced.
     Fd dir(::open(parent_dir(dest_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir.valid() && ::fsync(dir.get()) != 0) return sys_error(errno, "sync directory of", dest_);
+    if (!dir.valid()) return sys_error(errno, "open directory of", dest_);
+    if (::fsync(dir.get()) != 0) return sys_error(errno, "sync directory of", dest_);
     return {};
   }
 

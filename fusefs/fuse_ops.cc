@@ -258,7 +258,10 @@ void op_releasedir(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi
 void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result<OpenFile> r) {
   auto& m = fm(req);
   const auto live = m.reply_guard();
-  if (!live) return;  // the session is gone: nobody waits for this reply
+  if (!live) {  // the session is gone: nobody waits for this reply
+    if (r) m.core().release(r->pinned);
+    return;
+  }
   if (!r) return reply_err(req, r.error());
   auto h = std::make_unique<FileHandle>();
   h->fd = std::move(r->fd);
