@@ -436,7 +436,13 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
   }
 }
 
-stage::Status NodeCache::evict(const std::string& rel) {
+stage::Status NodeCache::evict(const std::string& rel, const struct stat& source) {
+  if (auto fd = open_beneath(data_.get(), rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)) {
+    const auto origin = stage::origin_of_fd(fd->get());
+    if (origin && (origin->source.dev != static_cast<uint64_t>(source.st_dev) ||
+                   origin->source.ino != static_cast<uint64_t>(source.st_ino)))
+      return stage::sys_error(EBUSY, "evict: the cached copy is of another file than the one checked", rel);
+  }
   std::unique_lock lk(m_);
   if (pins_.contains(rel)) return stage::sys_error(EBUSY, "evict: the file is open on this node", rel);
   auto it = index_.find(rel);

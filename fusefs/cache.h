@@ -139,7 +139,9 @@ class NodeCache {
   // limit and in the filesystem. Error (ENOSPC, with both sizes) when they cannot.
   stage::Status make_room(const std::string& rel, uint64_t need);
   // Removes rel's copy unless it is pinned (EBUSY) or absent (ENOENT).
-  stage::Status evict(const std::string& rel);
+  // source: the source file whose owner asked (dev, inode). A copy recorded as made from
+  // another file (the path was swapped since the owner check) is left alone: EBUSY.
+  stage::Status evict(const std::string& rel, const struct stat& source);
   [[nodiscard]] stage::LocalStore& store() { return *store_; }
   [[nodiscard]] uint64_t fs_free() const;
 

@@ -677,7 +677,8 @@ stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {
   if (has_temp_component(*rel)) return stage::stage_error(stage::Errc::unsupported, "evict", *rel);
   if (who.uid != 0 && who.uid != st->st_uid)
     return stage::sys_error(EPERM, "evict: only root or the file's owner may evict it", *rel);
-  return cache_.evict(*rel);
+  // Only the copy of the file whose owner was checked: the path may name another file now.
+  return cache_.evict(*rel, *st);
 }
 
 Result<OpenFile> StageFsCore::open(uint64_t id, int flags, const Caller& who) {

@@ -214,10 +214,18 @@ TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
   auto huge = cache.make_room("huge", 4 * 65536);
   ASSERT_FALSE(huge);
   EXPECT_NE(huge.error().message.find("more than the whole --cache-size"), std::string::npos);
-  EXPECT_EQ(cache.evict("a").error().to_errno(), EBUSY);
+  struct stat source {};  // the source file put() records as the copies' origin
+  source.st_ino = 1;
+  source.st_dev = 1;
+  EXPECT_EQ(cache.evict("a", source).error().to_errno(), EBUSY);
   cache.unpin("a");
-  EXPECT_TRUE(cache.evict("a"));
-  EXPECT_EQ(cache.evict("a").error().to_errno(), ENOENT);
+  // An owner check made on another file (the source path swapped since) evicts nothing.
+  struct stat other = source;
+  other.st_ino = 2;
+  EXPECT_EQ(cache.evict("a", other).error().to_errno(), EBUSY);
+  EXPECT_TRUE(fs::exists(path("c/data/a")));
+  EXPECT_TRUE(cache.evict("a", source));
+  EXPECT_EQ(cache.evict("a", source).error().to_errno(), ENOENT);
   EXPECT_EQ(cache.usage().files, 0U);
 }
 
