@@ -29,8 +29,10 @@ uint64_t allocated_from_stat(const struct stat& st) {
 Status settle_regular(int fd, struct stat& st, const std::string& path) {
   if (::fstat(fd, &st) != 0) return sys_error(errno, "stat source", path);
   if (!S_ISREG(st.st_mode)) return stage_error(Errc::unsupported, "source (not a regular file)", path);
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) return sys_error(errno, "fcntl source", path);
+  // F_SETFL sets only O_APPEND, O_ASYNC, O_DIRECT, O_NOATIME and O_NONBLOCK, and a source is
+  // opened O_RDONLY with kNoWaitOpen only: 0 clears O_NONBLOCK without an F_GETFL first (one
+  // syscall less per file of a batch).
+  if (::fcntl(fd, F_SETFL, 0) != 0) return sys_error(errno, "fcntl source", path);
   return {};
 }
 

@@ -73,8 +73,9 @@ uint64_t allocated_from_stat(const struct stat& st);
 
 // Opening a source file never waits: a name a user swapped for a FIFO would block open(2)
 // (O_RDONLY waits for a writer) and with it the thread that stages for every node. Open with
-// kNoWaitOpen added, then settle_regular(): it fails with Errc::unsupported unless fd is a
-// regular file, clears O_NONBLOCK, and leaves the file's stat in st.
+// kNoWaitOpen added (and no other status flag: O_DIRECT, O_NOATIME...), then settle_regular():
+// it fails with Errc::unsupported unless fd is a regular file, clears O_NONBLOCK, and leaves
+// the file's stat in st.
 inline constexpr int kNoWaitOpen = O_NONBLOCK | O_NOCTTY;
 Status settle_regular(int fd, struct stat& st, const std::string& path);
 

@@ -66,8 +66,8 @@ static bool process_gone(long pid) {
   return n == 1 && (state == 'Z' || state == 'X');
 }
 
-bool is_temp_name(const std::string& name) {
-  return !name.empty() && name[0] == '.' && name.find(kTempMark) != std::string::npos;
+bool is_temp_name(std::string_view name) {
+  return !name.empty() && name[0] == '.' && name.find(kTempMark) != std::string_view::npos;
 }
 
 Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache) {

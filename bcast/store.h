@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "bcast/manifest.h"
 
@@ -122,7 +123,7 @@ class PosixStore final : public LocalStore {
 
 // Name helpers, shared with the cache (and its tests).
 std::string temp_name_for(const std::string& path);  // beside path, unique to host and pid
-bool is_temp_name(const std::string& name);
+bool is_temp_name(std::string_view name);
 std::string parent_dir(const std::string& path);
 // CRC-64 of a whole file read with pread (drop_cache: ask the kernel to read from disk).
 Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache);

@@ -31,10 +31,11 @@ stage::Result<stage::Fd> open_regular_beneath(int root_fd, const std::string& re
   return fd;
 }
 
-bool has_temp_component(const std::string& rel) {
-  for (size_t b = 0; b <= rel.size();) {
-    const size_t e = std::min(rel.find('/', b), rel.size());
-    if (stage::is_temp_name(rel.substr(b, e - b))) return true;
+bool has_temp_component(const std::string& rel) {  // on every open: no allocation
+  const std::string_view path(rel);
+  for (size_t b = 0; b <= path.size();) {
+    const size_t e = std::min(path.find('/', b), path.size());
+    if (stage::is_temp_name(path.substr(b, e - b))) return true;
     b = e + 1;
   }
   return false;

@@ -74,8 +74,10 @@ Caller caller(fuse_req_t req, bool with_groups) {
 }
 
 // Failed requests are the one warning any user can cause at will (stat a name under a file,
-// open what they may not read): at most 20 per 10 s reach the log.
-WarnBudget g_request_warnings(20, std::chrono::seconds(10));
+// open what they may not read): at most kWarnBurst per kWarnWindow reach the log.
+constexpr unsigned kWarnBurst = 20;
+constexpr std::chrono::seconds kWarnWindow{10};
+WarnBudget g_request_warnings(kWarnBurst, kWarnWindow);
 
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
@@ -83,7 +85,9 @@ void reply_err(fuse_req_t req, const stage::Error& e) {
   if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG || err == ESTALE) {
     spdlog::debug("{}", e.message);
   } else if (g_request_warnings.allow(WarnBudget::Clock::now(), held_back)) {
-    if (held_back > 0) spdlog::warn("{} more failed requests were not logged (at most 20 per 10 s)", held_back);
+    if (held_back > 0)
+      spdlog::warn("{} more failed requests were not logged (at most {} per {} s)", held_back, kWarnBurst,
+                   kWarnWindow.count());
     spdlog::warn("{}", e.message);
   }
   fuse_reply_err(req, err != 0 ? err : EIO);

@@ -125,11 +125,7 @@ void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
   if (!slot) {  // first open of this file (batch) on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
     slot->requested = Clock::now();
-    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) {
-      outbox_.push_back(key);
-      ++stats_.requests_sent;
-      service_cv_.notify_one();
-    }
+    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) ask_locked(key);
     watchdog_cv_.notify_all();
   }
   if (early)
@@ -218,6 +214,12 @@ GroupStats GroupService::stats() const {
 void GroupService::mark_progress() {
   std::lock_guard lk(m_);
   last_progress_ = Clock::now();
+}
+
+void GroupService::ask_locked(const Key& key) {
+  outbox_.push_back(key);
+  ++stats_.requests_sent;
+  service_cv_.notify_one();
 }
 
 void GroupService::complete(const Key& key, const stage::Status& st) {
@@ -407,10 +409,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
     std::lock_guard lk(m_);
     batch_running_.erase(a.path);
-    if (waits_.contains(key)) {
-      outbox_.push_back(key);
-      ++stats_.requests_sent;
-    }
+    if (waits_.contains(key)) ask_locked(key);
   } else {
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {

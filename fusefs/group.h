@@ -188,6 +188,9 @@ class GroupService final : public Materializer {
   void expand_walks();                  // coordinator's node: walks into prefetched batches
   stage::Status control_failed(const stage::Error& e, const char* what = "control plane");
   void complete(const Key& key, const stage::Status& st);
+  // Queues this node's request for key (m_ held): a first open, or opens whose batch was
+  // skipped asking again.
+  void ask_locked(const Key& key);
   Ready fail_all_locked(const stage::Error& e);
   static void run_ready(Ready& r);
   void watchdog();

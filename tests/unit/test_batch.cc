@@ -132,6 +132,11 @@ class BatchTest : public TmpDirTest {
     return out;
   }
   static std::string name(int i) { return "s" + std::string(i < 10 ? "0" : "") + std::to_string(i); }
+  // src/DIR (created) holding small files named NAMES, with the bytes of small_[0], [1]...
+  void small_dir(const std::string& dir, const std::vector<std::string>& names) {
+    fs::create_directories(path("src/" + dir));
+    for (size_t i = 0; i < names.size(); ++i) write_file(path("src/" + dir + "/" + names[i]), small_[i]);
+  }
   GroupConfig config() {
     GroupConfig g;
     g.source_dir = path("src");
@@ -677,10 +682,7 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
 // Walks (issue 11): opens in two sibling directories stage the parent's other subdirectories
 // that every user may list and enter, without an open; never a private one, nor a symlink.
 TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
-  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) {
-    fs::create_directories(path(std::string("src/") + d));
-    for (int i = 0; i < 3; ++i) write_file(path(std::string("src/") + d + "/f" + std::to_string(i)), small_[i]);
-  }
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) small_dir(d, {"f0", "f1", "f2"});
   ASSERT_EQ(::chmod(path("src/w/private").c_str(), 0750), 0);
   fs::create_directory_symlink("../many", path("src/w/link"));
   write_file(path("src/w/plain"), small_[4]);
@@ -731,10 +733,7 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
 // directories get their batches as usual.
 TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   const std::vector<std::string> dirs{"a", "b", "c", "d", "e"};
-  for (const auto& d : dirs) {
-    fs::create_directories(path("src/w/" + d));
-    for (int i = 0; i < 3; ++i) write_file(path("src/w/" + d + "/f" + std::to_string(i)), small_[i]);
-  }
+  for (const auto& d : dirs) small_dir("w/" + d, {"f0", "f1", "f2"});
   stage::SelfComm comm;
   LocalControlPlane ctl;
   stage::testing::StoreFaults faults;
@@ -785,10 +784,7 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
 // is not failed when the prefetch is skipped: it asks again and gets an ordinary batch. The
 // open attaches from inside the prefetch's hook, so the order is certain.
 TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
-  for (const char* d : {"a", "b", "c"}) {
-    fs::create_directories(path(std::string("src/w/") + d));
-    write_file(path(std::string("src/w/") + d + "/f"), small_[0]);
-  }
+  for (const char* d : {"w/a", "w/b", "w/c"}) small_dir(d, {"f"});
   stage::SelfComm comm;
   LocalControlPlane ctl;
   stage::testing::StoreFaults faults;
@@ -824,10 +820,7 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
 
 // With prefetch_siblings off, only what opens ask for.
 TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
-  for (const char* d : {"w/a", "w/b", "w/c"}) {
-    fs::create_directories(path(std::string("src/") + d));
-    write_file(path(std::string("src/") + d + "/f"), small_[0]);
-  }
+  for (const char* d : {"w/a", "w/b", "w/c"}) small_dir(d, {"f"});
   stage::SelfComm comm;
   LocalControlPlane ctl;
   auto cfg = config();
