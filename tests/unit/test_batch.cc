@@ -109,6 +109,10 @@ class BatchTest : public TmpDirTest {
     source_ = std::make_unique<BeneathSource>(root_.get());
   }
   void TearDown() override {
+    if (core_) {  // a test that failed before its own end of the mount
+      core_->stop();
+      core_.reset();
+    }
     source_.reset();
     cache_.reset();
     root_.reset();
@@ -117,11 +121,29 @@ class BatchTest : public TmpDirTest {
   // The end of a test's mount: the core first (it calls into the group), then the group's
   // service thread, after a shutdown.
   void stop(GroupService& group, std::thread& service) {
-    core_->stop();
+    if (core_) core_->stop();
     core_.reset();
     group.request_shutdown();
     service.join();
   }
+  // A mount of one rank (SelfComm): its group's service thread runs while it lives; end() (or
+  // the end of its scope, also when a test fails) stops the core first, then the group.
+  struct Mount {
+    Mount(BatchTest& t, stage::SourceReader& src, GroupConfig cfg) : Mount(t, src, t.store_, std::move(cfg)) {}
+    Mount(BatchTest& t, stage::SourceReader& src, stage::LocalStore& store, GroupConfig cfg)
+        : test(t), group(comm, ctl, src, store, std::move(cfg)), service([this] { EXPECT_TRUE(group.run().ok()); }) {}
+    ~Mount() { end(); }
+    Mount(const Mount&) = delete;
+    Mount& operator=(const Mount&) = delete;
+    void end() {
+      if (service.joinable()) test.stop(group, service);
+    }
+    BatchTest& test;
+    stage::SelfComm comm;
+    LocalControlPlane ctl;
+    GroupService group;
+    std::thread service;
+  };
   // Opens id through the core and returns its bytes (the test fails on an error).
   std::string open_and_read(uint64_t id) {
     auto r = core_->open(id, O_RDONLY);
@@ -197,10 +219,8 @@ TEST_F(BatchTest, TheCoreChecksTheCallersAccessOnTheFileItOpens) {
   ASSERT_EQ(::chmod(path("src/priv/secret").c_str(), 0600), 0);
   ASSERT_EQ(::chmod(path("src/priv/shared").c_str(), 0644), 0);
   ASSERT_EQ(::chmod(path("src/closed").c_str(), 0700), 0);
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   make_core(group);
   const Caller nobody{65534, 65534, {}};
   const uint64_t dir = lookup(StageFsCore::kRootId, "priv");
@@ -218,7 +238,7 @@ TEST_F(BatchTest, TheCoreChecksTheCallersAccessOnTheFileItOpens) {
   ASSERT_FALSE(listing);
   EXPECT_EQ(listing.error().code, std::error_code(EACCES, std::generic_category()));
   EXPECT_TRUE(core_->readdir(lookup(StageFsCore::kRootId, "closed"), Caller{}));
-  stop(group, service);
+  mount.end();
 }
 
 // A user who may create files beside another user's file B can name one like B's temporary
@@ -234,10 +254,8 @@ TEST_F(BatchTest, AFileNamedLikeATemporaryFileIsReadFromTheSourceNeverCached) {
   write_file(path("src/many/" + planted), "planted bytes");
   fs::create_directories(path("src/" + planted));
   write_file(path("src/" + planted + "/f"), "in a planted directory");
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   EXPECT_EQ(open_and_read(lookup(dir, name(0))), small_[0]);  // the directory's batch
@@ -256,7 +274,7 @@ TEST_F(BatchTest, AFileNamedLikeATemporaryFileIsReadFromTheSourceNeverCached) {
   EXPECT_FALSE(fs::exists(path("cache/data/many/" + planted)));
   EXPECT_FALSE(fs::exists(path("cache/data/" + planted)));
   EXPECT_EQ(group.stats().transfers, 1U);
-  stop(group, service);
+  mount.end();
 }
 
 // Handles on one version of a directory share its listing, but a user who changes a large
@@ -296,10 +314,8 @@ TEST_F(BatchTest, AUsersOpenListingsHaveAMemoryBudget) {
 }
 
 TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeFile) {
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   auto first = core_->open(lookup(dir, name(17)), O_RDONLY);
@@ -332,7 +348,7 @@ TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeF
   EXPECT_EQ(s.transfers, 2U);
   EXPECT_EQ(s.batches, 1U);
   EXPECT_EQ(s.failures, 0U);
-  stop(group, service);
+  mount.end();
 }
 
 TEST_F(BatchTest, ConcurrentOpensOfManySmallFilesShareOneBatchAndANewFileGetsItsOwn) {
@@ -386,10 +402,8 @@ TEST_F(BatchTest, ConcurrentOpensOfManySmallFilesShareOneBatchAndANewFileGetsIts
 TEST_F(BatchTest, AFileChangedDuringTheCopyIsStagedAgainAndNeverServedStale) {
   const std::string fresh = random_bytes(small_[5].size() + 100, 555);
   ChangingSource changing(*source_, "many/" + name(5), path("src/many/" + name(5)), fresh);
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, changing, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, changing, config());
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   const uint64_t old_id = lookup(dir, name(5));
@@ -420,7 +434,7 @@ TEST_F(BatchTest, AFileChangedDuringTheCopyIsStagedAgainAndNeverServedStale) {
   EXPECT_EQ(read_fd(now->fd.get()), fresh);
   core_->release(now->pinned);
   EXPECT_EQ(group.stats().transfers, 1U);
-  stop(group, service);
+  mount.end();
 }
 
 // A file that fails every copy (here: it changes at every read; in life a pseudo file) fails
@@ -430,10 +444,8 @@ TEST_F(BatchTest, AFileChangedDuringTheCopyIsStagedAgainAndNeverServedStale) {
 TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
   ChangingSource changing(*source_, "many/" + name(9), path("src/many/" + name(9)), "v");
   changing.always = true;
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, changing, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, changing, config());
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   auto r = core_->open(lookup(dir, name(20)), O_RDONLY);
@@ -453,7 +465,7 @@ TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
   auto bad = core_->open(lookup(dir, name(9)), O_RDONLY);
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().to_errno(), EIO) << bad.error().message;
-  stop(group, service);
+  mount.end();
 }
 
 // The source file changes after the open checked its version but before the batch lists the
@@ -475,10 +487,8 @@ class ChangeFirst final : public Materializer {
 };
 
 TEST_F(BatchTest, AFileChangedBeforeTheBatchListedItGetsEstale) {
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   ChangeFirst mat(group, path("src/many/" + name(3)));
   make_core(mat);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
@@ -492,20 +502,18 @@ TEST_F(BatchTest, AFileChangedBeforeTheBatchListedItGetsEstale) {
   EXPECT_EQ(read_fd(again->fd.get()), "changed");
   core_->release(again->pinned);
   EXPECT_EQ(group.stats().transfers, 1U);
-  stop(group, service);
+  mount.end();
 }
 
 // A small file that grew past the threshold between its open and the batch's listing is not in
 // the batch: the core stages it alone (a second transfer) rather than failing the open.
 TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
   // The materializer asks for the batch, but the group's threshold is smaller than the core's
   // (as after a file grew): the batch leaves the file out.
   GroupConfig g = config();
   g.small_file_size = 4096;  // only s00 (4096 bytes) is in the batch
-  GroupService group(comm, ctl, *source_, store_, g);
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, g);
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
@@ -516,17 +524,15 @@ TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
   EXPECT_EQ(s.transfers, 2U);
   EXPECT_EQ(s.batches, 1U);
   EXPECT_EQ(s.batch_files, 1U);
-  stop(group, service);
+  mount.end();
 }
 
 // A small file that not every user may read (no o+r) is never in a batch: one user's open of
 // another file must not copy it. Its own open (after its caller's access check) stages it alone.
 TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
   ASSERT_EQ(::chmod(path("src/many/" + name(7)).c_str(), 0640), 0);
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t dir = lookup(StageFsCore::kRootId, "many");
   auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
@@ -541,17 +547,15 @@ TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
   const auto s = group.stats();
   EXPECT_EQ(s.transfers, 2U);
   EXPECT_EQ(s.batches, 1U);  // its own transfer, not a batch
-  stop(group, service);
+  mount.end();
 }
 
 // An open that looked into the cache just before its directory's batch published the copy, and
 // asks after the batch completed, is answered at once (it looks again and finds the copy)
 // instead of costing the group another batch; one that looked after the batch asks anew.
 TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer) {
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
-  GroupService group(comm, ctl, *source_, store_, config());
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
   const uint64_t before = group.epoch();
   auto ask = [&](const std::string& rel, uint64_t since) {
     std::promise<stage::Status> p;
@@ -565,8 +569,7 @@ TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer
   EXPECT_EQ(group.stats().transfers, 1U);
   EXPECT_TRUE(ask("many/" + name(2), group.epoch()).ok());  // looked after: a new batch
   EXPECT_EQ(group.stats().transfers, 2U);
-  group.request_shutdown();
-  service.join();
+  mount.end();
 }
 
 // The engine's side: a batch lists only the small regular files directly in the directory
@@ -698,13 +701,11 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   EXPECT_FALSE(source_->list_dirs("w/plain", 100));
   EXPECT_FALSE(source_->list_dirs("w/link", 100));
 
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
   BatchEnds ends;
   auto cfg = config();
   ends.count_in(cfg);
-  GroupService group(comm, ctl, *source_, store_, cfg);
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, cfg);
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
   for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
@@ -719,7 +720,7 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   EXPECT_TRUE(c->cache_hit);
   EXPECT_EQ(read_fd(c->fd.get()), small_[2]);
   core_->release(c->pinned);
-  stop(group, service);  // the group's counters are final now (a batch counts itself after its hook)
+  mount.end();  // the group's counters are final now (a batch counts itself after its hook)
   const auto s = group.stats();
   EXPECT_EQ(s.batches, 4U);
   EXPECT_EQ(s.batch_files, 12U);
@@ -734,8 +735,6 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
 TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   const std::vector<std::string> dirs{"a", "b", "c", "d", "e"};
   for (const auto& d : dirs) small_dir("w/" + d, {"f0", "f1", "f2"});
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
   stage::testing::StoreFaults faults;
   stage::testing::FaultStore store(faults);
   std::mutex m;
@@ -748,8 +747,8 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   };
   BatchEnds ends;
   ends.count_in(cfg);
-  GroupService group(comm, ctl, *source_, store, cfg);
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, store, cfg);
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
   for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
@@ -767,7 +766,7 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
     EXPECT_FALSE(fs::exists(path("cache/data/w/" + std::string(d) + "/f0"))) << d;
     EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f2")), small_[2]) << d;
   }
-  stop(group, service);
+  mount.end();
   const auto s = group.stats();
   EXPECT_EQ(s.prefetch_skipped, 1U);
   EXPECT_EQ(s.failures, 0U);
@@ -821,12 +820,10 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
 // With prefetch_siblings off, only what opens ask for.
 TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
   for (const char* d : {"w/a", "w/b", "w/c"}) small_dir(d, {"f"});
-  stage::SelfComm comm;
-  LocalControlPlane ctl;
   auto cfg = config();
   cfg.prefetch_siblings = false;
-  GroupService group(comm, ctl, *source_, store_, cfg);
-  std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+  Mount mount(*this, *source_, cfg);
+  GroupService& group = mount.group;
   make_core(group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
   for (const char* d : {"a", "b", "c"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f")), small_[0]) << d;
@@ -836,7 +833,7 @@ TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
   EXPECT_EQ(s.walks, 0U);
   EXPECT_EQ(s.batches, 3U);
   EXPECT_EQ(s.requests_sent, 3U);
-  stop(group, service);
+  mount.end();
 }
 
 // A copy its directory's batch is publishing on this node right now is not yet known to the
@@ -861,15 +858,13 @@ class Publishing final : public Materializer {
 
 TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheCrc) {
   {  // a first mount stages the directory (copies with their CRC recorded)
-    stage::SelfComm comm;
-    LocalControlPlane ctl;
-    GroupService group(comm, ctl, *source_, store_, config());
-    std::thread service([&] { EXPECT_TRUE(group.run().ok()); });
+    Mount mount(*this, *source_, config());
+    GroupService& group = mount.group;
     make_core(group);
     auto r = core_->open(lookup(lookup(StageFsCore::kRootId, "many"), name(5)), O_RDONLY);
     ASSERT_TRUE(r) << r.error().message;
     core_->release(r->pinned);
-    stop(group, service);
+    mount.end();
   }
   // A new core over the same cache, whose materializer says the batch of "many" runs now.
   Publishing mat;
