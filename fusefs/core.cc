@@ -56,6 +56,11 @@ class AsCaller {
 bool is_hidden_xattr(std::string_view name, const Caller& who) {
   return who.uid != 0 && name.rfind("trusted.", 0) == 0;
 }
+
+// A copy in the cache, as the verifier knows it: (device, inode, mtime).
+std::tuple<uint64_t, uint64_t, int64_t> copy_key(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)};
+}
 }  // namespace
 
 stage::Status Materializer::materialize(const std::string& rel) {
@@ -68,6 +73,8 @@ stage::Status Materializer::materialize(const std::string& rel) {
 StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
+  if (cfg_.verify == Verify::crc)
+    for (int i = 0; i < std::max(1, cfg_.verify_threads); ++i) verifiers_.emplace_back([this] { verify_loop(); });
 }
 
 StageFsCore::~StageFsCore() {
@@ -75,6 +82,13 @@ StageFsCore::~StageFsCore() {
 }
 
 void StageFsCore::stop() {
+  {
+    std::lock_guard lk(verify_m_);
+    verify_stop_ = true;
+  }
+  verify_cv_.notify_all();
+  for (auto& t : verifiers_)
+    if (t.joinable()) t.join();
   {
     std::lock_guard lk(pool_m_);
     if (pool_stop_) return;
@@ -94,6 +108,78 @@ void StageFsCore::post(std::function<void()> fn) {
     }
   }
   fn();  // stopping: run here (it only replies with an error or a descriptor)
+}
+
+void StageFsCore::verify_loop() {
+  for (;;) {
+    CrcJob job;
+    {
+      std::unique_lock lk(verify_m_);
+      verify_cv_.wait(lk, [&] { return verify_stop_ || !verify_q_.empty(); });
+      if (verify_q_.empty()) return;
+      job = std::move(verify_q_.front());
+      verify_q_.pop_front();
+      if (verify_stop_) {
+        // Stopping: a read not yet started is not started (a 50 GB read would hold the unmount).
+        auto waiters = std::move(checking_[job.key]);
+        checking_.erase(job.key);
+        lk.unlock();
+        for (auto& w : waiters) w(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel));
+        continue;
+      }
+    }
+    if (cfg_.before_crc_check) cfg_.before_crc_check(job.rel);
+    stage::Status outcome;
+    if (auto crc = stage::crc_of_fd(job.fd.get(), job.rel, false); !crc) {
+      // The waiting opens check it again themselves (open_verified), or copy the file anew.
+      spdlog::warn("{}: cached copy of {} could not be read back: {}", stage::host_name(), job.rel,
+                   crc.error().message);
+      outcome = crc.error();
+    } else if (*crc != job.crc) {
+      ++counters_.corrupt;
+      spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
+                    stage::host_name(), job.rel, *crc, job.crc);
+      cache_.remove(job.rel);
+      outcome = stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", job.rel);
+    } else {
+      ++counters_.verified;
+      std::lock_guard lk(verified_m_);
+      verified_.insert(job.key);
+    }
+    job.fd.reset();
+    std::vector<std::function<void(stage::Status)>> waiters;
+    {
+      std::lock_guard lk(verify_m_);
+      waiters = std::move(checking_[job.key]);
+      checking_.erase(job.key);
+    }
+    for (auto& w : waiters) w(outcome);
+  }
+}
+
+bool StageFsCore::check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then) {
+  if (cfg_.verify == Verify::none) return false;
+  struct stat st {};
+  auto fd = cache_.open_current(rel, src, &st);
+  if (!fd) return false;
+  const auto key = copy_key(st);
+  {
+    std::lock_guard lk(verified_m_);
+    if (verified_.contains(key)) return false;
+  }
+  const auto origin = stage::origin_of_fd(fd->get());
+  if (!origin || !origin->crc_known) return false;  // nothing to read back (open_verified says what)
+  std::lock_guard lk(verify_m_);
+  if (verify_stop_) return false;
+  auto [it, first] = checking_.try_emplace(key);
+  it->second.push_back(std::move(then));
+  if (!first) {
+    ++counters_.verify_waits;
+    return true;
+  }
+  verify_q_.push_back(CrcJob{key, std::move(fd.value()), rel, origin->crc});
+  verify_cv_.notify_one();
+  return true;
 }
 
 void StageFsCore::completion_loop() {
@@ -422,7 +508,7 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
   struct stat st {};
   auto fd = cache_.open_current(rel, src, &st);
   if (!fd || cfg_.verify == Verify::none) return fd;
-  const auto key = std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)};
+  const auto key = copy_key(st);
   {
     std::lock_guard lk(verified_m_);
     if (verified_.contains(key)) return fd;
@@ -522,8 +608,7 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     bool verified = cfg_.verify == Verify::none;
     if (!verified) {
       std::lock_guard lk(verified_m_);
-      verified = verified_.contains(
-          std::tuple{static_cast<uint64_t>(cst.st_dev), static_cast<uint64_t>(cst.st_ino), stage::to_ns(cst.st_mtim)});
+      verified = verified_.contains(copy_key(cst));
     }
     if (verified) {
       ++counters_.cache_hits;
@@ -532,28 +617,42 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     }
   }
   post([this, rel, src = st, early_ok, done = std::move(done)]() mutable {
-    const uint64_t since = mat_.epoch();  // before the look into the cache
-    // Batches hold only files every user may read (BeneathSource::scan_small_files).
-    const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
-                       (src.st_mode & S_IROTH) != 0;
-    // A copy that its directory's batch is publishing on this node right now (a walk runs
-    // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
-    const bool publishing = small && mat_.batch_running(rel);
-    if (!publishing) {
-      if (auto fd = open_verified(rel, src, false)) {
-        ++counters_.cache_hits;
-        cache_.touch(rel, fd->get());
-        return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
-      }
-    }
-    if (auto alive = cache_.alive(); !alive) {
-      ++counters_.open_errors;
-      spdlog::error("{}", alive.error().message);
-      return done(alive.error());
-    }
-    ++counters_.materializations;
-    materialize_then_open(rel, src, small, since, std::move(done), early_ok);
+    serve_or_materialize(rel, src, early_ok, std::move(done), false);
   });
+}
+
+void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+                                       bool checked) {
+  const uint64_t since = mat_.epoch();  // before the look into the cache
+  // Batches hold only files every user may read (BeneathSource::scan_small_files).
+  const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
+                     (src.st_mode & S_IROTH) != 0;
+  // A copy that its directory's batch is publishing on this node right now (a walk runs
+  // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
+  const bool publishing = small && mat_.batch_running(rel);
+  if (!publishing) {
+    // A copy from an earlier mount: its CRC is read back on a verifier thread; this open goes on
+    // from here when that read ended (its own, or another open's of the same copy).
+    if (!checked && check_later(rel, src, [this, rel, src, early_ok, done](stage::Status outcome) mutable {
+          post([this, rel, src, early_ok, outcome = std::move(outcome), done = std::move(done)]() mutable {
+            if (!outcome && outcome.error().to_errno() == ESHUTDOWN) return done(outcome.error());
+            serve_or_materialize(rel, src, early_ok, std::move(done), true);
+          });
+        }))
+      return;
+    if (auto fd = open_verified(rel, src, false)) {
+      ++counters_.cache_hits;
+      cache_.touch(rel, fd->get());
+      return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
+    }
+  }
+  if (auto alive = cache_.alive(); !alive) {
+    ++counters_.open_errors;
+    spdlog::error("{}", alive.error().message);
+    return done(alive.error());
+  }
+  ++counters_.materializations;
+  materialize_then_open(rel, src, small, since, std::move(done), early_ok);
 }
 
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,

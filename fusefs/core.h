@@ -23,6 +23,10 @@
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
+//   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
+//     verifier threads, once however many opens ask for it: the opens that find it being read
+//     wait for that read. A 50 GB image being checked holds neither the completion pool (other
+//     files' misses and hits go on) nor a second reader of the same copy.
 // Every method is thread-safe (one mutex over the node table; no lock is held while waiting
 // for a materialization). Errors are stage::Error; the edge maps them with Error::to_errno().
 #pragma once
@@ -104,6 +108,11 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
+  // Threads that read copies from earlier mounts back for their CRC (at most this many copies
+  // are read at once; further ones queue).
+  int verify_threads = 2;
+  // Tests: called on a verifier thread before it reads rel's copy back for its CRC.
+  std::function<void(const std::string& rel)> before_crc_check = nullptr;
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files
   // (Materializer::materialize_small_async); 0: every file alone.
@@ -146,6 +155,7 @@ struct CoreCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
   std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
+  std::atomic<uint64_t> verify_waits{0};  // opens that waited for another open's CRC read-back
 };
 
 class StageFsCore {
@@ -195,7 +205,9 @@ class StageFsCore {
   // a copy from an earlier mount gets (Verify::crc). Each is named by the stat of the copy
   // (device, inode, mtime), as NodeCache::added_in returns it.
   void copies_made(const std::vector<struct stat>& copies);
-  // Finishes the completion pool (pending work runs first). Called before the edge goes away.
+  // Finishes the verifier (a CRC read in progress ends first; opens waiting for one that had
+  // not started get ESHUTDOWN), then the completion pool (pending work runs first). Called
+  // before the edge goes away.
   void stop();
   // Any change to the tree: always EROFS.
   static stage::Error read_only(const char* op);
@@ -225,6 +237,15 @@ class StageFsCore {
                              OpenDone done, bool early_ok);
   // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
   void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
+  // The part of an open that runs on the completion pool: the cached copy, or a materialization.
+  // checked: the copy's CRC read-back (if it needed one) has ended.
+  void serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+                            bool checked);
+  // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
+  // CRC read-back (or joins the one in progress) and returns true; then runs on a verifier
+  // thread when the read ended (ESHUTDOWN: the core stops). False: nothing to wait for.
+  bool check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then);
+  void verify_loop();
   void post(std::function<void()> fn);
   void completion_loop();
 
@@ -257,6 +278,19 @@ class StageFsCore {
   std::deque<std::function<void()>> pool_q_;
   bool pool_stop_ = false;
   std::vector<std::thread> pool_;
+  // Verifier: CRC read-backs queued, and the opens waiting for each copy's (by copy key).
+  struct CrcJob {
+    std::tuple<uint64_t, uint64_t, int64_t> key;
+    stage::Fd fd;
+    std::string rel;
+    uint64_t crc = 0;
+  };
+  std::mutex verify_m_;
+  std::condition_variable verify_cv_;
+  std::deque<CrcJob> verify_q_;
+  std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::vector<std::function<void(stage::Status)>>> checking_;
+  bool verify_stop_ = false;
+  std::vector<std::thread> verifiers_;
   // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
   uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_

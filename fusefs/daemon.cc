@@ -309,6 +309,7 @@ MountStatus Daemon::status() const {
   s.source_fallbacks = c.source_fallbacks;
   s.open_errors = c.open_errors;
   s.verified = c.verified;
+  s.verify_waits = c.verify_waits;
   s.corrupt = c.corrupt;
   s.stale_opens = c.stale_opens;
   s.denied = c.denied;

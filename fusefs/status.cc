@@ -21,6 +21,7 @@ std::string to_json(const MountStatus& s) {
   j["source_fallbacks"] = s.source_fallbacks;
   j["open_errors"] = s.open_errors;
   j["verified"] = s.verified;
+  j["verify_waits"] = s.verify_waits;
   j["corrupt"] = s.corrupt;
   j["stale_opens"] = s.stale_opens;
   j["denied"] = s.denied;

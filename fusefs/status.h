@@ -16,7 +16,7 @@ struct MountStatus {
   int rank = 0, ranks = 1, pid = 0;
   // core (this node)
   uint64_t opens = 0, cache_hits = 0, materializations = 0, source_fallbacks = 0, open_errors = 0;
-  uint64_t verified = 0, corrupt = 0, stale_opens = 0, denied = 0, prefetches = 0;
+  uint64_t verified = 0, verify_waits = 0, corrupt = 0, stale_opens = 0, denied = 0, prefetches = 0;
   // group (this node's view of the collective transfers)
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here

@@ -890,5 +890,105 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   core_.reset();
 }
 
+// A copy from an earlier mount is read back for its CRC on the core's verifier threads, once
+// however many opens ask: the opens of that copy wait for the one read, and the completion
+// pool (here one thread) keeps answering other files meanwhile. The read-backs are held in the
+// before_crc_check hook, so nothing depends on timing.
+class NoCopies final : public Materializer {
+ public:
+  void materialize_async(const std::string& rel, Done done) override {
+    asked.push_back(rel);  // the completion pool's one thread
+    done(stage::sys_error(EIO, "no copies in this test", rel));
+  }
+  std::vector<std::string> asked;
+};
+
+TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
+  fs::create_directories(path("src/big"));
+  const std::string a = random_bytes(3 * kSmall, 7), b = random_bytes(2 * kSmall, 8);
+  write_file(path("src/big/a"), a);
+  write_file(path("src/big/b"), b);
+  write_file(path("src/big/c"), random_bytes(2 * kSmall, 9));
+  {  // a first mount copies a and b (each alone: larger than the batch threshold)
+    Mount mount(*this, *source_, config());
+    GroupService& group = mount.group;
+    make_core(group);
+    const uint64_t dir = lookup(StageFsCore::kRootId, "big");
+    EXPECT_EQ(open_and_read(lookup(dir, "a")), a);
+    EXPECT_EQ(open_and_read(lookup(dir, "b")), b);
+    mount.end();
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::string> checked;
+  bool go = false;
+  CoreConfig cc{path("src"), StallPolicy::eio};
+  cc.completion_threads = 1;
+  cc.before_crc_check = [&](const std::string& rel) {
+    std::unique_lock lk(m);
+    checked.push_back(rel);
+    cv.notify_all();
+    cv.wait(lk, [&] { return go; });
+  };
+  NoCopies mat;
+  auto c = StageFsCore::create(cc, *cache_, mat);
+  ASSERT_TRUE(c) << c.error().message;
+  core_ = std::move(c.value());
+  const uint64_t dir = lookup(StageFsCore::kRootId, "big");
+  const uint64_t ida = lookup(dir, "a"), idb = lookup(dir, "b"), idc = lookup(dir, "c");
+  std::vector<std::promise<stage::Result<OpenFile>>> answers(5);
+  // However the test ends, the held read-backs are let go and the core stops before what its
+  // threads use (the answers, the materializer) goes away.
+  const std::shared_ptr<void> end(nullptr, [&](void*) {
+    {
+      std::lock_guard lk(m);
+      go = true;
+      cv.notify_all();
+    }
+    if (core_) core_->stop();
+  });
+  auto open = [&](uint64_t id, size_t i) {
+    core_->open_async(id, O_RDONLY, Caller{}, [&answers, i](stage::Result<OpenFile> r) { answers[i].set_value(std::move(r)); });
+    return answers[i].get_future();
+  };
+  auto a1 = open(ida, 0);
+  auto b1 = open(idb, 1);
+  {  // both read-backs start (60 s is only a bound)
+    std::unique_lock lk(m);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return checked.size() == 2; }))
+        << "the read-backs did not both start: they hold the completion pool";
+  }
+  auto a2 = open(ida, 2);
+  auto a3 = open(ida, 3);
+  auto c1 = open(idc, 4);
+  // The pool's one thread took a2 and a3 before c1: c1's answer means they have been seen.
+  ASSERT_EQ(c1.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "an open of another file waited for the CRC read-backs";
+  auto rc = c1.get();
+  ASSERT_FALSE(rc);
+  EXPECT_EQ(rc.error().to_errno(), EIO);
+  EXPECT_EQ(mat.asked, std::vector<std::string>{"big/c"});
+  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
+  EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "served before its CRC was read";
+  {
+    std::lock_guard lk(m);
+    go = true;
+    cv.notify_all();
+  }
+  for (auto* f : {&a1, &a2, &a3, &b1}) {
+    auto r = f->get();
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_EQ(read_fd(r->fd.get()), f == &b1 ? b : a);
+    EXPECT_TRUE(r->cache_hit);
+    core_->release(r->pinned);
+  }
+  std::sort(checked.begin(), checked.end());
+  EXPECT_EQ(checked, (std::vector<std::string>{"big/a", "big/b"})) << "a copy was read back more than once";
+  EXPECT_EQ(core_->counters().verified.load(), 2U);
+  EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
+  core_->stop();
+  core_.reset();
+}
+
 }  // namespace
 }  // namespace stagefs
