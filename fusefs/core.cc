@@ -305,10 +305,28 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
 }
 
 Result<struct stat> StageFsCore::getattr(uint64_t id) {
-  auto rel = path_of(id);
-  if (!rel) return rel.error();
-  auto st = stat_rel(*rel);
-  if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
+  std::string rel;
+  stage::FileMeta version;
+  {
+    std::lock_guard lk(m_);
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
+    rel = it->second.rel;
+    version = it->second.version;
+  }
+  auto st = stat_rel(rel);
+  if (!st) return st;
+  xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
+  if (S_ISREG(st->st_mode) && version != stage::FileMeta{} && stage::meta_from_stat(*st) != version) {
+    // The source changed since this id was looked up: the id stands for its old version, which
+    // its holders keep reading. Its size and times stay the old ones: the kernel sizes reads by
+    // these attributes, and a new size would cut the old bytes short or pad them.
+    st->st_size = static_cast<off_t>(version.size);
+    st->st_blocks = static_cast<blkcnt_t>((version.size + 511) / 512);
+    st->st_mtim = timespec{static_cast<time_t>(version.mtime_ns / 1000000000), static_cast<long>(version.mtime_ns % 1000000000)};
+    st->st_ctim = timespec{static_cast<time_t>(version.ctime_ns / 1000000000), static_cast<long>(version.ctime_ns % 1000000000)};
+    st->st_ino = static_cast<ino_t>(version.ino);
+  }
   return st;
 }
 

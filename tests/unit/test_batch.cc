@@ -890,6 +890,34 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   core_.reset();
 }
 
+// A node id stands for one version of a file. After the source changed, getattr of the old id
+// (an fstat on a handle of it, once the kernel's attributes expired) gives that version's size
+// and times, not the new file's: the kernel sizes the handle's reads by them.
+TEST_F(BatchTest, AnOldIdKeepsTheSizeAndTimesOfItsVersion) {
+  Mount mount(*this, *source_, config());
+  make_core(mount.group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  const uint64_t old_id = lookup(dir, "large.bin");
+  auto before = core_->getattr(old_id);
+  ASSERT_TRUE(before) << before.error().message;
+  auto r = core_->open(old_id, O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  rewrite(path("src/many/large.bin"), "short");  // same inode: new size, mtime and ctime
+  auto now = core_->getattr(old_id);
+  ASSERT_TRUE(now) << now.error().message;
+  EXPECT_EQ(now->st_size, static_cast<off_t>(large_.size())) << "the old id reports the new file's size";
+  EXPECT_EQ(stage::to_ns(now->st_mtim), stage::to_ns(before->st_mtim));
+  EXPECT_EQ(stage::to_ns(now->st_ctim), stage::to_ns(before->st_ctim));
+  EXPECT_EQ(read_fd(r->fd.get()), large_);  // its handle reads the old version, whole
+  core_->release(r->pinned);
+  const uint64_t new_id = lookup(dir, "large.bin");
+  EXPECT_NE(new_id, old_id);
+  auto fresh = core_->getattr(new_id);
+  ASSERT_TRUE(fresh) << fresh.error().message;
+  EXPECT_EQ(fresh->st_size, 5);
+  mount.end();
+}
+
 // A copy from an earlier mount is read back for its CRC on the core's verifier threads, once
 // however many opens ask: the opens of that copy wait for the one read, and the completion
 // pool (here one thread) keeps answering other files meanwhile. The read-backs are held in the
