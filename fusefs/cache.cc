@@ -525,7 +525,11 @@ bool NodeCache::remove_stale(const std::string& rel, const struct stat& src) {
   return look_or_remove(rel, src) == Look::removed;
 }
 
-void NodeCache::remove(const std::string& rel) {
+void NodeCache::remove(const std::string& rel, const struct stat& copy) {
+  if (auto fd = open_beneath(data_.get(), rel, O_PATH | O_NOFOLLOW)) {
+    struct stat now {};
+    if (::fstat(fd->get(), &now) != 0 || now.st_dev != copy.st_dev || now.st_ino != copy.st_ino) return;
+  }
   unlink_beneath(data_.get(), rel);
   added(rel);  // drops it from the index
 }

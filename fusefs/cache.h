@@ -110,8 +110,9 @@ class NodeCache {
   [[nodiscard]] bool has_dir(const std::string& rel_dir) const;
   // How many times open_current() read a copy's origin xattr (tests: the memo in the index).
   [[nodiscard]] uint64_t origin_reads() const { return origin_reads_.load(); }
-  // Removes the copy of rel (a corrupted one).
-  void remove(const std::string& rel);
+  // Removes the copy of rel (a corrupted or unreadable one) if it is still the file `copy`
+  // (device and inode): a copy published at rel since then is left alone.
+  void remove(const std::string& rel, const struct stat& copy);
 
   // ---- index, capacity, pins
   void set_limit(uint64_t bytes) { std::lock_guard lk(m_); limit_ = bytes; }

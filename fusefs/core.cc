@@ -131,15 +131,17 @@ void StageFsCore::verify_loop() {
     if (cfg_.before_crc_check) cfg_.before_crc_check(job.rel);
     stage::Status outcome;
     if (auto crc = stage::crc_of_fd(job.fd.get(), job.rel, false); !crc) {
-      // The waiting opens check it again themselves (open_verified), or copy the file anew.
-      spdlog::warn("{}: cached copy of {} could not be read back: {}", stage::host_name(), job.rel,
-                   crc.error().message);
+      // A copy that cannot be read is no use: removed, and the waiting opens copy the file anew
+      // (none reads it back again on the completion pool).
+      spdlog::error("{}: cached copy of {} could not be read back ({}): removed, copying again", stage::host_name(),
+                    job.rel, crc.error().message);
+      cache_.remove(job.rel, job.copy);
       outcome = crc.error();
     } else if (*crc != job.crc) {
       ++counters_.corrupt;
       spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
                     stage::host_name(), job.rel, *crc, job.crc);
-      cache_.remove(job.rel);
+      cache_.remove(job.rel, job.copy);
       outcome = stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", job.rel);
     } else {
       ++counters_.verified;
@@ -157,29 +159,34 @@ void StageFsCore::verify_loop() {
   }
 }
 
-bool StageFsCore::check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then) {
-  if (cfg_.verify == Verify::none) return false;
+StageFsCore::Check StageFsCore::check_later(const std::string& rel, const struct stat& src,
+                                            std::function<void(stage::Status)> then) {
+  if (cfg_.verify == Verify::none) return Check::none;
   struct stat st {};
   auto fd = cache_.open_current(rel, src, &st);
-  if (!fd) return false;
+  if (!fd) return Check::none;
   const auto key = copy_key(st);
-  {
+  auto is_verified = [&] {
     std::lock_guard lk(verified_m_);
-    if (verified_.contains(key)) return false;
-  }
+    return verified_.contains(key);
+  };
+  if (is_verified()) return Check::none;
   const auto origin = stage::origin_of_fd(fd->get());
-  if (!origin || !origin->crc_known) return false;  // nothing to read back (open_verified says what)
-  std::lock_guard lk(verify_m_);
-  if (verify_stop_) return false;
+  if (!origin || !origin->crc_known) return Check::none;  // nothing to read back (open_verified says what)
+  std::lock_guard lk(verify_m_);  // then verified_m_ (the verifier never holds both)
+  if (verify_stop_) return Check::stopping;
+  // Checked again under verify_m_: a read-back that ended since the look above has already
+  // handed out its waiters, and a second one would read the whole copy again.
+  if (is_verified()) return Check::none;
   auto [it, first] = checking_.try_emplace(key);
   it->second.push_back(std::move(then));
   if (!first) {
     ++counters_.verify_waits;
-    return true;
+    return Check::queued;
   }
-  verify_q_.push_back(CrcJob{key, std::move(fd.value()), rel, origin->crc});
+  verify_q_.push_back(CrcJob{key, st, std::move(fd.value()), rel, origin->crc});
   verify_cv_.notify_one();
-  return true;
+  return Check::queued;
 }
 
 void StageFsCore::completion_loop() {
@@ -323,8 +330,8 @@ Result<struct stat> StageFsCore::getattr(uint64_t id) {
     // these attributes, and a new size would cut the old bytes short or pad them.
     st->st_size = static_cast<off_t>(version.size);
     st->st_blocks = static_cast<blkcnt_t>((version.size + 511) / 512);
-    st->st_mtim = timespec{static_cast<time_t>(version.mtime_ns / 1000000000), static_cast<long>(version.mtime_ns % 1000000000)};
-    st->st_ctim = timespec{static_cast<time_t>(version.ctime_ns / 1000000000), static_cast<long>(version.ctime_ns % 1000000000)};
+    st->st_mtim = stage::from_ns(version.mtime_ns);
+    st->st_ctim = stage::from_ns(version.ctime_ns);
     st->st_ino = static_cast<ino_t>(version.ino);
   }
   return st;
@@ -522,7 +529,8 @@ stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask
   return stage::sys_error(err, "access (checked against the source)", rel);
 }
 
-Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made) {
+Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made,
+                                             bool may_read_back) {
   struct stat st {};
   auto fd = cache_.open_current(rel, src, &st);
   if (!fd || cfg_.verify == Verify::none) return fd;
@@ -533,6 +541,7 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
   }
   const auto origin = stage::origin_of_fd(fd->get());
   if (!just_made && origin && origin->crc_known) {
+    if (!may_read_back) return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy (not checked)", rel);
     // A copy from an earlier mount (or run): read it once and compare with its recorded CRC.
     auto crc = stage::crc_of_fd(fd->get(), rel, false);
     if (!crc) return crc.error();
@@ -540,7 +549,7 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
       ++counters_.corrupt;
       spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
                     stage::host_name(), rel, *crc, origin->crc);
-      cache_.remove(rel);
+      cache_.remove(rel, st);
       return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
     }
     ++counters_.verified;
@@ -651,14 +660,25 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
   if (!publishing) {
     // A copy from an earlier mount: its CRC is read back on a verifier thread; this open goes on
     // from here when that read ended (its own, or another open's of the same copy).
-    if (!checked && check_later(rel, src, [this, rel, src, early_ok, done](stage::Status outcome) mutable {
-          post([this, rel, src, early_ok, outcome = std::move(outcome), done = std::move(done)]() mutable {
-            if (!outcome && outcome.error().to_errno() == ESHUTDOWN) return done(outcome.error());
-            serve_or_materialize(rel, src, early_ok, std::move(done), true);
-          });
-        }))
-      return;
-    if (auto fd = open_verified(rel, src, false)) {
+    if (!checked) {
+      const Check c = check_later(rel, src, [this, rel, src, early_ok, done](stage::Status outcome) mutable {
+        post([this, rel, src, early_ok, outcome = std::move(outcome), done = std::move(done)]() mutable {
+          if (!outcome && outcome.error().to_errno() == ESHUTDOWN) {
+            ++counters_.open_errors;
+            return done(outcome.error());
+          }
+          serve_or_materialize(rel, src, early_ok, std::move(done), true);
+        });
+      });
+      if (c == Check::queued) return;
+      if (c == Check::stopping) {  // no CRC read-back of a whole copy while the mount stops
+        ++counters_.open_errors;
+        return done(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", rel));
+      }
+    }
+    // checked: only a copy whose read-back succeeded is served here; anything else (removed as
+    // corrupted or unreadable, replaced since) is copied anew, never read back on this pool.
+    if (auto fd = open_verified(rel, src, false, /*may_read_back=*/!checked)) {
       ++counters_.cache_hits;
       cache_.touch(rel, fd->get());
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});

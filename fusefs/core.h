@@ -231,7 +231,9 @@ class StageFsCore {
   // the fd could be swapped in between by a user who may rename a parent).
   stage::Status check_access(int fd, const std::string& rel, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
-  stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made);
+  // may_read_back false: a copy from an earlier mount not yet checked is an error, not read here.
+  stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
+                                         bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
   void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
                              OpenDone done, bool early_ok);
@@ -242,9 +244,11 @@ class StageFsCore {
   void serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
                             bool checked);
   // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
-  // CRC read-back (or joins the one in progress) and returns true; then runs on a verifier
-  // thread when the read ended (ESHUTDOWN: the core stops). False: nothing to wait for.
-  bool check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then);
+  // CRC read-back (or joins the one in progress) and returns queued; then runs on a verifier
+  // thread when the read ended (ESHUTDOWN: the core stops first). none: nothing to wait for;
+  // stopping: the core stops (then is not kept).
+  enum class Check { none, queued, stopping };
+  Check check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then);
   void verify_loop();
   void post(std::function<void()> fn);
   void completion_loop();
@@ -281,6 +285,7 @@ class StageFsCore {
   // Verifier: CRC read-backs queued, and the opens waiting for each copy's (by copy key).
   struct CrcJob {
     std::tuple<uint64_t, uint64_t, int64_t> key;
+    struct stat copy {};  // the copy read (removed if bad only while it is still at rel)
     stage::Fd fd;
     std::string rel;
     uint64_t crc = 0;

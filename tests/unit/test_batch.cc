@@ -144,6 +144,13 @@ class BatchTest : public TmpDirTest {
     GroupService group;
     std::thread service;
   };
+  // A mount before the test's copies src/DIR/NAMES into the cache (with their CRC recorded).
+  void copy_in_an_earlier_mount(const std::string& dir, const std::vector<std::string>& names) {
+    Mount mount(*this, *source_, config());
+    make_core(mount.group);
+    const uint64_t d = lookup(StageFsCore::kRootId, dir);
+    for (const auto& n : names) EXPECT_FALSE(open_and_read(lookup(d, n)).empty()) << n;
+  }
   // Opens id through the core and returns its bytes (the test fails on an error).
   std::string open_and_read(uint64_t id) {
     auto r = core_->open(id, O_RDONLY);
@@ -937,15 +944,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   write_file(path("src/big/a"), a);
   write_file(path("src/big/b"), b);
   write_file(path("src/big/c"), random_bytes(2 * kSmall, 9));
-  {  // a first mount copies a and b (each alone: larger than the batch threshold)
-    Mount mount(*this, *source_, config());
-    GroupService& group = mount.group;
-    make_core(group);
-    const uint64_t dir = lookup(StageFsCore::kRootId, "big");
-    EXPECT_EQ(open_and_read(lookup(dir, "a")), a);
-    EXPECT_EQ(open_and_read(lookup(dir, "b")), b);
-    mount.end();
-  }
+  copy_in_an_earlier_mount("big", {"a", "b"});
   std::mutex m;
   std::condition_variable cv;
   std::vector<std::string> checked;
@@ -1004,6 +1003,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
     cv.notify_all();
   }
   for (auto* f : {&a1, &a2, &a3, &b1}) {
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
     auto r = f->get();
     ASSERT_TRUE(r) << r.error().message;
     EXPECT_EQ(read_fd(r->fd.get()), f == &b1 ? b : a);
@@ -1016,6 +1016,77 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
   core_->stop();
   core_.reset();
+}
+
+// A corrupted copy from an earlier mount, asked for by three opens while its one read-back
+// runs: it is removed once, and every one of them goes on to a new copy; none reads it back.
+TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
+  fs::create_directories(path("src/big"));
+  write_file(path("src/big/a"), random_bytes(3 * kSmall, 7));
+  copy_in_an_earlier_mount("big", {"a"});
+  {  // one byte of the copy changed, its times kept: to the cache's validity rule it is current
+    stage::Fd f(::open((cache_->store_root() + "/big/a").c_str(), O_RDWR | O_CLOEXEC));
+    ASSERT_TRUE(f.valid());
+    struct stat st {};
+    ASSERT_EQ(::fstat(f.get(), &st), 0);
+    char byte = 0;
+    ASSERT_EQ(::pread(f.get(), &byte, 1, 1000), 1);
+    byte = static_cast<char>(~byte);
+    ASSERT_EQ(::pwrite(f.get(), &byte, 1, 1000), 1);
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(::futimens(f.get(), times), 0);
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  int reads = 0;
+  bool go = false;
+  CoreConfig cc{path("src"), StallPolicy::eio};
+  cc.completion_threads = 1;
+  cc.before_crc_check = [&](const std::string&) {
+    std::unique_lock lk(m);
+    ++reads;
+    cv.notify_all();
+    cv.wait(lk, [&] { return go; });
+  };
+  NoCopies mat;
+  auto c = StageFsCore::create(cc, *cache_, mat);
+  ASSERT_TRUE(c) << c.error().message;
+  core_ = std::move(c.value());
+  const uint64_t ida = lookup(lookup(StageFsCore::kRootId, "big"), "a");
+  std::vector<std::promise<stage::Result<OpenFile>>> answers(3);
+  const std::shared_ptr<void> end(nullptr, [&](void*) {
+    {
+      std::lock_guard lk(m);
+      go = true;
+      cv.notify_all();
+    }
+    if (core_) core_->stop();
+  });
+  std::vector<std::future<stage::Result<OpenFile>>> f;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    core_->open_async(ida, O_RDONLY, Caller{}, [&answers, i](stage::Result<OpenFile> r) { answers[i].set_value(std::move(r)); });
+    f.push_back(answers[i].get_future());
+    if (i == 0) {  // the read-back has started before the others ask (60 s is only a bound)
+      std::unique_lock lk(m);
+      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return reads == 1; }));
+    }
+  }
+  {
+    std::lock_guard lk(m);
+    go = true;
+    cv.notify_all();
+  }
+  for (auto& x : f) {
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
+    auto r = x.get();
+    ASSERT_FALSE(r) << "a corrupted copy was served";
+    EXPECT_EQ(r.error().to_errno(), EIO);  // NoCopies' answer: each went on to a new copy
+  }
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(core_->counters().corrupt.load(), 1U);
+  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
+  EXPECT_EQ(mat.asked, (std::vector<std::string>{"big/a", "big/a", "big/a"}));
+  EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
 }
 
 }  // namespace
