@@ -267,7 +267,7 @@ uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct st
   if (it == ids_.end() || nodes_[it->second].version != version) {
     // New name, or a new version of the file: a new id (the old one stays for its holders).
     it = ids_.insert_or_assign(rel, next_id_).first;
-    nodes_[next_id_++] = Node{rel, 0, version};
+    nodes_[next_id_++] = Node{rel, 0, version, st.st_uid, st.st_gid};
   }
   ++nodes_[it->second].nlookup;
   return it->second;
@@ -314,17 +314,35 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
 Result<struct stat> StageFsCore::getattr(uint64_t id) {
   std::string rel;
   stage::FileMeta version;
+  uint32_t uid = 0, gid = 0;
   {
     std::lock_guard lk(m_);
     auto it = nodes_.find(id);
     if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
     rel = it->second.rel;
     version = it->second.version;
+    uid = it->second.uid;
+    gid = it->second.gid;
   }
   auto st = stat_rel(rel);
+  const bool file_version = version != stage::FileMeta{};
+  if (file_version && (st ? !S_ISREG(st->st_mode) : st.error().to_errno() == ENOENT || st.error().to_errno() == ENOTDIR)) {
+    // A file id whose path now holds something else, or nothing: its holders still read its
+    // copy. Its own attributes (another type would make the kernel mark the inode bad, and
+    // their reads fail with EIO).
+    struct stat own {};
+    own.st_mode = S_IFREG | version.mode;
+    own.st_nlink = 1;
+    own.st_uid = uid;
+    own.st_gid = gid;
+    own.st_dev = static_cast<dev_t>(version.dev);
+    own.st_blksize = 4096;
+    own.st_ctim = stage::from_ns(version.ctime_ns);
+    st = own;
+  }
   if (!st) return st;
   xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
-  if (S_ISREG(st->st_mode) && version != stage::FileMeta{} && stage::meta_from_stat(*st) != version) {
+  if (file_version && stage::meta_from_stat(*st) != version) {
     // The source changed since this id was looked up: the id stands for its old version, which
     // its holders keep reading. Its size and times stay the old ones: the kernel sizes reads by
     // these attributes, and a new size would cut the old bytes short or pad them.

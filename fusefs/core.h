@@ -257,6 +257,7 @@ class StageFsCore {
     std::string rel;
     uint64_t nlookup = 0;
     stage::FileMeta version;  // regular files: the source version this id stands for
+    uint32_t uid = 0, gid = 0;  // ... and its owner (getattr once the path holds something else)
   };
   CoreConfig cfg_;
   NodeCache& cache_;
