@@ -5,7 +5,7 @@
 # unit and MPI tests again under AddressSanitizer+UBSan and the concurrency tests under
 # ThreadSanitizer. Any sanitizer report fails the run.
 #
-# Time (CI: 2 cores): about 15 minutes here (unity builds, CMakeLists.txt). The ASan tree is
+# Time (CI: 2 cores): about 13 minutes here (unity builds, CMakeLists.txt). The ASan tree is
 # built in the background while the serial tests run (below). That was tried once before and
 # dropped because Open MPI's start-up failed under the load in the Slurm tests (3 runs in 17):
 # the cause was Slurm's default PMIx fences, which the harness now sets (simslurm.sh).
