@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -951,6 +952,62 @@ class NoCopies final : public Materializer {
   std::vector<std::string> asked;
 };
 
+// A core over the cache (into `core`) whose CRC read-backs wait in before_crc_check until
+// let_go(), with one completion thread and NoCopies as its materializer. Its end lets them go
+// and stops the core before the answers and the materializer go, however the test ends.
+class HeldReadBacks {
+ public:
+  HeldReadBacks(std::unique_ptr<StageFsCore>& core, const std::string& src, NodeCache& cache) : core_(core) {
+    CoreConfig cc{src, StallPolicy::eio};
+    cc.completion_threads = 1;
+    cc.before_crc_check = [this](const std::string& rel) {
+      std::unique_lock lk(m_);
+      started_.push_back(rel);
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return go_; });
+    };
+    auto c = StageFsCore::create(cc, cache, mat);
+    if (c)
+      core_ = std::move(c.value());
+    else
+      ADD_FAILURE() << c.error().message;
+  }
+  ~HeldReadBacks() {
+    let_go();
+    if (core_) core_->stop();
+  }
+  HeldReadBacks(const HeldReadBacks&) = delete;
+  HeldReadBacks& operator=(const HeldReadBacks&) = delete;
+  // Whether n read-backs have started (60 s is only a bound).
+  bool started(size_t n) {
+    std::unique_lock lk(m_);
+    return cv_.wait_for(lk, std::chrono::seconds(60), [&] { return started_.size() >= n; });
+  }
+  std::vector<std::string> names() {
+    std::lock_guard lk(m_);
+    return started_;
+  }
+  void let_go() {
+    std::lock_guard lk(m_);
+    go_ = true;
+    cv_.notify_all();
+  }
+  std::future<stage::Result<OpenFile>> open(uint64_t id) {
+    auto& p = answers_.emplace_back();  // a deque: the promises already handed out stay put
+    core_->open_async(id, O_RDONLY, Caller{}, [&p](stage::Result<OpenFile> r) { p.set_value(std::move(r)); });
+    return p.get_future();
+  }
+  NoCopies mat;
+
+ private:
+  std::unique_ptr<StageFsCore>& core_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::string> started_;
+  bool go_ = false;
+  std::deque<std::promise<stage::Result<OpenFile>>> answers_;
+};
+
 TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   fs::create_directories(path("src/big"));
   const std::string a = random_bytes(3 * kSmall, 7), b = random_bytes(2 * kSmall, 8);
@@ -958,63 +1015,26 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   write_file(path("src/big/b"), b);
   write_file(path("src/big/c"), random_bytes(2 * kSmall, 9));
   copy_in_an_earlier_mount("big", {"a", "b"});
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<std::string> checked;
-  bool go = false;
-  CoreConfig cc{path("src"), StallPolicy::eio};
-  cc.completion_threads = 1;
-  cc.before_crc_check = [&](const std::string& rel) {
-    std::unique_lock lk(m);
-    checked.push_back(rel);
-    cv.notify_all();
-    cv.wait(lk, [&] { return go; });
-  };
-  NoCopies mat;
-  auto c = StageFsCore::create(cc, *cache_, mat);
-  ASSERT_TRUE(c) << c.error().message;
-  core_ = std::move(c.value());
+  HeldReadBacks held(core_, path("src"), *cache_);
+  ASSERT_TRUE(core_);
   const uint64_t dir = lookup(StageFsCore::kRootId, "big");
   const uint64_t ida = lookup(dir, "a"), idb = lookup(dir, "b"), idc = lookup(dir, "c");
-  std::vector<std::promise<stage::Result<OpenFile>>> answers(5);
-  // However the test ends, the held read-backs are let go and the core stops before what its
-  // threads use (the answers, the materializer) goes away.
-  const std::shared_ptr<void> end(nullptr, [&](void*) {
-    {
-      std::lock_guard lk(m);
-      go = true;
-      cv.notify_all();
-    }
-    if (core_) core_->stop();
-  });
-  auto open = [&](uint64_t id, size_t i) {
-    core_->open_async(id, O_RDONLY, Caller{}, [&answers, i](stage::Result<OpenFile> r) { answers[i].set_value(std::move(r)); });
-    return answers[i].get_future();
-  };
-  auto a1 = open(ida, 0);
-  auto b1 = open(idb, 1);
-  {  // both read-backs start (60 s is only a bound)
-    std::unique_lock lk(m);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return checked.size() == 2; }))
-        << "the read-backs did not both start: they hold the completion pool";
-  }
-  auto a2 = open(ida, 2);
-  auto a3 = open(ida, 3);
-  auto c1 = open(idc, 4);
+  auto a1 = held.open(ida);
+  auto b1 = held.open(idb);
+  ASSERT_TRUE(held.started(2)) << "the read-backs did not both start: they hold the completion pool";
+  auto a2 = held.open(ida);
+  auto a3 = held.open(ida);
+  auto c1 = held.open(idc);
   // The pool's one thread took a2 and a3 before c1: c1's answer means they have been seen.
   ASSERT_EQ(c1.wait_for(std::chrono::seconds(60)), std::future_status::ready)
       << "an open of another file waited for the CRC read-backs";
   auto rc = c1.get();
   ASSERT_FALSE(rc);
   EXPECT_EQ(rc.error().to_errno(), EIO);
-  EXPECT_EQ(mat.asked, std::vector<std::string>{"big/c"});
+  EXPECT_EQ(held.mat.asked, std::vector<std::string>{"big/c"});
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
   EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "served before its CRC was read";
-  {
-    std::lock_guard lk(m);
-    go = true;
-    cv.notify_all();
-  }
+  held.let_go();
   for (auto* f : {&a1, &a2, &a3, &b1}) {
     ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
     auto r = f->get();
@@ -1023,12 +1043,11 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
     EXPECT_TRUE(r->cache_hit);
     core_->release(r->pinned);
   }
+  auto checked = held.names();
   std::sort(checked.begin(), checked.end());
   EXPECT_EQ(checked, (std::vector<std::string>{"big/a", "big/b"})) << "a copy was read back more than once";
   EXPECT_EQ(core_->counters().verified.load(), 2U);
   EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
-  core_->stop();
-  core_.reset();
 }
 
 // A corrupted copy from an earlier mount, asked for by three opens while its one read-back
@@ -1049,56 +1068,25 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
     const struct timespec times[2] = {st.st_atim, st.st_mtim};
     ASSERT_EQ(::futimens(f.get(), times), 0);
   }
-  std::mutex m;
-  std::condition_variable cv;
-  int reads = 0;
-  bool go = false;
-  CoreConfig cc{path("src"), StallPolicy::eio};
-  cc.completion_threads = 1;
-  cc.before_crc_check = [&](const std::string&) {
-    std::unique_lock lk(m);
-    ++reads;
-    cv.notify_all();
-    cv.wait(lk, [&] { return go; });
-  };
-  NoCopies mat;
-  auto c = StageFsCore::create(cc, *cache_, mat);
-  ASSERT_TRUE(c) << c.error().message;
-  core_ = std::move(c.value());
+  HeldReadBacks held(core_, path("src"), *cache_);
+  ASSERT_TRUE(core_);
   const uint64_t ida = lookup(lookup(StageFsCore::kRootId, "big"), "a");
-  std::vector<std::promise<stage::Result<OpenFile>>> answers(3);
-  const std::shared_ptr<void> end(nullptr, [&](void*) {
-    {
-      std::lock_guard lk(m);
-      go = true;
-      cv.notify_all();
-    }
-    if (core_) core_->stop();
-  });
   std::vector<std::future<stage::Result<OpenFile>>> f;
-  for (size_t i = 0; i < answers.size(); ++i) {
-    core_->open_async(ida, O_RDONLY, Caller{}, [&answers, i](stage::Result<OpenFile> r) { answers[i].set_value(std::move(r)); });
-    f.push_back(answers[i].get_future());
-    if (i == 0) {  // the read-back has started before the others ask (60 s is only a bound)
-      std::unique_lock lk(m);
-      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return reads == 1; }));
-    }
-  }
-  {
-    std::lock_guard lk(m);
-    go = true;
-    cv.notify_all();
-  }
+  f.push_back(held.open(ida));
+  ASSERT_TRUE(held.started(1));  // the read-back runs before the others ask
+  f.push_back(held.open(ida));
+  f.push_back(held.open(ida));
+  held.let_go();
   for (auto& x : f) {
     ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
     auto r = x.get();
     ASSERT_FALSE(r) << "a corrupted copy was served";
     EXPECT_EQ(r.error().to_errno(), EIO);  // NoCopies' answer: each went on to a new copy
   }
-  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(held.names().size(), 1U);
   EXPECT_EQ(core_->counters().corrupt.load(), 1U);
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
-  EXPECT_EQ(mat.asked, (std::vector<std::string>{"big/a", "big/a", "big/a"}));
+  EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
 }
 
