@@ -113,50 +113,54 @@ void StageFsCore::post(std::function<void()> fn) {
 void StageFsCore::verify_loop() {
   for (;;) {
     CrcJob job;
+    bool stopping = false;
     {
       std::unique_lock lk(verify_m_);
       verify_cv_.wait(lk, [&] { return verify_stop_ || !verify_q_.empty(); });
       if (verify_q_.empty()) return;
       job = std::move(verify_q_.front());
       verify_q_.pop_front();
-      if (verify_stop_) {
-        // Stopping: a read not yet started is not started (a 50 GB read would hold the unmount).
-        auto waiters = std::move(checking_[job.key]);
-        checking_.erase(job.key);
-        lk.unlock();
-        for (auto& w : waiters) w(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel));
-        continue;
-      }
+      stopping = verify_stop_;
     }
-    if (cfg_.before_crc_check) cfg_.before_crc_check(job.rel);
     stage::Status outcome;
-    if (auto crc = stage::crc_of_fd(job.fd.get(), job.rel, false); !crc) {
-      // A copy that cannot be read is no use: removed, and the waiting opens copy the file anew
-      // (none reads it back again on the completion pool).
-      spdlog::error("{}: cached copy of {} could not be read back ({}): removed, copying again", stage::host_name(),
-                    job.rel, crc.error().message);
-      cache_.remove(job.rel, job.copy);
-      outcome = crc.error();
-    } else if (*crc != job.crc) {
-      ++counters_.corrupt;
-      spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
-                    stage::host_name(), job.rel, *crc, job.crc);
-      cache_.remove(job.rel, job.copy);
-      outcome = stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", job.rel);
+    if (stopping) {
+      // A read not yet started is not started (a 50 GB read would hold the unmount).
+      outcome = stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel);
     } else {
-      ++counters_.verified;
-      std::lock_guard lk(verified_m_);
-      verified_.insert(job.key);
+      if (cfg_.before_crc_check) cfg_.before_crc_check(job.rel);
+      outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
+      if (!outcome && outcome.error().code != stage::make_error_code(stage::Errc::checksum_mismatch)) {
+        // A copy that cannot be read is no use: removed, and the waiting opens copy the file
+        // anew (none reads it back again on the completion pool).
+        spdlog::error("{}: cached copy of {} could not be read back ({}): removed, copying again",
+                      stage::host_name(), job.rel, outcome.error().message);
+        cache_.remove(job.rel, job.copy);
+      }
     }
     job.fd.reset();
     std::vector<std::function<void(stage::Status)>> waiters;
     {
       std::lock_guard lk(verify_m_);
-      waiters = std::move(checking_[job.key]);
-      checking_.erase(job.key);
+      if (auto node = checking_.extract(copy_key(job.copy))) waiters = std::move(node.mapped());
     }
     for (auto& w : waiters) w(outcome);
   }
+}
+
+stage::Status StageFsCore::read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded) {
+  auto crc = stage::crc_of_fd(fd, rel, false);
+  if (!crc) return crc.error();
+  if (*crc != recorded) {
+    ++counters_.corrupt;
+    spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
+                  stage::host_name(), rel, *crc, recorded);
+    cache_.remove(rel, copy);
+    return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
+  }
+  ++counters_.verified;
+  std::lock_guard lk(verified_m_);
+  verified_.insert(copy_key(copy));
+  return {};
 }
 
 StageFsCore::Check StageFsCore::check_later(const std::string& rel, const struct stat& src,
@@ -184,7 +188,7 @@ StageFsCore::Check StageFsCore::check_later(const std::string& rel, const struct
     ++counters_.verify_waits;
     return Check::queued;
   }
-  verify_q_.push_back(CrcJob{key, st, std::move(fd.value()), rel, origin->crc});
+  verify_q_.push_back(CrcJob{st, std::move(fd.value()), rel, origin->crc});
   verify_cv_.notify_one();
   return Check::queued;
 }
@@ -312,46 +316,40 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
 }
 
 Result<struct stat> StageFsCore::getattr(uint64_t id) {
-  std::string rel;
-  stage::FileMeta version;
-  uint32_t uid = 0, gid = 0;
+  Node node;
   {
     std::lock_guard lk(m_);
     auto it = nodes_.find(id);
     if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
-    rel = it->second.rel;
-    version = it->second.version;
-    uid = it->second.uid;
-    gid = it->second.gid;
+    node = it->second;
   }
-  auto st = stat_rel(rel);
-  const bool file_version = version != stage::FileMeta{};
-  if (file_version && (st ? !S_ISREG(st->st_mode) : st.error().to_errno() == ENOENT || st.error().to_errno() == ENOTDIR)) {
-    // A file id whose path now holds something else, or nothing: its holders still read its
-    // copy. Its own attributes (another type would make the kernel mark the inode bad, and
-    // their reads fail with EIO).
+  auto st = stat_rel(node.rel);
+  if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
+  const stage::FileMeta& v = node.version;
+  if (v == stage::FileMeta{}) return st;  // not a regular file's id
+  if (!st && st.error().to_errno() != ENOENT && st.error().to_errno() != ENOTDIR) return st;
+  if (!st || !S_ISREG(st->st_mode)) {
+    // The path now holds something else, or nothing, but the id's holders still read its copy:
+    // another type would make the kernel mark their inode bad (EIO on every read).
     struct stat own {};
-    own.st_mode = S_IFREG | version.mode;
+    own.st_mode = S_IFREG | v.mode;
     own.st_nlink = 1;
-    own.st_uid = uid;
-    own.st_gid = gid;
-    own.st_dev = static_cast<dev_t>(version.dev);
+    own.st_uid = node.uid;
+    own.st_gid = node.gid;
+    own.st_dev = static_cast<dev_t>(v.dev);
     own.st_blksize = 4096;
-    own.st_ctim = stage::from_ns(version.ctime_ns);
     st = own;
+  } else if (stage::meta_from_stat(*st) == v) {
+    return st;
   }
-  if (!st) return st;
-  xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
-  if (file_version && stage::meta_from_stat(*st) != version) {
-    // The source changed since this id was looked up: the id stands for its old version, which
-    // its holders keep reading. Its size and times stay the old ones: the kernel sizes reads by
-    // these attributes, and a new size would cut the old bytes short or pad them.
-    st->st_size = static_cast<off_t>(version.size);
-    st->st_blocks = static_cast<blkcnt_t>((version.size + 511) / 512);
-    st->st_mtim = stage::from_ns(version.mtime_ns);
-    st->st_ctim = stage::from_ns(version.ctime_ns);
-    st->st_ino = static_cast<ino_t>(version.ino);
-  }
+  // The id stands for an older version than the path's, which its holders keep reading. Its
+  // size and times stay that version's: the kernel sizes reads by these attributes, and a new
+  // size would cut the old bytes short or pad them.
+  st->st_size = static_cast<off_t>(v.size);
+  st->st_blocks = static_cast<blkcnt_t>((v.size + 511) / 512);
+  st->st_mtim = stage::from_ns(v.mtime_ns);
+  st->st_ctim = stage::from_ns(v.ctime_ns);
+  st->st_ino = static_cast<ino_t>(v.ino);
   return st;
 }
 
@@ -561,16 +559,8 @@ Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struc
   if (!just_made && origin && origin->crc_known) {
     if (!may_read_back) return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy (not checked)", rel);
     // A copy from an earlier mount (or run): read it once and compare with its recorded CRC.
-    auto crc = stage::crc_of_fd(fd->get(), rel, false);
-    if (!crc) return crc.error();
-    if (*crc != origin->crc) {
-      ++counters_.corrupt;
-      spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
-                    stage::host_name(), rel, *crc, origin->crc);
-      cache_.remove(rel, st);
-      return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
-    }
-    ++counters_.verified;
+    if (auto checked = read_back(fd->get(), rel, st, origin->crc); !checked) return checked.error();
+    return fd;
   }
   // A copy made in this mount was checked chunk by chunk and as a whole while it was written.
   std::lock_guard lk(verified_m_);

@@ -250,6 +250,9 @@ class StageFsCore {
   enum class Check { none, queued, stopping };
   Check check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then);
   void verify_loop();
+  // Reads rel's copy (fd; its stat `copy`) back and compares its CRC with the recorded one: a
+  // match is marked checked in this mount; a mismatch removes the copy (that inode only).
+  stage::Status read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded);
   void post(std::function<void()> fn);
   void completion_loop();
 
@@ -285,8 +288,7 @@ class StageFsCore {
   std::vector<std::thread> pool_;
   // Verifier: CRC read-backs queued, and the opens waiting for each copy's (by copy key).
   struct CrcJob {
-    std::tuple<uint64_t, uint64_t, int64_t> key;
-    struct stat copy {};  // the copy read (removed if bad only while it is still at rel)
+    struct stat copy {};  // the copy read (its key; removed if bad only while it is still at rel)
     stage::Fd fd;
     std::string rel;
     uint64_t crc = 0;

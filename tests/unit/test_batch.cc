@@ -865,15 +865,7 @@ class Publishing final : public Materializer {
 };
 
 TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheCrc) {
-  {  // a first mount stages the directory (copies with their CRC recorded)
-    Mount mount(*this, *source_, config());
-    GroupService& group = mount.group;
-    make_core(group);
-    auto r = core_->open(lookup(lookup(StageFsCore::kRootId, "many"), name(5)), O_RDONLY);
-    ASSERT_TRUE(r) << r.error().message;
-    core_->release(r->pinned);
-    mount.end();
-  }
+  copy_in_an_earlier_mount("many", {name(5)});  // its batch stages the whole directory
   // A new core over the same cache, whose materializer says the batch of "many" runs now.
   Publishing mat;
   make_core(mat);
@@ -1055,6 +1047,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
 TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   fs::create_directories(path("src/big"));
   write_file(path("src/big/a"), random_bytes(3 * kSmall, 7));
+  write_file(path("src/big/c"), random_bytes(2 * kSmall, 9));
   copy_in_an_earlier_mount("big", {"a"});
   {  // one byte of the copy changed, its times kept: to the cache's validity rule it is current
     stage::Fd f(::open((cache_->store_root() + "/big/a").c_str(), O_RDWR | O_CLOEXEC));
@@ -1070,12 +1063,16 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   }
   HeldReadBacks held(core_, path("src"), *cache_);
   ASSERT_TRUE(core_);
-  const uint64_t ida = lookup(lookup(StageFsCore::kRootId, "big"), "a");
+  const uint64_t dir = lookup(StageFsCore::kRootId, "big");
+  const uint64_t ida = lookup(dir, "a");
   std::vector<std::future<stage::Result<OpenFile>>> f;
   f.push_back(held.open(ida));
   ASSERT_TRUE(held.started(1));  // the read-back runs before the others ask
   f.push_back(held.open(ida));
   f.push_back(held.open(ida));
+  // The pool's one thread took the two before c: c's answer means they wait for the read-back.
+  auto c = held.open(lookup(dir, "c"));
+  ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   held.let_go();
   for (auto& x : f) {
     ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
@@ -1086,7 +1083,7 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   EXPECT_EQ(held.names().size(), 1U);
   EXPECT_EQ(core_->counters().corrupt.load(), 1U);
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
-  EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/a", "big/a", "big/a"}));
+  EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
 }
 
