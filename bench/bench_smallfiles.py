@@ -18,7 +18,8 @@ Points, each reader, wall time until every rank finished:
                  only (a 20,000-file run at the old rate takes minutes), with stagefs on the
                  same subset for a same-run ratio
 Each group point also prints the CPU seconds its daemons used in the cold pass, summed over
-the ranks (steadier than wall time on a shared machine).
+the ranks (steadier than wall time on a shared machine), and the threads they started
+meanwhile (with perf).
 Then, contended (CONTENDED_MBS, default 100; 0: skipped), as bench_contended.sh: the tree on
 a source whose reads are limited to CONTENDED_MBS MB/s in total (ext4 on a loop device with
 direct I/O, blkio cgroup), page cache dropped before each point, cold only:
@@ -29,12 +30,17 @@ direct I/O, blkio cgroup), page cache dropped before each point, cold only:
   no walks       the same with --prefetch-siblings off
 The first points use a source warm in the page cache (it was just written). Source and caches
 live on a fresh journaled ext4 on a loop device, as on a node's NVMe (CACHE_FS=root: on
-/var/tmp, this machine's root filesystem, an ext4 without a journal). Usage:
-  [CACHE_FS=ext4|root] [CONTENDED_MBS=100] bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
+/var/tmp, this machine's root filesystem, an ext4 without a journal).
+NODE_CPUS=C gives each rank-as-node (its daemon and its reader) C CPUs of its own (a cpu
+cgroup quota, benchlib.NodeCpus), and the one-node yardstick (source x1) the same C: with
+NP * C = the machine's cores, NP nodes are compared with one node as on a cluster, where
+each node has its own cores. Unset (0): every process shares all cores. UNCONTENDED=0 skips
+the warm-source points (the contended ones only). Usage:
+  [CACHE_FS=ext4|root] [CONTENDED_MBS=100] [NODE_CPUS=0] [UNCONTENDED=1]
+      bench_smallfiles.py BUILD_DIR [NP=4] [FILES=20000] [DIRS=100] [OLD_DIRS=10]
 """
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -53,38 +59,16 @@ h = benchlib.enter(build)
 cache_fs = os.environ.get("CACHE_FS", "ext4")
 contended_mbs = int(os.environ.get("CONTENDED_MBS", "100"))
 remove_fs = benchlib.journaled_ext4() if cache_fs == "ext4" else (lambda: None)
-
-TAR = "set -o pipefail; tar cf - -C \"$1\" . | wc -c"
-PYLOOP = r"""
-import os, sys
-from concurrent.futures import ThreadPoolExecutor
-paths = [os.path.join(r, n) for r, _, fs in os.walk(sys.argv[1]) for n in fs]
-def rd(p):
-    with open(p, 'rb') as f:
-        return len(f.read())
-with ThreadPoolExecutor(8) as ex:
-    total = sum(ex.map(rd, paths))
-print(len(paths), total)
-"""
-
+node_cpus = float(os.environ.get("NODE_CPUS", "0"))
+uncontended = os.environ.get("UNCONTENDED", "1") != "0"
+cpus = benchlib.NodeCpus(np_, node_cpus)
 
 def reader_cmd(kind, root):
-    if kind == "tar":
-        return ["bash", "-c", TAR, "tar", root]
-    return [h.PYTHON, "-c", PYLOOP, root]
+    return benchlib.reader_cmd(kind, root, h.PYTHON)
 
 
 def make_tree(src):
-    rng = random.Random(11)
-    total = 0
-    for i in range(nfiles):
-        d = os.path.join(src, "d%03d" % (i % ndirs))
-        os.makedirs(d, exist_ok=True)
-        n = rng.randint(4 * 1024, 64 * 1024)
-        with open(os.path.join(d, "f%05d" % i), "wb") as f:
-            f.write(rng.randbytes(n))
-        total += n
-    return total
+    return benchlib.make_tree(src, nfiles, ndirs)
 
 
 def timed_parallel(cmds):
@@ -124,15 +108,20 @@ def group_point(work, kind, args, src_note, warm=True):
     g = h.Group(work, np_, *args)
     try:
         g.wait_ready(timeout=120)
+        for k in range(np_):
+            cpus.join(k, g.pids[k])
         cpu0 = daemons_cpu(g)
-        cold, outs = timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)])
+        starts = benchlib.ThreadStarts(g.pids, work.file("threads.txt"))
+        cold, outs = timed_parallel([g.nsenter(k) + cpus.wrap(k, reader_cmd(kind, g.mnt)) for k in range(np_)])
         cold_cpu = daemons_cpu(g) - cpu0
-        warm, outs2 = (timed_parallel([g.nsenter(k) + reader_cmd(kind, g.mnt) for k in range(np_)]) if warm
-                       else (0.0, []))
+        cold_threads = starts.stop()
+        warm, outs2 = (timed_parallel([g.nsenter(k) + cpus.wrap(k, reader_cmd(kind, g.mnt)) for k in range(np_)])
+                       if warm else (0.0, []))
         stats = [g.stats(k) for k in range(np_)]
-        print("  %-6s %-26s cold %7.2f s  warm %6.2f s  daemons' CPU (cold, all ranks) %6.2f s  transfers %s"
-              "  outputs %s" % (kind, src_note, cold, warm, cold_cpu, [s["transfers"] for s in stats],
-                               sorted(set(outs + outs2))), flush=True)
+        print("  %-6s %-26s cold %7.2f s  warm %6.2f s  daemons' CPU (cold, all ranks) %6.2f s  threads started"
+              " %s  transfers %s  outputs %s" % (kind, src_note, cold, warm, cold_cpu, cold_threads,
+                                                 [s["transfers"] for s in stats], sorted(set(outs + outs2))),
+              flush=True)
         stats[0]["cold_cpu"] = cold_cpu
         return cold, warm, stats[0]
     finally:
@@ -154,17 +143,19 @@ try:
         shutil.copytree(os.path.join(full, "d%03d" % d), os.path.join(subset, "d%03d" % d))
         sub_files += len(os.listdir(os.path.join(subset, "d%03d" % d)))
     subprocess.run(["sync"], check=True)  # the tree's writeback before the first point, not during it
-    print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; cache fs %s; load %s; %s" %
-          (nfiles, total, ndirs, sub_files, old_dirs, np_, cache_fs, open("/proc/loadavg").read().split()[0],
-           time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
+    print("tree: %d files, %d bytes, %d dirs; subset %d files in %d dirs; NP %d; cache fs %s; CPUs per node %s;"
+          " load %s; %s" %
+          (nfiles, total, ndirs, sub_files, old_dirs, np_, cache_fs, node_cpus or "all (shared)",
+           open("/proc/loadavg").read().split()[0], time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())),
+          flush=True)
     # Not reported: the first group pass on the fresh filesystem came out 25-40 % slower than
     # the same pass later in the run (more writes: the filesystem's first use of its block
     # groups), whichever variant ran first; this pass takes that cost.
     group_point(work, "tar", [], "warm-up pass (not reported)", warm=False)
-    for kind in ("tar", "py8"):
+    for kind in ("tar", "py8") if uncontended else ():
         r = {}
-        r["source_x1"], _ = timed_parallel([reader_cmd(kind, full)])
-        r["source_xnp"], _ = timed_parallel([reader_cmd(kind, full) for _ in range(np_)])
+        r["source_x1"], _ = timed_parallel([cpus.wrap(0, reader_cmd(kind, full))])
+        r["source_xnp"], _ = timed_parallel([cpus.wrap(k, reader_cmd(kind, full)) for k in range(np_)])
         print("  %-6s source x1 %.2f s, source x%d %.2f s" % (kind, r["source_x1"], np_, r["source_xnp"]), flush=True)
         r["stagefs"], r["stagefs_warm"], r["stats"] = group_point(work, kind, [], "stagefs (batches), full")
         r["stagefs_cpu"] = r["stats"]["cold_cpu"]
@@ -172,25 +163,26 @@ try:
         r["nowalk"], _, _ = group_point(work, kind, ["--prefetch-siblings", "off"], "no walks, full", warm=False)
         # Same-run subset: batches vs one collective per file.
         work.src = subset
-        r["sub_source_x1"], _ = timed_parallel([reader_cmd(kind, subset)])
+        r["sub_source_x1"], _ = timed_parallel([cpus.wrap(0, reader_cmd(kind, subset))])
         r["sub_stagefs"], _, sub_stats = group_point(work, kind, [], "stagefs (batches), subset")
         r["sub_old"], _, r["old_stats"] = group_point(work, kind, ["--small-file-size", "0"], "old (0), subset")
         r["sub_stagefs_cpu"], r["sub_old_cpu"] = sub_stats["cold_cpu"], r["old_stats"]["cold_cpu"]
         work.src = full
         res[kind] = r
-    print()
-    print("| reader | source x1 | source x%d | stagefs x%d cold | --prefetch-siblings off | --sync-after 0 | warm |"
-          " stagefs / source x1 |"
-          " / source x%d | subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |"
-          " old, whole tree (est.) / stagefs |" % (np_, np_, np_, sub_files))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kind, r in res.items():
-        print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.1fx | %.1fx | %.2f s | %.2f s | %.2f s (%.1f ms/file)"
-              " | %.1fx | %.1fx |" %
-              (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["nowalk"], r["synced"], r["stagefs_warm"],
-               r["stagefs"] / r["source_x1"], r["stagefs"] / r["source_xnp"], r["sub_source_x1"], r["sub_stagefs"],
-               r["sub_old"], 1000 * r["sub_old"] / sub_files, r["sub_old"] / r["sub_stagefs"],
-               r["sub_old"] * nfiles / sub_files / r["stagefs"]))
+    if res:
+        print()
+        print("| reader | source x1 | source x%d | stagefs x%d cold | --prefetch-siblings off | --sync-after 0 | warm |"
+              " stagefs / source x1 |"
+              " / source x%d | subset (%d files): source x1 | stagefs | old (--small-file-size 0) | old / stagefs |"
+              " old, whole tree (est.) / stagefs |" % (np_, np_, np_, sub_files))
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for kind, r in res.items():
+            print("| %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %.1fx | %.1fx | %.2f s | %.2f s | %.2f s (%.1f ms/file)"
+                  " | %.1fx | %.1fx |" %
+                  (kind, r["source_x1"], r["source_xnp"], r["stagefs"], r["nowalk"], r["synced"], r["stagefs_warm"],
+                   r["stagefs"] / r["source_x1"], r["stagefs"] / r["source_xnp"], r["sub_source_x1"], r["sub_stagefs"],
+                   r["sub_old"], 1000 * r["sub_old"] / sub_files, r["sub_old"] / r["sub_stagefs"],
+                   r["sub_old"] * nfiles / sub_files / r["stagefs"]))
     contended = {}
     if contended_mbs > 0:
         thr, remove_thr = benchlib.throttled_fs("%dG" % max(4, (total * (np_ + 2)) // (1 << 30) + 2), contended_mbs)
@@ -204,9 +196,9 @@ try:
             for kind in ("tar", "py8"):
                 c = {}
                 benchlib.drop_caches()
-                c["source_x1"], _ = timed_parallel([reader_cmd(kind, os.path.join(thr, "node0"))])
+                c["source_x1"], _ = timed_parallel([cpus.wrap(0, reader_cmd(kind, os.path.join(thr, "node0")))])
                 benchlib.drop_caches()
-                c["source_xnp"], _ = timed_parallel([reader_cmd(kind, os.path.join(thr, "node%d" % k))
+                c["source_xnp"], _ = timed_parallel([cpus.wrap(k, reader_cmd(kind, os.path.join(thr, "node%d" % k)))
                                                      for k in range(np_)])
                 benchlib.drop_caches()
                 c["stagefs"], _, _ = group_point(work, kind, [], "contended, stagefs", warm=False)
@@ -232,4 +224,5 @@ try:
           json.dumps(contended))
 finally:
     work.cleanup()
+    cpus.remove()
     remove_fs()

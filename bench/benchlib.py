@@ -2,8 +2,11 @@
 re-executes the calling script once in a private mount namespace (its mounts vanish with
 it), points the tests/mount harness at BUILD's stagefs, sets Open MPI's environment for
 root on loopback, and returns the harness module. journaled_ext4() puts the harness's work
-dirs (source and caches) on a fresh journaled ext4 on a loop device, as a node's NVMe."""
+dirs (source and caches) on a fresh journaled ext4 on a loop device, as a node's NVMe.
+NodeCpus gives each rank-as-node a CPU quota of its own, as each node has its own cores."""
 import os
+import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +23,79 @@ def enter(build):
     os.environ.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                        "OMPI_MCA_btl_tcp_if_include": "lo"})
     return harness
+
+
+# The dataset readers of bench_smallfiles and bench_threads: tar of the tree (tar skips reading
+# when its archive is /dev/null itself, hence the pipe), and a Python loop with 8 threads.
+TAR = "set -o pipefail; tar cf - -C \"$1\" . | wc -c"
+PYLOOP = r"""
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+paths = [os.path.join(r, n) for r, _, fs in os.walk(sys.argv[1]) for n in fs]
+def rd(p):
+    with open(p, 'rb') as f:
+        return len(f.read())
+with ThreadPoolExecutor(8) as ex:
+    total = sum(ex.map(rd, paths))
+print(len(paths), total)
+"""
+
+
+def reader_cmd(kind, root, python=sys.executable):
+    if kind == "tar":
+        return ["bash", "-c", TAR, "tar", root]
+    return [python, "-c", PYLOOP, root]
+
+
+def make_tree(src, nfiles, ndirs):
+    """nfiles files of 4-64 KiB (random sizes and bytes, seed 11) spread over ndirs
+    directories of src. Returns their total size."""
+    rng = random.Random(11)
+    total = 0
+    for i in range(nfiles):
+        d = os.path.join(src, "d%03d" % (i % ndirs))
+        os.makedirs(d, exist_ok=True)
+        n = rng.randint(4 * 1024, 64 * 1024)
+        with open(os.path.join(d, "f%05d" % i), "wb") as f:
+            f.write(rng.randbytes(n))
+        total += n
+    return total
+
+
+class ThreadStarts:
+    """Counts the threads the given processes start from now until stop() (perf stat on the
+    task:task_newtask tracepoint, started disabled and enabled through its control fifo, so
+    that counting has begun when the constructor returns). stop() returns None where perf is
+    missing."""
+
+    def __init__(self, pids, out):
+        self.out = out
+        self.proc = None
+        if not shutil.which("perf"):
+            return
+        ctl, ack = out + ".ctl", out + ".ack"
+        for f in (ctl, ack):
+            if os.path.exists(f):
+                os.unlink(f)
+            os.mkfifo(f)
+        self.proc = subprocess.Popen(["perf", "stat", "-e", "task:task_newtask", "-x,", "-o", out, "-D", "-1",
+                                      "--control", "fifo:%s,%s" % (ctl, ack), "-p", ",".join(str(p) for p in pids)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(ctl, "w") as c:  # blocks until perf opened its end
+            c.write("enable\n")
+        with open(ack) as a:
+            if a.readline().strip() != "ack":
+                raise AssertionError("perf stat did not acknowledge 'enable'")
+
+    def stop(self):
+        if not self.proc:
+            return None
+        self.proc.send_signal(2)
+        self.proc.wait(timeout=60)
+        for line in open(self.out):
+            if "task_newtask" in line:
+                return int(line.split(",")[0])
+        return None
 
 
 def _loop_ext4(prefix, size, direct_io):
@@ -99,3 +175,73 @@ def throttled_fs(size, rate_mbs):
             pass
         remove_fs()
     return mnt, remove
+
+
+class NodeCpus:
+    """Simulated nodes' CPUs: one cpu cgroup per node (v1 cpu.cfs_quota_us on this VM, v2
+    cpu.max elsewhere), each limited to `cpus` CPUs. A node's daemon is moved in with join(k,
+    pid) (every thread of it: cgroup.procs); a command runs in node k's cgroup through
+    wrap(k, cmd). With cpus=0 nothing is limited and both do nothing. Why: ranks-as-nodes on
+    one machine share its cores, so NP nodes' work is compared with one node's on the same
+    cores; real nodes each have their own. With NP * cpus equal to the machine's cores, every
+    node (and the one-node yardstick, run in node 0's cgroup) gets the same share. Period 10 ms:
+    a node that spent its quota waits at most 10 ms, not the default 100."""
+    PERIOD_US = 10000
+
+    def __init__(self, n, cpus):
+        self.cpus = cpus
+        self.dirs = []
+        if cpus <= 0:
+            return
+        v1 = os.path.isdir("/sys/fs/cgroup/cpu") and not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        base = ("/sys/fs/cgroup/cpu/stagefs-bench-cpu.%d" if v1 else "/sys/fs/cgroup/stagefs-bench-cpu.%d") % os.getpid()
+        os.makedirs(base, exist_ok=True)
+        if not v1:
+            with open(os.path.join(base, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu\n")
+        self.base = base
+        quota = int(cpus * self.PERIOD_US)
+        for k in range(n):
+            d = os.path.join(base, "node%d" % k)
+            os.makedirs(d, exist_ok=True)
+            if v1:
+                with open(os.path.join(d, "cpu.cfs_period_us"), "w") as f:
+                    f.write("%d\n" % self.PERIOD_US)
+                with open(os.path.join(d, "cpu.cfs_quota_us"), "w") as f:
+                    f.write("%d\n" % quota)
+            else:
+                with open(os.path.join(d, "cpu.max"), "w") as f:
+                    f.write("%d %d\n" % (quota, self.PERIOD_US))
+            self.dirs.append(d)
+
+    def join(self, k, pid):
+        if self.dirs:
+            with open(os.path.join(self.dirs[k], "cgroup.procs"), "w") as f:
+                f.write("%d\n" % pid)
+
+    def wrap(self, k, cmd):
+        if not self.dirs:
+            return cmd
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.dirs[k]] + list(cmd)
+
+    def remove(self):
+        """Moves whatever is left to the parent cgroup and removes the node cgroups."""
+        if not self.dirs:
+            return
+        top = os.path.join(os.path.dirname(self.base), "cgroup.procs")
+        for d in self.dirs:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    for p in f.read().split():
+                        try:
+                            with open(top, "w") as t:
+                                t.write(p + "\n")
+                        except OSError:
+                            pass
+                os.rmdir(d)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.base)
+        except OSError:
+            pass
