@@ -638,7 +638,13 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
 stage::Status FuseMount::loop() {
   fuse_loop_config* cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(opt_.max_threads));
-  fuse_loop_cfg_set_idle_threads(cfg, 4);
+  // Workers are kept once started: libfuse ends a worker that finds more than max_idle others
+  // idle, and starts one whenever none is idle. With 4 idle ones kept, parallel readers of
+  // small files (8 threads, 2 ranks) made the daemons start 2,700-3,100 threads per cold pass
+  // of 20,000 files and up to 2,400 per warm pass; kept, 0 once warm (bench/bench_threads.py).
+  // An idle worker costs its stack and a request buffer of which only the pages used are
+  // resident (read-only mount: no large WRITE ever fills one).
+  fuse_loop_cfg_set_idle_threads(cfg, static_cast<unsigned>(opt_.max_threads));
   const int rc = fuse_session_loop_mt(se_, cfg);
   fuse_loop_cfg_destroy(cfg);
   {
