@@ -17,6 +17,7 @@ namespace {
 
 constexpr const char* kNewName = "unsynced.new";
 constexpr size_t kSyncGroup = 128;                     // descriptors open at once while syncing
+constexpr size_t kSyncfsFrom = UnsyncedLog::kSyncfsFrom;
 constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log counts as unreadable
 const std::string kMagic = "stagefs-unsynced 1 boot ";
 
@@ -165,7 +166,7 @@ stage::Status UnsyncedLog::record(std::span<const std::string> names) {
     }
   }
   // --sync-after 0, a closing log, or a log that cannot be written: the data now, as before.
-  if (::syncfs(data_fd_) != 0) return stage::sys_error(errno, "sync the cache filesystem");
+  if (syncfs_(data_fd_) != 0) return stage::sys_error(errno, "sync the cache filesystem");
   return {};
 }
 
@@ -229,7 +230,16 @@ void UnsyncedLog::flush() {
   }
   if (names.empty()) return;
   uint64_t ok = 0;
-  const auto failed = sync_names(data_fd_, names, ok);
+  std::vector<std::string> failed;
+  // Many copies: one syncfs() (measured on 2 ranks over 20,000 small files: about a ninth
+  // less daemon CPU in a cold pass than 7 syscalls per copy, and no sync left to spill into
+  // the readers' next pass). It reports a writeback error anywhere on the filesystem (Linux
+  // 5.8+); each copy is then synced on its own, which says which ones failed. Few copies:
+  // each on its own, so a small flush does not write out other users' data on that disk.
+  if (names.size() >= kSyncfsFrom && syncfs_(data_fd_) == 0)
+    ok = names.size();
+  else
+    failed = sync_names(data_fd_, names, ok);
   for (const auto& name : failed) {
     spdlog::error("cache: could not sync the copy of {} to disk: removed (it is copied again at its next open)", name);
     unlink_beneath(data_fd_, name);

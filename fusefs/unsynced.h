@@ -8,9 +8,10 @@
 //   published(names): after the renames. Only from then on may the names be synced: a sync
 //     of a name not renamed yet would sync the old copy (or nothing) and drop the name.
 //   A background thread syncs the published copies about --sync-after seconds after the
-//     first of them was published: starts the writeback of all of them (sync_file_range),
-//     then fdatasyncs each (so they share the filesystem's journal commits), then drops their
-//     names from the log (rewritten atomically: a new file, synced, renamed over the old one,
+//     first of them was published: kSyncfsFrom copies or more by one syncfs() of the cache
+//     filesystem (if it fails, as below); fewer, by starting the writeback of all of them
+//     (sync_file_range), then fdatasyncing each (so they share the filesystem's journal
+//     commits). Then it drops their names from the log (rewritten atomically: a new file, synced, renamed over the old one,
 //     directory synced). close() does the same for what is left and removes the log.
 //   recover(), at open (after the cache's sweep, before its index): the log starts with the
 //     boot id of the kernel that wrote it. The same boot (the daemon was killed, the kernel
@@ -25,6 +26,8 @@
 // and so does a sync that cannot open a copy for a reason other than its absence (EMFILE...).
 // Thread-safe; one flush runs at a time; pending() and synced() never wait for the disk.
 #pragma once
+
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -54,6 +57,7 @@ struct RecoveryCounts {
 class UnsyncedLog {
  public:
   inline static const char* const kName = "unsynced";
+  static constexpr size_t kSyncfsFrom = 64;  // a flush of this many copies or more: one syncfs
   // root_fd: CACHE (holds the log); data_fd: CACHE/data (the names are relative to it).
   // on_removed: told of each copy removed because it could not be synced (to update the index).
   UnsyncedLog(int root_fd, int data_fd, std::chrono::milliseconds delay,
@@ -84,6 +88,8 @@ class UnsyncedLog {
   // Waits until at least n copies were synced (by the background thread or flush()), at most
   // timeout. Returns whether they were.
   bool wait_synced(uint64_t n, std::chrono::milliseconds timeout);
+  // Tests: the syncfs() the log calls (fault injection, counting). Set before record().
+  void set_syncfs_for_tests(std::function<int(int)> f) { syncfs_ = std::move(f); }
 
  private:
   void run();
@@ -95,6 +101,7 @@ class UnsyncedLog {
   int data_fd_;
   std::chrono::milliseconds delay_;
   std::function<void(const std::string&)> on_removed_;
+  std::function<int(int)> syncfs_ = [](int fd) { return ::syncfs(fd); };
   const std::string header_;  // the first record: magic and boot id
   mutable std::mutex m_;  // guards everything below
   std::condition_variable cv_;

@@ -97,6 +97,64 @@ TEST_F(UnsyncedLogTest, TheBackgroundThreadSyncsPublishedCopiesAfterTheDelay) {
   EXPECT_EQ(log_bytes(), header(UnsyncedLog::current_boot_id()));
 }
 
+// A flush of many copies: one syncfs() instead of a sync per copy; if syncfs() fails, each
+// copy is synced on its own (which names the failed ones); a flush of few copies never calls
+// syncfs(). The hook counts the calls and fails them on demand.
+class SyncfsFlushTest : public UnsyncedLogTest {
+ protected:
+  std::vector<std::string> make_copies(size_t n) {
+    std::vector<std::string> names;
+    fs::create_directories(path("cache/data/many"));
+    for (size_t i = 0; i < n; ++i) {
+      names.push_back("many/f" + std::to_string(i));
+      write_file(path("cache/data/" + names.back()), names.back());
+    }
+    return names;
+  }
+  void flush_all(UnsyncedLog& log, const std::vector<std::string>& names, bool syncfs_fails) {
+    log.set_syncfs_for_tests([this, syncfs_fails](int fd) {
+      ++calls_;
+      if (!syncfs_fails) return ::syncfs(fd);
+      errno = EIO;
+      return -1;
+    });
+    ASSERT_TRUE(log.record(names).ok());
+    log.published(names);
+    log.flush();
+  }
+  int calls_ = 0;
+};
+
+TEST_F(SyncfsFlushTest, ManyCopiesAreSyncedByOneSyncfs) {
+  const auto names = make_copies(UnsyncedLog::kSyncfsFrom);
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr);
+  flush_all(log, names, false);
+  EXPECT_EQ(calls_, 1);
+  EXPECT_EQ(log.synced(), names.size());
+  EXPECT_EQ(log.pending(), 0U);
+  EXPECT_EQ(log_bytes(), header(UnsyncedLog::current_boot_id()));
+}
+
+TEST_F(SyncfsFlushTest, AFailedSyncfsSyncsEachCopyOnItsOwnAndKeepsTheGoodOnes) {
+  const auto names = make_copies(UnsyncedLog::kSyncfsFrom + 1);
+  std::vector<std::string> removed;
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, [&](const std::string& n) { removed.push_back(n); });
+  flush_all(log, names, true);
+  EXPECT_EQ(calls_, 1);
+  EXPECT_EQ(log.synced(), names.size());  // each fdatasync succeeded
+  EXPECT_TRUE(removed.empty());
+  for (const auto& n : names) EXPECT_TRUE(cached(n)) << n;
+  EXPECT_EQ(log_bytes(), header(UnsyncedLog::current_boot_id()));
+}
+
+TEST_F(SyncfsFlushTest, AFewCopiesAreSyncedOnTheirOwn) {
+  const auto names = make_copies(UnsyncedLog::kSyncfsFrom - 1);
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr);
+  flush_all(log, names, false);
+  EXPECT_EQ(calls_, 0);
+  EXPECT_EQ(log.synced(), names.size());
+}
+
 TEST_F(UnsyncedLogTest, ZeroDelayWritesNoLog) {
   UnsyncedLog log(root_.get(), data_.get(), 0ms, nullptr);
   ASSERT_TRUE(log.record(std::vector<std::string>{"a"}).ok());  // synced (syncfs) at once
