@@ -127,8 +127,8 @@ void StageFsCore::verify_loop() {
       // A read not yet started is not started (a 50 GB read would hold the unmount).
       outcome = stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel);
     } else {
-      if (cfg_.before_crc_check) cfg_.before_crc_check(job.rel);
-      outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
+      outcome = cfg_.before_crc_check ? cfg_.before_crc_check(job.rel) : stage::Status{};
+      if (outcome) outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
       if (!outcome && outcome.error().code != stage::make_error_code(stage::Errc::checksum_mismatch)) {
         // A copy that cannot be read is no use: removed, and the waiting opens copy the file
         // anew (none reads it back again on the completion pool).

@@ -111,8 +111,9 @@ struct CoreConfig {
   // Threads that read copies from earlier mounts back for their CRC (at most this many copies
   // are read at once; further ones queue).
   int verify_threads = 2;
-  // Tests: called on a verifier thread before it reads rel's copy back for its CRC.
-  std::function<void(const std::string& rel)> before_crc_check = nullptr;
+  // Tests: called on a verifier thread before it reads rel's copy back for its CRC. An error
+  // returned stands for the read's (an I/O error on the cache's disk): the copy is not read.
+  std::function<stage::Status(const std::string& rel)> before_crc_check = nullptr;
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files
   // (Materializer::materialize_small_async); 0: every file alone.

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "bcast/comm.h"
@@ -952,11 +953,13 @@ class HeldReadBacks {
   HeldReadBacks(std::unique_ptr<StageFsCore>& core, const std::string& src, NodeCache& cache) : core_(core) {
     CoreConfig cc{src, StallPolicy::eio};
     cc.completion_threads = 1;
-    cc.before_crc_check = [this](const std::string& rel) {
+    cc.before_crc_check = [this](const std::string& rel) -> stage::Status {
       std::unique_lock lk(m_);
       started_.push_back(rel);
       cv_.notify_all();
       cv_.wait(lk, [&] { return go_; });
+      if (unreadable_.contains(rel)) return stage::sys_error(EIO, "read back (injected)", rel);
+      return {};
     };
     auto c = StageFsCore::create(cc, cache, mat);
     if (c)
@@ -984,6 +987,11 @@ class HeldReadBacks {
     go_ = true;
     cv_.notify_all();
   }
+  // The read-back of rel's copy fails as an I/O error would (before the core starts).
+  void unreadable(const std::string& rel) {
+    std::lock_guard lk(m_);
+    unreadable_.insert(rel);
+  }
   std::future<stage::Result<OpenFile>> open(uint64_t id) {
     auto& p = answers_.emplace_back();  // a deque: the promises already handed out stay put
     core_->open_async(id, O_RDONLY, Caller{}, [&p](stage::Result<OpenFile> r) { p.set_value(std::move(r)); });
@@ -997,6 +1005,7 @@ class HeldReadBacks {
   std::condition_variable cv_;
   std::vector<std::string> started_;
   bool go_ = false;
+  std::set<std::string> unreadable_;
   std::deque<std::promise<stage::Result<OpenFile>>> answers_;
 };
 
@@ -1085,6 +1094,40 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
+}
+
+// A copy whose read-back fails (an I/O error on the cache's disk), asked for by three opens:
+// it is removed (nothing is served from a disk that cannot read it), and every one of them
+// goes on to a new copy; none reads it back again.
+TEST_F(BatchTest, AnUnreadableCopySendsItsWaitersToANewCopy) {
+  fs::create_directories(path("src/big"));
+  write_file(path("src/big/a"), random_bytes(3 * kSmall, 7));
+  write_file(path("src/big/c"), random_bytes(2 * kSmall, 9));
+  copy_in_an_earlier_mount("big", {"a"});
+  HeldReadBacks held(core_, path("src"), *cache_);
+  ASSERT_TRUE(core_);
+  held.unreadable("big/a");
+  const uint64_t dir = lookup(StageFsCore::kRootId, "big");
+  const uint64_t ida = lookup(dir, "a");
+  std::vector<std::future<stage::Result<OpenFile>>> f;
+  f.push_back(held.open(ida));
+  ASSERT_TRUE(held.started(1));
+  f.push_back(held.open(ida));
+  f.push_back(held.open(ida));
+  auto c = held.open(lookup(dir, "c"));  // answered after the pool saw the two above
+  ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  held.let_go();
+  for (auto& x : f) {
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
+    auto r = x.get();
+    ASSERT_FALSE(r) << "a copy that could not be read back was served";
+    EXPECT_EQ(r.error().to_errno(), EIO);  // NoCopies' answer: each went on to a new copy
+  }
+  EXPECT_EQ(held.names().size(), 1U);
+  EXPECT_EQ(core_->counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
+  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
+  EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the unreadable copy was left in the cache";
 }
 
 }  // namespace
