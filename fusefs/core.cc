@@ -87,6 +87,7 @@ void StageFsCore::stop() {
     verify_stop_ = true;
   }
   verify_cv_.notify_all();
+  if (cfg_.on_stopping) cfg_.on_stopping();
   for (auto& t : verifiers_)
     if (t.joinable()) t.join();
   {

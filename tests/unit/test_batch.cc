@@ -950,9 +950,13 @@ class NoCopies final : public Materializer {
 // and stops the core before the answers and the materializer go, however the test ends.
 class HeldReadBacks {
  public:
-  HeldReadBacks(std::unique_ptr<StageFsCore>& core, const std::string& src, NodeCache& cache) : core_(core) {
+  HeldReadBacks(std::unique_ptr<StageFsCore>& core, const std::string& src, NodeCache& cache,
+                int verify_threads = 2)
+      : core_(core) {
     CoreConfig cc{src, StallPolicy::eio};
     cc.completion_threads = 1;
+    cc.verify_threads = verify_threads;
+    cc.on_stopping = [this] { let_go(); };  // a stop lets the held read-backs go
     cc.before_crc_check = [this](const std::string& rel) -> stage::Status {
       std::unique_lock lk(m_);
       started_.push_back(rel);
@@ -1094,6 +1098,37 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
+}
+
+// A mount that stops while a read-back runs and another waits for a verifier: the running one
+// ends (a read in progress is not cut), the waiting one is never started, and its open is
+// answered ESHUTDOWN instead of holding the unmount for the read of a whole copy.
+TEST_F(BatchTest, AStopAnswersTheReadBacksNotStartedWithoutReadingThem) {
+  fs::create_directories(path("src/big"));
+  const std::string a = random_bytes(3 * kSmall, 7);
+  write_file(path("src/big/a"), a);
+  write_file(path("src/big/b"), random_bytes(2 * kSmall, 8));
+  copy_in_an_earlier_mount("big", {"a", "b"});
+  HeldReadBacks held(core_, path("src"), *cache_, /*verify_threads=*/1);
+  ASSERT_TRUE(core_);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "big");
+  auto fa = held.open(lookup(dir, "a"));
+  ASSERT_TRUE(held.started(1));  // the one verifier holds a's read-back: b's waits behind it
+  auto fb = held.open(lookup(dir, "b"));
+  std::thread stopper([&] { core_->stop(); });  // lets a's read-back go once none may start
+  stopper.join();
+  ASSERT_EQ(fa.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(std::chrono::seconds(0)), std::future_status::ready) << "the stop left an open unanswered";
+  auto ra = fa.get();
+  ASSERT_TRUE(ra) << ra.error().message;
+  EXPECT_EQ(read_fd(ra->fd.get()), a);
+  core_->release(ra->pinned);
+  auto rb = fb.get();
+  ASSERT_FALSE(rb) << "a read-back started after the stop";
+  EXPECT_EQ(rb.error().to_errno(), ESHUTDOWN);
+  EXPECT_EQ(held.names(), std::vector<std::string>{"big/a"});
+  EXPECT_TRUE(held.mat.asked.empty());
+  EXPECT_TRUE(fs::exists(cache_->store_root() + "/big/b")) << "a copy that was not read was removed";
 }
 
 // A copy whose read-back fails (an I/O error on the cache's disk), asked for by three opens:
