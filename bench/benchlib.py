@@ -137,6 +137,23 @@ def drop_caches():
         f.write("3\n")
 
 
+def remove_cgroup(cg, to=None):
+    """Moves the processes left in cgroup cg to `to` (default: its parent) and removes cg."""
+    dest = os.path.join(to or os.path.dirname(cg), "cgroup.procs")
+    try:
+        with open(os.path.join(cg, "cgroup.procs")) as f:
+            pids = f.read().split()
+        for p in pids:
+            try:
+                with open(dest, "w") as f:
+                    f.write(p + "\n")
+            except OSError:
+                pass
+        os.rmdir(cg)
+    except OSError:
+        pass
+
+
 def throttled_fs(size, rate_mbs):
     """A contended shared source, as bench_contended.sh makes it: a journaled ext4 on a loop
     device with direct I/O (its reads are not served from the host's page cache), and this
@@ -160,19 +177,7 @@ def throttled_fs(size, rate_mbs):
         f.write("%d\n" % os.getpid())
 
     def remove():
-        parent = os.path.join(os.path.dirname(cg), "cgroup.procs")
-        try:
-            with open(os.path.join(cg, "cgroup.procs")) as f:
-                pids = f.read().split()
-            for p in pids:
-                try:
-                    with open(parent, "w") as f:
-                        f.write(p + "\n")
-                except OSError:
-                    pass
-            os.rmdir(cg)
-        except OSError:
-            pass
+        remove_cgroup(cg)
         remove_fs()
     return mnt, remove
 
@@ -228,20 +233,7 @@ class NodeCpus:
         """Moves whatever is left to the parent cgroup and removes the node cgroups."""
         if not self.dirs:
             return
-        top = os.path.join(os.path.dirname(self.base), "cgroup.procs")
+        top = os.path.dirname(self.base)
         for d in self.dirs:
-            try:
-                with open(os.path.join(d, "cgroup.procs")) as f:
-                    for p in f.read().split():
-                        try:
-                            with open(top, "w") as t:
-                                t.write(p + "\n")
-                        except OSError:
-                            pass
-                os.rmdir(d)
-            except OSError:
-                pass
-        try:
-            os.rmdir(self.base)
-        except OSError:
-            pass
+            remove_cgroup(d, top)
+        remove_cgroup(self.base)

@@ -1055,6 +1055,27 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
 }
 
+// Three opens of a copy (ida) while its read-back is held (the first starts it; the two others are
+// known to wait for it once an open of another file (idc), answered by the pool's one thread
+// after them, is answered), then the read-back is let go. Each must be answered with NoCopies' EIO: sent
+// on to a new copy, not served.
+void three_opens_go_to_new_copies(HeldReadBacks& held, uint64_t ida, uint64_t idc, const char* served) {
+  std::vector<std::future<stage::Result<OpenFile>>> f;
+  f.push_back(held.open(ida));
+  ASSERT_TRUE(held.started(1));  // the read-back runs before the others ask
+  f.push_back(held.open(ida));
+  f.push_back(held.open(ida));
+  auto c = held.open(idc);
+  ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  held.let_go();
+  for (auto& x : f) {
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
+    auto r = x.get();
+    ASSERT_FALSE(r) << served;
+    EXPECT_EQ(r.error().to_errno(), EIO);
+  }
+}
+
 // A corrupted copy from an earlier mount, asked for by three opens while its one read-back
 // runs: it is removed once, and every one of them goes on to a new copy; none reads it back.
 TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
@@ -1077,22 +1098,8 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   HeldReadBacks held(core_, path("src"), *cache_);
   ASSERT_TRUE(core_);
   const uint64_t dir = lookup(StageFsCore::kRootId, "big");
-  const uint64_t ida = lookup(dir, "a");
-  std::vector<std::future<stage::Result<OpenFile>>> f;
-  f.push_back(held.open(ida));
-  ASSERT_TRUE(held.started(1));  // the read-back runs before the others ask
-  f.push_back(held.open(ida));
-  f.push_back(held.open(ida));
-  // The pool's one thread took the two before c: c's answer means they wait for the read-back.
-  auto c = held.open(lookup(dir, "c"));
-  ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-  held.let_go();
-  for (auto& x : f) {
-    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
-    auto r = x.get();
-    ASSERT_FALSE(r) << "a corrupted copy was served";
-    EXPECT_EQ(r.error().to_errno(), EIO);  // NoCopies' answer: each went on to a new copy
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"), "a corrupted copy was served"));
   EXPECT_EQ(held.names().size(), 1U);
   EXPECT_EQ(core_->counters().corrupt.load(), 1U);
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
@@ -1143,21 +1150,8 @@ TEST_F(BatchTest, AnUnreadableCopySendsItsWaitersToANewCopy) {
   ASSERT_TRUE(core_);
   held.unreadable("big/a");
   const uint64_t dir = lookup(StageFsCore::kRootId, "big");
-  const uint64_t ida = lookup(dir, "a");
-  std::vector<std::future<stage::Result<OpenFile>>> f;
-  f.push_back(held.open(ida));
-  ASSERT_TRUE(held.started(1));
-  f.push_back(held.open(ida));
-  f.push_back(held.open(ida));
-  auto c = held.open(lookup(dir, "c"));  // answered after the pool saw the two above
-  ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-  held.let_go();
-  for (auto& x : f) {
-    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
-    auto r = x.get();
-    ASSERT_FALSE(r) << "a copy that could not be read back was served";
-    EXPECT_EQ(r.error().to_errno(), EIO);  // NoCopies' answer: each went on to a new copy
-  }
+  ASSERT_NO_FATAL_FAILURE(three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"),
+                                                       "a copy that could not be read back was served"));
   EXPECT_EQ(held.names().size(), 1U);
   EXPECT_EQ(core_->counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
   EXPECT_EQ(core_->counters().verified.load(), 0U);
