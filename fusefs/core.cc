@@ -82,12 +82,14 @@ StageFsCore::~StageFsCore() {
 }
 
 void StageFsCore::stop() {
+  bool first = false;
   {
     std::lock_guard lk(verify_m_);
+    first = !verify_stop_;
     verify_stop_ = true;
   }
   verify_cv_.notify_all();
-  if (cfg_.on_stopping) cfg_.on_stopping();
+  if (first && cfg_.on_stopping) cfg_.on_stopping();
   for (auto& t : verifiers_)
     if (t.joinable()) t.join();
   {

@@ -114,8 +114,8 @@ struct CoreConfig {
   // Tests: called on a verifier thread before it reads rel's copy back for its CRC. An error
   // returned stands for the read's (an I/O error on the cache's disk): the copy is not read.
   std::function<stage::Status(const std::string& rel)> before_crc_check = nullptr;
-  // Tests: called by stop() once no read-back may start any more (before it waits for those
-  // that run).
+  // Tests: called by the first stop() once no read-back may start any more (before it waits
+  // for those that run).
   std::function<void()> on_stopping = nullptr;
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files

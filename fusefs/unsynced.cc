@@ -17,7 +17,6 @@ namespace {
 
 constexpr const char* kNewName = "unsynced.new";
 constexpr size_t kSyncGroup = 128;                     // descriptors open at once while syncing
-constexpr size_t kSyncfsFrom = UnsyncedLog::kSyncfsFrom;
 constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a larger log counts as unreadable
 const std::string kMagic = "stagefs-unsynced 1 boot ";
 

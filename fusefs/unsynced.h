@@ -11,8 +11,9 @@
 //     first of them was published: kSyncfsFrom copies or more by one syncfs() of the cache
 //     filesystem (if it fails, as below); fewer, by starting the writeback of all of them
 //     (sync_file_range), then fdatasyncing each (so they share the filesystem's journal
-//     commits). Then it drops their names from the log (rewritten atomically: a new file, synced, renamed over the old one,
-//     directory synced). close() does the same for what is left and removes the log.
+//     commits). Then it drops their names from the log (rewritten atomically: a new file,
+//     synced, renamed over the old one, directory synced). close() does the same for what is
+//     left and removes the log.
 //   recover(), at open (after the cache's sweep, before its index): the log starts with the
 //     boot id of the kernel that wrote it. The same boot (the daemon was killed, the kernel
 //     still has every byte in its page cache): the listed copies are synced now. Another boot

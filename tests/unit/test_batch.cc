@@ -973,7 +973,7 @@ class HeldReadBacks {
   }
   ~HeldReadBacks() {
     let_go();
-    if (core_) core_->stop();
+    core_.reset();  // stopped and gone with the hooks that point here
   }
   HeldReadBacks(const HeldReadBacks&) = delete;
   HeldReadBacks& operator=(const HeldReadBacks&) = delete;
