@@ -87,18 +87,6 @@ def timed_parallel(cmds):
     return time.monotonic() - t, [o.stdout.strip() for o in out]
 
 
-def daemons_cpu(g):
-    """CPU seconds (user + system) the group's daemons used so far, summed over the ranks:
-    steadier than wall time on a shared machine, and what each node would spend."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in g.pids:
-        st = h.proc_stat(pid) if pid else None
-        if st:
-            total += int(st[11]) + int(st[12])  # utime, stime (fields 14, 15)
-    return total / tick
-
-
 def group_point(work, kind, args, src_note, warm=True):
     """A fresh group (fresh caches), every rank runs the reader on its mount at once; then the
     same again warm (unless warm=False). Returns (cold s, warm s, stats of rank 0); the
@@ -110,10 +98,10 @@ def group_point(work, kind, args, src_note, warm=True):
         g.wait_ready(timeout=120)
         for k in range(np_):
             cpus.join(k, g.pids[k])
-        cpu0 = daemons_cpu(g)
+        cpu0 = benchlib.cpu_seconds(g.pids)
         starts = benchlib.ThreadStarts(g.pids, work.file("threads.txt"))
         cold, outs = timed_parallel([g.nsenter(k) + cpus.wrap(k, reader_cmd(kind, g.mnt)) for k in range(np_)])
-        cold_cpu = daemons_cpu(g) - cpu0
+        cold_cpu = benchlib.cpu_seconds(g.pids) - cpu0
         cold_threads = starts.stop()
         warm, outs2 = (timed_parallel([g.nsenter(k) + cpus.wrap(k, reader_cmd(kind, g.mnt)) for k in range(np_)])
                        if warm else (0.0, []))

@@ -29,19 +29,9 @@ readers = os.environ.get("READERS", "tar py8").split()
 extra = os.environ.get("EXTRA", "").split()
 
 
-def cpu_seconds(pids):
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        st = h.proc_stat(pid)
-        if st:
-            total += int(st[11]) + int(st[12])
-    return total / tick
-
-
 def one_pass(g, kind, out):
     """Every rank reads the tree at once: (wall s, daemons' CPU s, threads started)."""
-    c0 = cpu_seconds(g.pids)
+    c0 = benchlib.cpu_seconds(g.pids)
     starts = benchlib.ThreadStarts(g.pids, out)
     t = time.monotonic()
     procs = [subprocess.Popen(g.nsenter(k) + benchlib.reader_cmd(kind, g.mnt, h.PYTHON), stdout=subprocess.PIPE)
@@ -51,7 +41,7 @@ def one_pass(g, kind, out):
     threads = starts.stop()
     if any(p.returncode for p in procs) or len(set(outs)) != 1:
         raise AssertionError("readers failed or disagree: %s" % outs)
-    return wall, cpu_seconds(g.pids) - c0, threads
+    return wall, benchlib.cpu_seconds(g.pids) - c0, threads
 
 
 work = h.Work("bench-threads")

@@ -62,6 +62,18 @@ def make_tree(src, nfiles, ndirs):
     return total
 
 
+def cpu_seconds(pids):
+    """CPU seconds (user + system) the processes used so far, summed (None pids and gone
+    processes count 0): steadier than wall time on a shared machine, and what each node
+    would spend."""
+    total = 0
+    for pid in pids:
+        st = harness.proc_stat(pid) if pid else None
+        if st:
+            total += int(st[11]) + int(st[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class ThreadStarts:
     """Counts the threads the given processes start from now until stop() (perf stat on the
     task:task_newtask tracepoint, started disabled and enabled through its control fifo, so
