@@ -27,10 +27,12 @@ sanflags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O
           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 mkdir -p "$asan"
 asan_log=$asan/build.log
+set -m  # a process group of its own: a failed test stops the whole build, not just its shell
 (cmake -S "$top" -B "$asan" "${sanflags[@]}" -DSTAGEFS_SANITIZE=address >/dev/null &&
   nice -n 19 cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast polite_wait) >"$asan_log" 2>&1 &
 asan_build=$!
-trap 'kill "$asan_build" 2>/dev/null || true' EXIT
+set +m
+trap 'kill -- -"$asan_build" 2>/dev/null || true' EXIT
 ctest --output-on-failure -LE unit
 if ! wait "$asan_build"; then
   cat "$asan_log"
