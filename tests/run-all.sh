@@ -11,6 +11,7 @@
 # the cause was Slurm's default PMIx fences, which the harness now sets (simslurm.sh).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+export STAGEFS_WERROR=ON  # warnings are errors in the developers' and CI's builds
 "$top/packaging/install-deps.sh"
 "$top/packaging/build.sh"
 export OMPI_MCA_btl_tcp_if_include=lo
@@ -28,7 +29,7 @@ sanflags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O
 mkdir -p "$asan"
 asan_log=$asan/build.log
 set -m  # a process group of its own: a failed test stops the whole build, not just its shell
-(cmake -S "$top" -B "$asan" "${sanflags[@]}" -DSTAGEFS_SANITIZE=address >/dev/null &&
+(cmake -S "$top" -B "$asan" "${sanflags[@]}" -DSTAGEFS_WERROR=ON -DSTAGEFS_SANITIZE=address >/dev/null &&
   nice -n 19 cmake --build "$asan" -j"$(nproc)" --target unit_tests stage-bcast polite_wait) >"$asan_log" 2>&1 &
 asan_build=$!
 set +m
@@ -47,6 +48,6 @@ trap - EXIT
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 (cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 ctest --output-on-failure -L unit -E fuzz -j2)
 (cd "$asan" && ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 ctest --output-on-failure -L mpi -R np4)
-cmake -S "$top" -B "$tsan" "${sanflags[@]}" -DSTAGEFS_SANITIZE=thread >/dev/null
+cmake -S "$top" -B "$tsan" "${sanflags[@]}" -DSTAGEFS_WERROR=ON -DSTAGEFS_SANITIZE=thread >/dev/null
 cmake --build "$tsan" -j"$(nproc)" --target unit_tests
 (cd "$tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -L unit -E fuzz -j2)
