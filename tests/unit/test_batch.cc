@@ -100,7 +100,7 @@ class BatchTest : public TmpDirTest {
     fs::create_directories(path("src/many"));
     for (int i = 0; i < 50; ++i) {
       small_.push_back(random_bytes(4096 + static_cast<size_t>(i) * 1200, static_cast<uint32_t>(i + 1)));
-      write_file(path("src/many/" + name(i)), small_.back());
+      write_file(path("src/many") + "/" + name(i), small_.back());
     }
     large_ = random_bytes(kSmall + 1, 99);  // one byte over the threshold
     write_file(path("src/many/large.bin"), large_);
@@ -162,7 +162,7 @@ class BatchTest : public TmpDirTest {
     core_->release(r->pinned);
     return out;
   }
-  static std::string name(int i) { return "s" + std::string(i < 10 ? "0" : "") + std::to_string(i); }
+  static std::string name(int i) { return std::string(i < 10 ? "s0" : "s").append(std::to_string(i)); }
   // src/DIR (created) holding small files named NAMES, with the bytes of small_[0], [1]...
   void small_dir(const std::string& dir, const std::vector<std::string>& names) {
     fs::create_directories(path("src/" + dir));

@@ -143,7 +143,7 @@ TEST(Layout, PiecesPackSmallFilesAndSkipUnneeded) {
   m.tree = true;
   m.entries.push_back({"", EntryType::dir, {}, {}});
   for (uint64_t sz : {10ULL, 0ULL, 30ULL, 100ULL})
-    m.entries.push_back({"f" + std::to_string(sz), EntryType::file, {sz, 0, 0, 0, 0, 0644}, {}});
+    m.entries.push_back({std::string("f").append(std::to_string(sz)), EntryType::file, {sz, 0, 0, 0, 0, 0644}, {}});
   const Layout all(m, {1, 1, 1, 1, 1});
   EXPECT_EQ(all.bytes(), 140U);
   auto p = all.pieces(0, 64);  // 10 bytes of f10, all of f30, 24 bytes of f100

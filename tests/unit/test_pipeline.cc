@@ -90,7 +90,7 @@ TEST(PipelineTest, OrderPutsTheRootFirstAndNeighboursTogether) {
 TEST(PipelineTest, LinksFormAChainAndABinaryTree) {
   for (int n = 1; n <= 17; ++n) {
     std::vector<std::string> keys;
-    for (int r = 0; r < n; ++r) keys.push_back("h" + std::to_string((r * 7) % n));
+    for (int r = 0; r < n; ++r) keys.push_back(std::string("h").append(std::to_string((r * 7) % n)));
     for (int root = 0; root < n; ++root) {
       const auto order = broadcast_order(keys, root);
       ASSERT_EQ(order.front(), root);
