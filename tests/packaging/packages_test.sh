@@ -108,8 +108,10 @@ files=$(dpkg-deb -c "$DEB" | awk '{ print $6 }')
 check ".deb holds the commands, man pages, docs and examples" has_all "$files" \
   ./usr/bin/stagefs ./usr/bin/stage-bcast ./usr/share/man/man1/stagefs.1 \
   ./usr/share/man/man1/stage-bcast.1 ./usr/share/doc/stagefs/README.md \
+  ./usr/share/doc/stagefs/docs/user-guide.md ./usr/share/doc/stagefs/docs/admin-guide.md \
+  ./usr/share/doc/stagefs/docs/design.md ./usr/share/doc/stagefs/docs/faults.md \
   ./usr/share/doc/stagefs/examples/container.sbatch ./usr/share/doc/stagefs/examples/stage-image.sbatch \
-  ./usr/share/doc/stagefs/examples/dataset.sbatch
+  ./usr/share/doc/stagefs/examples/dataset.sbatch ./usr/share/doc/stagefs/examples/pyxis.sbatch
 
 # -- 3. .rpm metadata and contents
 if [[ -s $RPM ]] && command -v rpm >/dev/null; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples_slurm_test.sh BUILD_DIR EXAMPLE...      EXAMPLE: stage-image | container | dataset
+# examples_slurm_test.sh BUILD_DIR EXAMPLE...      EXAMPLE: stage-image | container | dataset | pyxis
 #
 # Runs job scripts of packaging/examples/ as they are, one after the other, with sbatch on one
 # simulated 4-node Slurm cluster (tests/harness/simslurm.sh; each node with its own hostname, /tmp, /nvme,
@@ -19,6 +19,14 @@
 #                over 1 MiB and one per directory for the smaller ones (a batch), bytes
 #                broadcast = the dataset's size; every node's cache holds every file;
 #                stagefs stopped cleanly
+#   pyxis        as container, with a stand-in for pyxis (not installable here):
+#                pyxis-standin/srun, first on the job's PATH, turns --container-image=IMG into
+#                `ch-run IMG --` and, as pyxis does, runs a step without --container-image in
+#                $PYXIS_CONTAINER_IMAGE when that is set. The job is submitted with
+#                PYXIS_CONTAINER_IMAGE exported. Checks: the stagefs step still ran on the
+#                nodes (not in the container), the container step ran in /stage/app.sqsh on 4
+#                nodes and read the data correctly, 1 transfer, caches, clean stop. What pyxis
+#                and enroot themselves do with the image is not checked.
 #
 # Each example starts from empty node caches (/nvme/stagefs, /nvme/app.sqsh) and a work
 # directory of its own; a failed example does not stop the next.
@@ -35,7 +43,7 @@ JOB_TIMEOUT=${JOB_TIMEOUT:-60}
 # shellcheck source=checks.sh
 source "$HERE/checks.sh" # NAME is read by its finish
 
-(($# >= 2)) || { echo "usage: $0 BUILD_DIR stage-image|container|dataset..." >&2; exit 2; }
+(($# >= 2)) || { echo "usage: $0 BUILD_DIR stage-image|container|dataset|pyxis..." >&2; exit 2; }
 BUILD_DIR=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL: build dir '$1' not found"; exit 1; }
 shift
 EXAMPLE_LIST=("$@")
@@ -145,10 +153,12 @@ submit_once() {
   STATE=
   if ((rc != 0)) || [[ ! $JOBID =~ ^[0-9]+$ ]]; then show "$WORK/sbatch.err"; return 1; fi
   STATE=$(wait_job "$JOBID" "$JOB_TIMEOUT")
+  echo "$STATE" >"$WORK/state"
   echo "    job $JOBID: ${STATE:-no state} after $((SECONDS - js))s; output:"
   touch "$WORK/job.out"
   show "$WORK/job.out" 60
   JOB_SECS=$((SECONDS - js))
+  echo "$JOB_SECS" >"$WORK/job-secs"
 }
 job_ok() { [[ $STATE == "COMPLETED 0:0" ]]; } # and not cancelled at JOB_TIMEOUT
 
@@ -210,6 +220,31 @@ container)
   submit -- "$SHARED" app.sqsh "${IN_CONTAINER[@]}"
   check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
   check "ch-run ran on $NODES distinct nodes from /stage/app.sqsh and read the image's data correctly" containers_ok
+  check "4 nodes' first opens of the image: 1 transfer of $IMG_SIZE bytes" \
+    test "$(counter transfers) $(counter bytes_broadcast)" = "1 $IMG_SIZE"
+  # shellcheck disable=SC2016
+  check "every node's cache holds the image" \
+    all_equal "$(per_node 'echo "$(hostname) $(sha256sum /nvme/stagefs/data/app.sqsh | cut -d" " -f1)"')" "$IMG_SUM"
+  check "stagefs stopped cleanly: exit 0, no stagefs process or mount left on any node" stopped_cleanly
+  ;;
+pyxis)
+  make_image || { fail "test image built"; show "$WORK/mksquashfs.log"; return 1; }
+  IMG_SUM=$(sum "$SHARED/app.sqsh") IMG_SIZE=$(stat -c %s "$SHARED/app.sqsh")
+  # a user who exported PYXIS_CONTAINER_IMAGE: pyxis would run every step in that image
+  (
+    export PYXIS_STANDIN_SRUN PYXIS_STANDIN_LOG=$WORK/pyxis-standin.log PYXIS_CONTAINER_IMAGE=$SHARED/app.sqsh
+    PYXIS_STANDIN_SRUN=$(command -v srun)
+    export PATH=$HERE/pyxis-standin:$PATH
+    submit -- "$SHARED" app.sqsh "${IN_CONTAINER[@]}"
+  )
+  STATE=$(cat "$WORK/state" 2>/dev/null) JOB_SECS=$(cat "$WORK/job-secs" 2>/dev/null) # submit ran in a subshell
+  touch "$WORK/pyxis-standin.log"
+  logged() { grep -q "^$1" "$WORK/pyxis-standin.log" || { show "$WORK/pyxis-standin.log"; return 1; }; }
+  check "the job completes (COMPLETED, exit 0) within ${JOB_TIMEOUT}s" job_ok
+  check "with PYXIS_CONTAINER_IMAGE in the job's environment, the stagefs step still ran on the nodes" \
+    logged "host: stagefs "
+  check "the container step ran in /stage/app.sqsh (--container-image)" logged "container /stage/app.sqsh: "
+  check "the container ran on $NODES distinct nodes and read the image's data correctly" containers_ok
   check "4 nodes' first opens of the image: 1 transfer of $IMG_SIZE bytes" \
     test "$(counter transfers) $(counter bytes_broadcast)" = "1 $IMG_SIZE"
   # shellcheck disable=SC2016
