@@ -63,7 +63,8 @@ for r in 0 1 2 3; do  # each rank records its pid as it starts (at most 2 minute
   for _ in $(seq 1200); do [ -s "$DEMO/pid$r" ] && break; kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
   [ -s "$DEMO/pid$r" ] || { cat "$DEMO/group.log" >&2; fail "rank $r did not start"; }
 done
-on_node() { local k=$1; shift; nsenter -t "$(cat "$DEMO/pid$k")" -m "$@"; }
+# -r -w: the rank's root and working directory (setns alone would leave a chroot)
+on_node() { local k=$1; shift; nsenter -t "$(cat "$DEMO/pid$k")" -m -r -w "$@"; }
 on_node 0 "$B/stagefs" --wait "$DEMO/mnt" || { cat "$DEMO/group.log" >&2; fail "the group did not mount"; }
 echo "node 1 opens the image (its reads may start before the copy ends):"
 on_node 1 sh -c "sha256sum < '$DEMO/mnt/pytorch.sqsh'" | grep -qxF "$want" || fail "node 1 read other bytes"

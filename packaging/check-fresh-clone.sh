@@ -30,7 +30,8 @@ root=$(mktemp -d /var/tmp/stagefs-fresh.XXXXXX)
 chmod 0755 "$root"
 cleanup() {
   # the demo's own mounts first (it unmounts them itself; this is for a killed run)
-  grep -o " $root/[^ ]*" /proc/self/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  awk -v r="$root" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/self/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
   rm -rf --one-file-system "$root"
 }
 trap cleanup EXIT
