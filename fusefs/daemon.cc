@@ -388,6 +388,13 @@ int Daemon::run(int* argc, char*** argv) {
   sigemptyset(&sigs);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // Signals whose default action would end the process (and the mount, for every user) but
+  // that mean nothing to it are ignored, process-wide (whatever the signal masks of MPI's
+  // and libfuse's threads): SIGPIPE, when stderr is a pipe whose reader went away (the log's
+  // writes then fail with EPIPE, which it survives: log.h); SIGUSR1 and SIGUSR2, which
+  // mpirun forwards to every rank and `srun --signal` / `sbatch --signal` send before a time
+  // limit; SIGALRM. Set before MPI_Init: the launcher's own handlers come after.
+  for (int s : {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM}) ::signal(s, SIG_IGN);
   if (stage::launched_by_mpi_launcher()) {
     auto e = stage::MpiEnv::init(argc, argv, MPI_THREAD_FUNNELED);
     if (!e) {

@@ -2,6 +2,8 @@
 // whose warnings users can trigger at will.
 // - escaping_sink(): control characters in a message (a newline in a file name would forge a
 //   log line of its own; an escape sequence would rewrite a terminal) are written as \xNN.
+//   A line that cannot be written (EPIPE: stderr is a pipe whose reader went away; the
+//   daemon ignores SIGPIPE) is dropped and the next one tried: logging never ends the daemon.
 // - WarnBudget: at most `burst` warnings per window from a source users control (failed
 //   requests); the next window's first warning is preceded by how many were held back.
 // Both are thread-safe; neither needs FUSE or MPI.

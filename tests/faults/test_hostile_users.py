@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""A root stagefs daemon on a node that users share, attacked by a second, unprivileged user
+(created by the test) and by the daemon's own surroundings: real standalone mounts.
+
+Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
+(exits 77 without /dev/fuse, root, fusermount3, unshare, nsenter, useradd, userdel, setpriv)
+
+  Status    user.stagefs.status (stagectl status) names the file being copied only to root
+            and to callers who may read it through the mount: a copy of a file inside a
+            0700 directory shows others that a transfer runs, not its name or size
+  Names     a file name with a carriage return, escape sequences (OSC title, CSI) and a
+            UTF-8 encoded C1 control: stagectl status, prefetch and evict print it escaped,
+            in text and in --json
+  Metrics   --metrics-file in a sticky world-writable directory: a user who plants the old
+            fixed temporary name (a directory) does not freeze the file; a symlink planted
+            at the path itself is replaced, its target untouched; a file that cannot be
+            rewritten (its filesystem full) is removed and logged, not left saying
+            stagefs_up 1
+  Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
+            SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
+
+Transfers are held at a chunk with the test hook (STAGE_TEST_HOLD=mid-file,
+STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
+"""
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import unittest
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "mount"))
+sys.path.insert(0, HERE)
+import stagefs_harness as h  # noqa: E402
+import test_input_security_load as fx  # noqa: E402  (create_user, delete_user)
+
+MiB = h.MiB
+# What a terminal acts on: C0 controls but the newline, DEL, and C1 controls (as UTF-8).
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f\x80-\x9f]")
+
+GETXATTR = "import os,sys; sys.stdout.write(os.getxattr(sys.argv[1], sys.argv[2]).decode())"
+
+
+def stagectl():
+    return os.path.join(os.path.dirname(h.STAGEFS), "stagectl")
+
+
+def read_all(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def parse_metrics(text):
+    """{(name, labels without mountpoint): value} of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        extra = tuple(sorted(kv for kv in labels.rstrip("}").split(",") if kv and not kv.startswith("mountpoint=")))
+        out[(name, extra)] = float(value)
+    return out
+
+
+def ignored_signals(pid):
+    """The signal numbers pid ignores (SigIgn of /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return {s for s in range(1, 65) if mask & (1 << (s - 1))}
+    return set()
+
+
+class Signals(h.MountTestCase):
+    def test_a_log_reader_that_went_away_does_not_kill_the_daemon(self):
+        h.write_random(os.path.join(self.work.src, "a"), 64 * 1024, 5)
+        h.write_random(os.path.join(self.work.src, "b"), 64 * 1024, 6)
+        cmd = [h.STAGEFS, self.work.src, self.work.mnt, "--cache", self.work.file("cache")]
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=h.clean_env(), start_new_session=True)
+        self.addCleanup(h.stop_popen, p)
+        self.addCleanup(lambda: h.mounts_under(self.work.mnt) and h.force_unmount(self.work.mnt))
+        h.run([h.STAGEFS, "--wait", self.work.mnt, "--wait-timeout", "30"], timeout=60)
+        p.stderr.close()  # the reader goes away (a log pipeline ended, a terminal closed)
+        # Each materialization logs a line: into a pipe nobody reads.
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "a")), read_all(os.path.join(self.work.src, "a")))
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "b")), read_all(os.path.join(self.work.src, "b")))
+        self.assertIsNone(p.poll(), "the daemon died")
+        self.assertIn(signal.SIGPIPE, ignored_signals(p.pid))
+        h.run(["fusermount3", "-u", self.work.mnt], timeout=30)
+        self.assertEqual(p.wait(timeout=30), 0)
+
+    def test_usr1_usr2_and_alrm_do_not_stop_the_mount(self):
+        h.write_random(os.path.join(self.work.src, "a"), 64 * 1024, 7)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            os.kill(d.pid, sig)
+        # A signal whose action is to end the process ends it before kill() returns (the
+        # kernel marks the whole group as exiting): whatever answers now is a survivor.
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "a")), read_all(os.path.join(self.work.src, "a")))
+        self.assertEqual(d.stats()["state"], "ready")
+        self.assertIsNone(d.proc.poll())
+        self.assertLessEqual({signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}, ignored_signals(d.pid))
+        self.assertEqual(d.stop(), 0)
+
+
+def main():
+    for tool in ("useradd", "userdel", "setpriv"):
+        if not shutil.which(tool):
+            print("skipped: %s missing" % tool)
+            sys.exit(77)
+    h.main(__file__)
+
+
+if __name__ == "__main__":
+    main()
