@@ -79,6 +79,118 @@ def ignored_signals(pid):
     return set()
 
 
+class UserCase(h.MountTestCase):
+    def setUp(self):
+        super().setUp()
+        self.user = fx.create_user()
+        self.addCleanup(fx.delete_user, self.user)
+        pw = pwd.getpwnam(self.user)
+        self.uid, self.gid = pw.pw_uid, pw.pw_gid
+        os.chmod(self.work.path, 0o755)
+
+    def as_user(self, *cmd, timeout=30):
+        return h.run(["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
+                     [c if isinstance(c, bytes) else str(c) for c in cmd], cwd="/", timeout=timeout, check=False)
+
+    def held_daemon(self, *args):
+        """A daemon whose transfers stop after their second 64 KiB chunk until release()."""
+        hold = self.work.file("hold")
+        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
+        env = {"STAGE_TEST_HOLD": "mid-file", "STAGE_TEST_HOLD_BLOCK": "1", "STAGE_TEST_HOLD_FILE": hold}
+        old = dict(os.environ)
+        os.environ.update(env)
+        try:
+            d = self.daemon(self.work.file("cache"), "--chunk-size", "64K", *args)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        return d.wait_ready(), hold
+
+    def open_in_background(self, path):
+        """Reads path through the mount on a thread (its transfer may be held); joined at cleanup."""
+        t = threading.Thread(target=lambda: read_all(path), daemon=True)
+        t.start()
+        self.addCleanup(t.join, 60)
+        return t
+
+
+class Metrics(UserCase):
+    def shared_dir(self):
+        shared = self.work.file("shared")  # as /tmp or /var/tmp: sticky, world-writable
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        return shared
+
+    def metrics_when(self, path, cond):
+        def current():
+            try:
+                m = parse_metrics(read_all(path).decode())
+            except (OSError, ValueError):
+                return None
+            return m if cond(m) else None
+        return current
+
+    def test_a_planted_temporary_name_does_not_freeze_the_metrics_file(self):
+        h.write_random(os.path.join(self.work.src, "f"), 64 * 1024, 4)
+        shared = self.shared_dir()
+        path = os.path.join(shared, "stagefs.prom")
+        d = self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(lambda: os.path.exists(path), 30, "the first metrics file")
+        # The name the daemon wrote its temporary file under, as a directory of the user's.
+        planted = os.path.join(shared, ".stagefs-metrics.%d.tmp" % d.pid)
+        r = self.as_user("mkdir", planted)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        read_all(os.path.join(self.work.mnt, "f"))
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_opens_total", ())) == 1), 30,
+                   "the metrics file to count the open made after the plant")
+        self.assertEqual(os.stat(path).st_uid, 0)
+        self.assertEqual(os.stat(planted).st_uid, self.uid, "the user's directory was touched")
+        left = [n for n in os.listdir(shared) if n.startswith(".stagefs-metrics")]
+        self.assertLessEqual(set(left), {os.path.basename(planted)}, "temporary files left behind")
+
+    def test_a_symlink_planted_at_the_metrics_path_is_replaced_not_followed(self):
+        shared = self.shared_dir()
+        victim = self.work.file("victim")
+        with open(victim, "w") as f:
+            f.write("root's\n")
+        path = os.path.join(shared, "stagefs.prom")
+        r = self.as_user("ln", "-s", victim, path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(lambda: not os.path.islink(path) and os.path.exists(path), 30, "the metrics file")
+        self.assertEqual(read_all(victim), b"root's\n")
+        self.assertIn(("stagefs_up", ()), parse_metrics(read_all(path).decode()))
+
+    def test_a_metrics_file_that_cannot_be_rewritten_is_removed_and_logged(self):
+        mdir = self.work.file("metrics")
+        os.mkdir(mdir)
+        h.run(["mount", "-t", "tmpfs", "-o", "size=256k", "stagefs-test", mdir])
+        path = os.path.join(mdir, "stagefs.prom")
+        d = self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30, "the metrics file")
+        filler = os.path.join(mdir, "filler")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.addCleanup(os.close, fd)
+
+        def full_then_failed():
+            # The filesystem kept full (a page the daemon frees is taken at the next poll): no
+            # new temporary file fits.
+            try:
+                while os.write(fd, b"\0" * 4096) > 0:
+                    pass
+            except OSError:
+                pass
+            return "removed it" in d.output()[1]
+        h.wait_for(full_then_failed, 30, "the daemon to log the failed write")
+        err = d.output()[1]
+        self.assertIn("cannot write --metrics-file %s" % path, err)
+        self.assertIn("No space left on device", err)
+        os.ftruncate(fd, 0)  # room again
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30,
+                   "the metrics file to come back once there is room")
+        h.wait_for(lambda: "written again" in d.output()[1], 30, "the daemon to log the recovery")
+
+
 class Signals(h.MountTestCase):
     def test_a_log_reader_that_went_away_does_not_kill_the_daemon(self):
         h.write_random(os.path.join(self.work.src, "a"), 64 * 1024, 5)
