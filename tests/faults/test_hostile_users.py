@@ -51,6 +51,19 @@ def stagectl():
     return os.path.join(os.path.dirname(h.STAGEFS), "stagectl")
 
 
+def run_raw(cmd, timeout=60):
+    """Runs cmd (own session): (exit status, stdout, stderr) as str, every byte kept (no newline
+    translation: a carriage return stays one; bytes that are not UTF-8 as surrogates)."""
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        h.stop_popen(p, grace=5)
+        raise AssertionError("timed out after %ss: %r" % (timeout, cmd))
+    return p.returncode, out.decode("utf-8", "surrogateescape"), err.decode("utf-8", "surrogateescape")
+
+
 def read_all(path):
     with open(path, "rb") as f:
         return f.read()
@@ -88,9 +101,12 @@ class UserCase(h.MountTestCase):
         self.uid, self.gid = pw.pw_uid, pw.pw_gid
         os.chmod(self.work.path, 0o755)
 
+    def user_cmd(self, *cmd):
+        return (["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
+                [c if isinstance(c, bytes) else str(c) for c in cmd])
+
     def as_user(self, *cmd, timeout=30):
-        return h.run(["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
-                     [c if isinstance(c, bytes) else str(c) for c in cmd], cwd="/", timeout=timeout, check=False)
+        return h.run(self.user_cmd(*cmd), cwd="/", timeout=timeout, check=False)
 
     def held_daemon(self, *args):
         """A daemon whose transfers stop after their second 64 KiB chunk until release()."""
@@ -107,11 +123,55 @@ class UserCase(h.MountTestCase):
         return d.wait_ready(), hold
 
     def open_in_background(self, path):
-        """Reads path through the mount on a thread (its transfer may be held); joined at cleanup."""
+        """Reads path through the mount on a thread (its transfer may be held); at cleanup the
+        hold is released, then the thread joined."""
         t = threading.Thread(target=lambda: read_all(path), daemon=True)
         t.start()
+        hold = self.work.file("hold")
         self.addCleanup(t.join, 60)
+        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
         return t
+
+
+class Names(UserCase):
+    # A carriage return back to the line's start, an OSC that sets the terminal's title, a CSI
+    # that erases the line, and CSI once more as the UTF-8 form of the C1 control U+009B.
+    EVIL = b"evil\r\x1b]0;owned\x07\x1b[2Kfake \xc2\x9b31m.bin"
+
+    def assert_no_raw_control(self, text, what):
+        m = RAW_CONTROL.search(text)
+        self.assertIsNone(m, "%s holds a raw control character %r: %r" % (what, m and m.group(), text))
+
+    def test_stagectl_prints_hostile_names_escaped(self):
+        ds = os.path.join(self.work.src.encode(), b"ds")
+        os.mkdir(ds)
+        h.write_random(os.path.join(ds, self.EVIL), 4 * MiB, 3)  # a single transfer (over --small-file-size)
+        d, hold = self.held_daemon()
+        t = self.open_in_background(os.path.join(self.work.mnt.encode(), b"ds", self.EVIL))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the transfer to reach the hold")
+        for args in (["status"], ["--json", "status"]):
+            rc, out, err = run_raw([stagectl()] + args + [self.work.mnt])
+            self.assertEqual(rc, 0, err)
+            self.assertIn("evil", out)
+            self.assert_no_raw_control(out, "stagectl %s" % " ".join(args))
+            if "--json" in args:  # still the very name, for a program
+                self.assertEqual(json.loads(out)["transfer"]["path"].encode(), b"ds/" + self.EVIL)
+        os.unlink(hold)
+        t.join(60)
+        d.wait_transfers(1)
+
+        # Names stagectl found below a directory, and errors about them.
+        rc, out, err = run_raw([stagectl(), "prefetch", self.work.mnt, "ds"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("prefetched", out)
+        self.assert_no_raw_control(out, "stagectl prefetch")
+        rc, out, err = run_raw(self.user_cmd(stagectl(), "evict", self.work.mnt, b"ds/" + self.EVIL))
+        self.assertEqual(rc, 1)
+        self.assertIn("evil", err)
+        self.assert_no_raw_control(err, "stagectl evict (refused)")
+        rc, out, err = run_raw([stagectl(), "--json", "prefetch", self.work.mnt, "ds"])
+        self.assertEqual(rc, 0, err)
+        self.assert_no_raw_control(out, "stagectl --json prefetch")
 
 
 class Metrics(UserCase):
