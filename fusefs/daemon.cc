@@ -122,7 +122,7 @@ class Daemon {
 
  private:
   std::string setup_local();
-  std::optional<std::string> control_xattr(const std::string& name) const;
+  std::optional<std::string> control_xattr(const std::string& name, const Caller& who) const;
   MountStatus status() const;
   const char* state_name() const;
   void supervise();
@@ -278,7 +278,7 @@ std::string Daemon::setup_local() {
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
-  core_->set_control_xattr([this](const std::string& n) { return control_xattr(n); });
+  core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
   auto mount = FuseMount::create(*core_, cfg_.mount);
   if (!mount) return mount.error().message;
   mount_ = std::move(mount.value());
@@ -335,9 +335,13 @@ MountStatus Daemon::status() const {
   return s;
 }
 
-std::optional<std::string> Daemon::control_xattr(const std::string& name) const {
+std::optional<std::string> Daemon::control_xattr(const std::string& name, const Caller& who) const {
   if (name == kStateXattr) return std::string(state_name());
-  if (name == "user.stagefs.stats" || name == "user.stagefs.status") return to_json(status());
+  if (name == "user.stagefs.stats" || name == "user.stagefs.status") {
+    MountStatus s = status();
+    show_to(s, *core_, who);
+    return to_json(s);
+  }
   return std::nullopt;
 }
 

@@ -97,7 +97,9 @@ void print_status(const json& s) {
               static_cast<unsigned long long>(c.value("files", uint64_t{0})),
               limit ? human_bytes(static_cast<double>(limit)).c_str() : "none",
               static_cast<unsigned long long>(c.value("evictions", uint64_t{0})));
-  if (s.contains("transfer") && s["transfer"].is_object()) {
+  if (s.contains("transfer") && s["transfer"].is_object() && s["transfer"].value("hidden", false)) {
+    std::printf("transfer: one in flight (of a file you may not read: not named)\n");
+  } else if (s.contains("transfer") && s["transfer"].is_object()) {
     const json& t = s["transfer"];
     const double eta = t.value("eta_seconds", -1.0);
     std::printf("transfer: %s, %s of %s, %.1f MB/s, ETA %s\n", shown(t.value("path", "?")).c_str(),

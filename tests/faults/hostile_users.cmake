@@ -9,6 +9,7 @@ function(stage_fault_hostile_users_test name timeout)
   stage_fault_properties(faults.hostile_users.${name} ${timeout})
 endfunction()
 
+stage_fault_hostile_users_test(Status 90)
 stage_fault_hostile_users_test(Names 90)
 stage_fault_hostile_users_test(Metrics 120)
 stage_fault_hostile_users_test(Signals 90)

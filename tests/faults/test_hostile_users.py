@@ -133,6 +133,51 @@ class UserCase(h.MountTestCase):
         return t
 
 
+class Status(UserCase):
+    def status_as_user(self, attr="user.stagefs.status"):
+        r = self.as_user(h.PYTHON, "-c", GETXATTR, self.work.mnt, attr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def test_a_transfer_is_named_only_to_callers_who_may_read_it(self):
+        private = os.path.join(self.work.src, "private")
+        os.mkdir(private, 0o700)
+        h.write_random(os.path.join(private, "merger-plan.bin"), 4 * MiB, 1, mode=0o644)
+        h.write_random(os.path.join(self.work.src, "public.bin"), 4 * MiB, 2, mode=0o644)
+        d, hold = self.held_daemon()
+
+        # A file in a 0700 directory: the file's own mode would let the user read it, the
+        # directory does not let them reach it.
+        t = self.open_in_background(os.path.join(self.work.mnt, "private", "merger-plan.bin"))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the transfer to reach the hold")
+        for attr in ("user.stagefs.status", "user.stagefs.stats"):
+            text = self.status_as_user(attr)
+            self.assertNotIn("merger-plan", text)
+            self.assertNotIn("private", text)
+            transfer = json.loads(text)["transfer"]
+            self.assertIsInstance(transfer, dict, "a transfer runs: that much is shown")
+            self.assertIsNone(transfer.get("path"), transfer)
+            self.assertNotIn("bytes_total", transfer)
+            self.assertNotIn("bytes_done", transfer)
+        r = self.as_user(stagectl(), "status", self.work.mnt)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("merger-plan", r.stdout)
+        self.assertIn("transfer: one in flight", r.stdout)
+        self.assertEqual(d.stats()["transfer"]["path"], "private/merger-plan.bin")  # root sees it
+        os.unlink(hold)
+        t.join(60)
+        d.wait_transfers(1)
+
+        # A file the user may read: named, with its progress.
+        t = self.open_in_background(os.path.join(self.work.mnt, "public.bin"))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the second transfer to reach the hold")
+        transfer = json.loads(self.status_as_user())["transfer"]
+        self.assertEqual(transfer["path"], "public.bin")
+        self.assertEqual(transfer["bytes_total"], 4 * MiB)
+        os.unlink(hold)
+        t.join(60)
+
+
 class Names(UserCase):
     # A carriage return back to the line's start, an OSC that sets the terminal's title, a CSI
     # that erases the line, and CSI once more as the UTF-8 form of the C1 control U+009B.
