@@ -24,21 +24,18 @@ STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard 
 """
 import json
 import os
-import pwd
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
-import unittest
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "mount"))
 sys.path.insert(0, HERE)
 import stagefs_harness as h  # noqa: E402
-import test_input_security_load as fx  # noqa: E402  (create_user, delete_user)
+import test_security8 as s8  # noqa: E402  (UserCase)
 
 MiB = h.MiB
 # What a terminal acts on: C0 controls but the newline, DEL, and C1 controls (as UTF-8).
@@ -92,22 +89,7 @@ def ignored_signals(pid):
     return set()
 
 
-class UserCase(h.MountTestCase):
-    def setUp(self):
-        super().setUp()
-        self.user = fx.create_user()
-        self.addCleanup(fx.delete_user, self.user)
-        pw = pwd.getpwnam(self.user)
-        self.uid, self.gid = pw.pw_uid, pw.pw_gid
-        os.chmod(self.work.path, 0o755)
-
-    def user_cmd(self, *cmd):
-        return (["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
-                [c if isinstance(c, bytes) else str(c) for c in cmd])
-
-    def as_user(self, *cmd, timeout=30):
-        return h.run(self.user_cmd(*cmd), cwd="/", timeout=timeout, check=False)
-
+class UserCase(s8.UserCase):  # a second user, created for the test (as_user, user_cmd)
     def held_daemon(self, *args):
         """A daemon whose transfers stop after their second 64 KiB chunk until release()."""
         hold = self.work.file("hold")
@@ -329,13 +311,5 @@ class Signals(h.MountTestCase):
         self.assertEqual(d.stop(), 0)
 
 
-def main():
-    for tool in ("useradd", "userdel", "setpriv"):
-        if not shutil.which(tool):
-            print("skipped: %s missing" % tool)
-            sys.exit(77)
-    h.main(__file__)
-
-
 if __name__ == "__main__":
-    main()
+    h.main(__file__, tools=("useradd", "userdel", "setpriv"))
