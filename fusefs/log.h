@@ -12,8 +12,6 @@
 
 #include <spdlog/sinks/sink.h>
 
-#include "bcast/text.h"
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +19,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+
+#include "bcast/text.h"
 
 namespace stagefs {
 

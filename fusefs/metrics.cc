@@ -7,9 +7,8 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
-
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -152,16 +151,20 @@ int MetricsFile::replace_file(const std::string& text) const {
   // A taken name (a user's file, directory or symlink) is only ever a collision: another one.
   for (int attempt = 0; attempt < 8 && !fd.valid(); ++attempt) {
     tmp = random_temp_name();
-    fd = stage::Fd(::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    fd = stage::Fd(
+        ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid() && errno != EEXIST) return errno;
   }
   if (!fd.valid()) return EEXIST;
   int err = 0;
   for (size_t done = 0; err == 0 && done < text.size();) {
     const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (n > 0) done += static_cast<size_t>(n);
-    else if (n < 0 && errno != EINTR) err = errno;
-    else if (n == 0) err = EIO;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+    } else {
+      done += static_cast<size_t>(n);
+    }
   }
   if (::close(fd.release()) != 0 && err == 0) err = errno;
   if (err == 0 && ::renameat(dir.get(), tmp.c_str(), dir.get(), base_name(path_).c_str()) != 0) err = errno;
@@ -202,8 +205,9 @@ bool MetricsFile::write_now() {
   if (failure_logged_)
     spdlog::warn("cannot write --metrics-file {}: {}{}{}", path_, std::strerror(err),
                  removed ? "; removed it, so that it does not show values that no longer change" : "",
-                 held_back > 0 ? " (" + std::to_string(held_back) + " more failed writes since the last warning)"
-                               : std::string());
+                 held_back > 0
+                     ? " (" + std::to_string(held_back) + " more failed writes since the last warning)"
+                     : std::string());
   return false;
 }
 

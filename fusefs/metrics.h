@@ -8,10 +8,10 @@
 // file gets a random name, created with O_CREAT|O_EXCL (never through a symlink, never a
 // file a user made) beside PATH and renamed over it: what a user plants under any name
 // cannot stop the writes, and a symlink planted at PATH itself is replaced, not followed.
-// A write that fails is logged (the first at once, then at most one warning per 10 minutes,
-// with the count held back; the recovery after a logged failure), and PATH, if it is still the daemon's own
-// regular file, is removed: a collector then sees the series vanish instead of the last
-// values (stagefs_up 1) of a mount that no longer updates them.
+// A write that fails is logged (the first at once, then at most one warning per 10 minutes
+// with the count held back; the recovery after a logged failure), and PATH, if it is still
+// the daemon's own regular file, is removed: a collector then sees the series vanish instead
+// of the last values (stagefs_up 1) of a mount that no longer updates them.
 // Thread-safe: observe_transfer() from any thread; write_now() from one thread at a time.
 #pragma once
 

@@ -2,9 +2,9 @@
 // local disk with one source read and a pipelined MPI broadcast. A thin shell over
 // bcast/engine.h: parse options, set up MPI and the node topology, run the collective
 // transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
+#include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

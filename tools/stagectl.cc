@@ -92,7 +92,8 @@ void print_status(const json& s) {
               s.value("ranks", 1), shown(s.value("read_path", "?")).c_str());
   const json& c = s["cache"];
   const uint64_t limit = c.value("limit", uint64_t{0});
-  std::printf("cache %s: %s in %llu file(s), limit %s, %llu eviction(s)\n", shown(c.value("dir", "?")).c_str(),
+  std::printf("cache %s: %s in %llu file(s), limit %s, %llu eviction(s)\n",
+              shown(c.value("dir", "?")).c_str(),
               human_bytes(static_cast<double>(c.value("bytes", uint64_t{0}))).c_str(),
               static_cast<unsigned long long>(c.value("files", uint64_t{0})),
               limit ? human_bytes(static_cast<double>(limit)).c_str() : "none",
@@ -103,8 +104,9 @@ void print_status(const json& s) {
     const json& t = s["transfer"];
     const double eta = t.value("eta_seconds", -1.0);
     std::printf("transfer: %s, %s of %s, %.1f MB/s, ETA %s\n", shown(t.value("path", "?")).c_str(),
-                human_bytes(t.value("bytes_done", 0.0)).c_str(), human_bytes(t.value("bytes_total", 0.0)).c_str(),
-                t.value("bytes_per_second", 0.0) / 1e6, eta >= 0 ? (std::to_string(static_cast<int>(eta + 0.5)) + " s").c_str() : "-");
+                human_bytes(t.value("bytes_done", 0.0)).c_str(),
+                human_bytes(t.value("bytes_total", 0.0)).c_str(), t.value("bytes_per_second", 0.0) / 1e6,
+                eta >= 0 ? (std::to_string(static_cast<int>(eta + 0.5)) + " s").c_str() : "-");
   } else {
     std::printf("transfer: none in flight; %llu file(s) waited for\n",
                 static_cast<unsigned long long>(s.value("waiting", uint64_t{0})));

@@ -205,7 +205,7 @@ TEST(Text, EscapeControlsKeepsTextAndEscapesWhatActsOnATerminal) {
   // A carriage return, an OSC that sets the window title, DEL.
   EXPECT_EQ(escape_controls("a\r\x1b]0;owned\x07\x7f"), "a\\x0d\\x1b]0;owned\\x07\\x7f");
   // C1 controls in UTF-8 (U+009B is CSI), bidirectional overrides and isolates.
-  EXPECT_EQ(escape_controls("\xc2\x9b" "31m"), "\\xc2\\x9b31m");
+  EXPECT_EQ(escape_controls(std::string("\xc2\x9b") + "31m"), "\\xc2\\x9b31m");
   EXPECT_EQ(escape_controls("x\xe2\x80\xaegnp.exe"), "x\\xe2\\x80\\xaegnp.exe");
   EXPECT_EQ(escape_controls("\xe2\x81\xa6i"), "\\xe2\\x81\\xa6i");
   EXPECT_EQ(escape_controls("\xc2\xa0"), "\xc2\xa0");  // U+00A0, past the C1 range: text
