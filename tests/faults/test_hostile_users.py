@@ -91,18 +91,11 @@ def ignored_signals(pid):
 
 class UserCase(s8.UserCase):  # a second user, created for the test (as_user, user_cmd)
     def held_daemon(self, *args):
-        """A daemon whose transfers stop after their second 64 KiB chunk until release()."""
-        hold = self.work.file("hold")
-        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
-        env = {"STAGE_TEST_HOLD": "mid-file", "STAGE_TEST_HOLD_BLOCK": "1", "STAGE_TEST_HOLD_FILE": hold}
-        old = dict(os.environ)
-        os.environ.update(env)
-        try:
+        """A daemon whose transfers stop after their second 64 KiB chunk until the hold file
+        (returned) is removed (h.Hold)."""
+        with h.Hold(self, "mid-file") as hold:
             d = self.daemon(self.work.file("cache"), "--chunk-size", "64K", *args)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
-        return d.wait_ready(), hold
+        return d.wait_ready(), hold.file
 
     def open_in_background(self, path):
         """Reads path through the mount on a thread (its transfer may be held); at cleanup the
