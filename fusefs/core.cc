@@ -480,7 +480,7 @@ static Result<std::string> xattr_call(int root, const std::string& rel, const ch
 Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, const Caller& who) {
   if (is_hidden_xattr(name, who)) return stage::Error{std::error_code(ENODATA, std::generic_category()), ""};
   if (id == kRootId && name.rfind(kControlPrefix, 0) == 0 && control_xattr_) {
-    if (auto v = control_xattr_(name)) return *v;
+    if (auto v = control_xattr_(name, who)) return *v;
   }
   auto rel = path_of(id);
   if (!rel) return rel.error();
@@ -534,6 +534,12 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
 }
 
 stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask, const Caller& who) const {
+  auto st = access_as(fd, rel, mask, who);
+  if (!st && (st.error().to_errno() == EACCES || st.error().to_errno() == EPERM)) ++counters_.denied;
+  return st;
+}
+
+stage::Status StageFsCore::access_as(int fd, const std::string& rel, int mask, const Caller& who) const {
   if (who.uid == 0 || ::geteuid() != 0) return {};  // root, or a daemon that reads as its user
   int rc = 0;
   int err = 0;
@@ -544,8 +550,19 @@ stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask
     err = errno;
   }
   if (rc == 0) return {};
-  if (err == EACCES || err == EPERM) ++counters_.denied;
   return stage::sys_error(err, "access (checked against the source)", rel);
+}
+
+bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
+  if (who.uid == 0) return true;
+  if (::geteuid() != 0) return who.uid == ::geteuid();
+  Result<stage::Fd> fd = stage::sys_error(EACCES, "may_read", rel);
+  {
+    const AsCaller as(who);
+    if (!as.ok()) return false;
+    fd = open_beneath(root_.get(), rel, O_PATH);
+  }
+  return fd && access_as(fd->get(), rel, R_OK, who).ok();
 }
 
 Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made,

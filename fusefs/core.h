@@ -216,10 +216,17 @@ class StageFsCore {
   // Any change to the tree: always EROFS.
   static stage::Error read_only(const char* op);
 
-  // Synthetic attributes on the root ("user.stagefs.*"), answered by the daemon.
-  void set_control_xattr(std::function<std::optional<std::string>(const std::string&)> fn) {
-    control_xattr_ = std::move(fn);
-  }
+  // Synthetic attributes on the root ("user.stagefs.*"), answered by the daemon for the
+  // caller who asks (what it shows may depend on who: may_read()).
+  using ControlXattr = std::function<std::optional<std::string>(const std::string& name, const Caller& who)>;
+  void set_control_xattr(ControlXattr fn) { control_xattr_ = std::move(fn); }
+  // Whether the caller could open rel (a file: read it; a directory: list it) through the
+  // mount: rel is resolved beneath SOURCE_DIR with the caller's credentials (search
+  // permission on SOURCE_DIR and on every directory on the way, as the kernel's walk through
+  // the mount checks it), then the access check of open() and opendir() (check_access) asks
+  // for read permission on what was found. Root: always; a daemon that is not root (it cannot
+  // take other credentials): its own user only. Counts no denial.
+  [[nodiscard]] bool may_read(const std::string& rel, const Caller& who) const;
   [[nodiscard]] int root_fd() const { return root_.get(); }
   [[nodiscard]] const CoreCounters& counters() const { return counters_; }
   [[nodiscard]] XattrCache::Stats xattr_stats() const { return xattrs_.stats(); }
@@ -234,6 +241,8 @@ class StageFsCore {
   // stat'ed or is about to be listed, never a path resolved again (a path checked apart from
   // the fd could be swapped in between by a user who may rename a parent).
   stage::Status check_access(int fd, const std::string& rel, int mask, const Caller& who) const;
+  // check_access() without counting a denial (may_read() is not an open).
+  stage::Status access_as(int fd, const std::string& rel, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   // may_read_back false: a copy from an earlier mount not yet checked is an error, not read here.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
@@ -310,7 +319,7 @@ class StageFsCore {
   std::unordered_map<std::string, uint64_t> ids_;
   uint64_t next_id_ = kRootId + 1;
   mutable CoreCounters counters_;  // counted from const paths too (access checks)
-  std::function<std::optional<std::string>(const std::string&)> control_xattr_;
+  ControlXattr control_xattr_;
   XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
 

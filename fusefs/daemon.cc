@@ -122,7 +122,7 @@ class Daemon {
 
  private:
   std::string setup_local();
-  std::optional<std::string> control_xattr(const std::string& name) const;
+  std::optional<std::string> control_xattr(const std::string& name, const Caller& who) const;
   MountStatus status() const;
   const char* state_name() const;
   void supervise();
@@ -278,7 +278,7 @@ std::string Daemon::setup_local() {
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
-  core_->set_control_xattr([this](const std::string& n) { return control_xattr(n); });
+  core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
   auto mount = FuseMount::create(*core_, cfg_.mount);
   if (!mount) return mount.error().message;
   mount_ = std::move(mount.value());
@@ -335,9 +335,13 @@ MountStatus Daemon::status() const {
   return s;
 }
 
-std::optional<std::string> Daemon::control_xattr(const std::string& name) const {
+std::optional<std::string> Daemon::control_xattr(const std::string& name, const Caller& who) const {
   if (name == kStateXattr) return std::string(state_name());
-  if (name == "user.stagefs.stats" || name == "user.stagefs.status") return to_json(status());
+  if (name == "user.stagefs.stats" || name == "user.stagefs.status") {
+    MountStatus s = status();
+    show_to(s, *core_, who);
+    return to_json(s);
+  }
   return std::nullopt;
 }
 
@@ -388,6 +392,13 @@ int Daemon::run(int* argc, char*** argv) {
   sigemptyset(&sigs);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // Signals whose default action would end the process (and the mount, for every user) but
+  // that mean nothing to it are ignored, process-wide (whatever the signal masks of MPI's
+  // and libfuse's threads): SIGPIPE, when stderr is a pipe whose reader went away (the log's
+  // writes then fail with EPIPE, which it survives: log.h); SIGUSR1 and SIGUSR2, which
+  // mpirun forwards to every rank and `srun --signal` / `sbatch --signal` send before a time
+  // limit; SIGALRM. Set before MPI_Init: the launcher's own handlers come after.
+  for (int s : {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM}) ::signal(s, SIG_IGN);
   if (stage::launched_by_mpi_launcher()) {
     auto e = stage::MpiEnv::init(argc, argv, MPI_THREAD_FUNNELED);
     if (!e) {

@@ -9,6 +9,7 @@
 //               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
 //               and if the main thread does not finish in time (stuck in a stalled MPI
 //               collective) ends the process itself: no orphan, no stale mount.
+// SIGPIPE, SIGUSR1, SIGUSR2 and SIGALRM are ignored: none of them ends the mount.
 // Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
 // local cache-on-open filesystem.
 #pragma once

@@ -407,7 +407,10 @@ bool control_request(fuse_req_t req, fuse_ino_t ino, const std::string& name, si
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   guarded(req, [&] {
     if (control_request(req, ino, name, size)) return;
-    auto r = fm(req).core().getxattr(ino, name, caller(req, false));
+    // The status attributes on the root name a transfer only to who may read it: the
+    // caller's groups count there.
+    const bool status = ino == FUSE_ROOT_ID && std::string_view(name).starts_with("user.stagefs.");
+    auto r = fm(req).core().getxattr(ino, name, caller(req, status));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });

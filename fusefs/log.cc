@@ -6,25 +6,6 @@
 
 namespace stagefs {
 
-std::string escape_controls(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (u < 0x20 || u == 0x7f) {
-      static const char* const kHex = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 namespace {
 
 class EscapingSink final : public spdlog::sinks::base_sink<std::mutex> {

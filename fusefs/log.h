@@ -1,7 +1,10 @@
 // The daemon's log, written for a root process whose log lines carry names users chose and
 // whose warnings users can trigger at will.
 // - escaping_sink(): control characters in a message (a newline in a file name would forge a
-//   log line of its own; an escape sequence would rewrite a terminal) are written as \xNN.
+//   log line of its own; an escape sequence would rewrite a terminal) and bytes that are not
+//   UTF-8 are written as \xNN (escape_controls).
+//   A line that cannot be written (EPIPE: stderr is a pipe whose reader went away; the
+//   daemon ignores SIGPIPE) is dropped and the next one tried: logging never ends the daemon.
 // - WarnBudget: at most `burst` warnings per window from a source users control (failed
 //   requests); the next window's first warning is preceded by how many were held back.
 // Both are thread-safe; neither needs FUSE or MPI.
@@ -17,10 +20,13 @@
 #include <string>
 #include <string_view>
 
+#include "bcast/text.h"
+
 namespace stagefs {
 
-// s with every byte below 0x20 and 0x7f written as \xNN (backslashes as \\).
-std::string escape_controls(std::string_view s);
+// What a terminal would act on, and bytes that are not UTF-8, written as \xNN (bcast/text.h):
+// one escaping for the log and for stagectl.
+using stage::escape_controls;
 
 // An stderr-like sink (formatted by spdlog's pattern) that escapes each message's payload.
 std::shared_ptr<spdlog::sinks::sink> escaping_sink(std::FILE* out = stderr);

@@ -7,9 +7,12 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <sstream>
 
 #include "bcast/store.h"
@@ -121,6 +124,65 @@ void MetricsFile::observe_transfer(double seconds, bool /*ok*/) {
   impl_->transfer_seconds->Observe(seconds);
 }
 
+namespace {
+
+// ".stagefs-metrics." and 64 random bits (getrandom through std::random_device, drawn anew
+// each time: a user who watches the directory cannot predict the next name).
+std::string random_temp_name() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) | rd();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, ".stagefs-metrics.%016llx.tmp", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+int MetricsFile::replace_file(const std::string& text) const {
+  const stage::Fd dir(::open(stage::parent_dir(path_).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return errno;
+  std::string tmp;
+  stage::Fd fd;
+  // A taken name (a user's file, directory or symlink) is only ever a collision: another one.
+  for (int attempt = 0; attempt < 8 && !fd.valid(); ++attempt) {
+    tmp = random_temp_name();
+    fd = stage::Fd(
+        ::openat(dir.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd.valid() && errno != EEXIST) return errno;
+  }
+  if (!fd.valid()) return EEXIST;
+  int err = 0;
+  for (size_t done = 0; err == 0 && done < text.size();) {
+    const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+    } else {
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::close(fd.release()) != 0 && err == 0) err = errno;
+  if (err == 0 && ::renameat(dir.get(), tmp.c_str(), dir.get(), base_name(path_).c_str()) != 0) err = errno;
+  if (err != 0) ::unlinkat(dir.get(), tmp.c_str(), 0);
+  return err;
+}
+
+bool MetricsFile::remove_stale() const {
+  const stage::Fd dir(::open(stage::parent_dir(path_).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return false;
+  const std::string base = base_name(path_);
+  struct stat st {};
+  if (::fstatat(dir.get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_uid != ::geteuid())
+    return false;  // gone already, or not ours: a user's file or directory is left alone
+  return ::unlinkat(dir.get(), base.c_str(), 0) == 0;
+}
+
 bool MetricsFile::write_now() {
   std::string text;
   {
@@ -130,21 +192,23 @@ bool MetricsFile::write_now() {
     pm::TextSerializer().Serialize(out, impl_->registry->Collect());
     text = out.str();
   }
-  const std::string tmp = stage::parent_dir(path_) + "/.stagefs-metrics." + std::to_string(::getpid()) + ".tmp";
-  ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  bool ok = fd >= 0;
-  if (ok) {
-    ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    ok = ::close(fd) == 0 && ok;
-    ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
-    if (!ok) ::unlink(tmp.c_str());
+  const int err = replace_file(text);
+  if (err == 0) {
+    // Said only after a failure that was logged: a file that fails every other write (a full
+    // filesystem) logs no more than its warnings.
+    if (std::exchange(failure_logged_, false)) spdlog::info("--metrics-file {} written again", path_);
+    return true;
   }
-  if (!ok && !warned_) {
-    warned_ = true;
-    spdlog::warn("cannot write --metrics-file {}: {}", path_, std::strerror(errno));
-  }
-  return ok;
+  const bool removed = remove_stale();
+  uint64_t held_back = 0;
+  failure_logged_ = warnings_.allow(WarnBudget::Clock::now(), held_back);
+  if (failure_logged_)
+    spdlog::warn("cannot write --metrics-file {}: {}{}{}", path_, std::strerror(err),
+                 removed ? "; removed it, so that it does not show values that no longer change" : "",
+                 held_back > 0
+                     ? " (" + std::to_string(held_back) + " more failed writes since the last warning)"
+                     : std::string());
+  return false;
 }
 
 void MetricsFile::loop() {

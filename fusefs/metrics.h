@@ -3,7 +3,16 @@
 // node_exporter's textfile collector. The exposition is prometheus-cpp's (a registry and its
 // TextSerializer); counters are fed with the increase since the last write, from the same
 // MountStatus the JSON attributes show. Every series carries the label mountpoint.
-// Thread-safe: observe_transfer() from any thread.
+//
+// PATH may lie in a directory other users write to (a sticky /tmp, /var/tmp). The temporary
+// file gets a random name, created with O_CREAT|O_EXCL (never through a symlink, never a
+// file a user made) beside PATH and renamed over it: what a user plants under any name
+// cannot stop the writes, and a symlink planted at PATH itself is replaced, not followed.
+// A write that fails is logged (the first at once, then at most one warning per 10 minutes
+// with the count held back; the recovery after a logged failure), and PATH, if it is still
+// the daemon's own regular file, is removed: a collector then sees the series vanish instead
+// of the last values (stagefs_up 1) of a mount that no longer updates them.
+// Thread-safe: observe_transfer() from any thread; write_now() from one thread at a time.
 #pragma once
 
 #include <chrono>
@@ -14,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "fusefs/log.h"
 #include "fusefs/status.h"
 
 namespace stagefs {
@@ -27,11 +37,15 @@ class MetricsFile {
   MetricsFile& operator=(const MetricsFile&) = delete;
 
   void observe_transfer(double seconds, bool ok);
-  bool write_now();  // false (and one warning) when the file cannot be written
+  bool write_now();  // false (logged, PATH removed) when the file cannot be written
 
  private:
   struct Impl;
   void loop();
+  // Writes text to a new temporary file beside path_ and renames it over path_: 0 or an errno.
+  [[nodiscard]] int replace_file(const std::string& text) const;
+  // Removes path_ if it is a regular file of this process's user: true if it did.
+  [[nodiscard]] bool remove_stale() const;
   std::unique_ptr<Impl> impl_;
   std::string path_;
   std::chrono::duration<double> interval_;
@@ -39,7 +53,8 @@ class MetricsFile {
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool warned_ = false;
+  bool failure_logged_ = false;  // the last write failed and said so (write_now's thread only)
+  WarnBudget warnings_{1, std::chrono::minutes(10)};
   std::thread thread_;
 };
 

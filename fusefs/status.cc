@@ -2,7 +2,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fusefs/core.h"
+
 namespace stagefs {
+
+void MountStatus::hide_current() {
+  if (current.empty()) return;
+  current.clear();
+  current_done = current_total = 0;
+  current_seconds = 0;
+  current_hidden = true;
+}
+
+std::string current_source(const std::string& current) {
+  if (current == "/") return {};
+  if (!current.empty() && current.back() == '/') return current.substr(0, current.size() - 1);
+  return current;
+}
+
+void show_to(MountStatus& s, const StageFsCore& core, const Caller& who) {
+  if (!s.current.empty() && !core.may_read(current_source(s.current), who)) s.hide_current();
+}
 
 std::string to_json(const MountStatus& s) {
   nlohmann::json j;
@@ -42,7 +62,9 @@ std::string to_json(const MountStatus& s) {
                 {"limit", s.cache.limit},      {"files", s.cache.files},
                 {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes},
                 {"unsynced", s.cache.unsynced},   {"synced_later", s.cache.synced_later}};
-  if (!s.current.empty()) {
+  if (s.current_hidden) {
+    j["transfer"] = {{"path", nullptr}, {"hidden", true}};
+  } else if (!s.current.empty()) {
     const double rate = s.current_seconds > 0 ? static_cast<double>(s.current_done) / s.current_seconds : 0;
     const double eta = rate > 0 ? static_cast<double>(s.current_total - s.current_done) / rate : -1;
     j["transfer"] = {{"path", s.current},     {"bytes_done", s.current_done}, {"bytes_total", s.current_total},

@@ -25,13 +25,31 @@ struct MountStatus {
   // reads before the copy ends: opens answered during their copy; reads of theirs that waited
   // for chunks; chunks this node asked the source to send first
   uint64_t early_opens = 0, early_reads_waited = 0, chunks_wanted = 0;
-  std::string current;  // the transfer in flight ("" if none)
+  std::string current;  // the transfer in flight ("" if none): a file, or "DIR/" for a batch
   uint64_t current_done = 0, current_total = 0;
   double current_seconds = 0;
+  bool current_hidden = false;  // a transfer runs that this reader may not see: hide_current()
   CacheUsage cache;
+
+  // For a reader who may not read what is in flight: only that a transfer runs is kept. Its
+  // name goes (a path inside a directory they cannot enter) and so do its bytes and times:
+  // a file's exact size, or its size from rate and time, can name it as well as its path.
+  void hide_current();
 };
 
-// Never throws on file names that are not UTF-8 (their bad bytes become U+FFFD).
+// The source path (relative, "" for SOURCE_DIR) that a transfer shown as `current` copies:
+// the file, or the directory of a batch ("DIR/", "/" for SOURCE_DIR's own small files).
+std::string current_source(const std::string& current);
+
+class StageFsCore;
+struct Caller;
+// s as `who` may see it (any user may read the status attributes): the transfer in flight
+// stays named only if who could read its source through the mount (StageFsCore::may_read);
+// otherwise hide_current().
+void show_to(MountStatus& s, const StageFsCore& core, const Caller& who);
+
+// Never throws on file names that are not UTF-8 (their bad bytes become U+FFFD). A hidden
+// transfer is {"path": null, "hidden": true}.
 std::string to_json(const MountStatus& s);
 
 }  // namespace stagefs

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "bcast/text.h"
+
 namespace stage {
 
 std::string human_bytes(uint64_t bytes) {
@@ -59,16 +61,6 @@ std::string report_table(const StageReport& r, const std::string& source, const 
   return out;
 }
 
-// Length of the valid UTF-8 sequence at s[i], or 0.
-static size_t utf8_len(const std::string& s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  const size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
-  return n;
-}
-
 // JSON string body: UTF-8 passes through; control characters are escaped; bytes that are not
 // UTF-8 (paths may hold any byte) become U+FFFD, since JSON text must be UTF-8.
 std::string json_escape(const std::string& s) {
@@ -76,7 +68,7 @@ std::string json_escape(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80) {
-      if (const size_t n = utf8_len(s, i); n > 0) {
+      if (const size_t n = utf8_length(s, i); n > 0) {
         out.append(s, i, n);
         i += n - 1;
       } else {

@@ -2,6 +2,7 @@
 // local disk with one source read and a pipelined MPI broadcast. A thin shell over
 // bcast/engine.h: parse options, set up MPI and the node topology, run the collective
 // transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
+#include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -146,6 +147,10 @@ int agree_on_paths(stage::Comm& world, const std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader of stdout or stderr that went away (`| head`, a log pipeline that ended) must not
+  // end this rank mid-broadcast (and with it the whole job's copy): writes then fail with
+  // EPIPE and the exit status stays the transfer's.
+  ::signal(SIGPIPE, SIG_IGN);
   Cli c;
   CLI::App app{
       "Stage a file from shared storage onto every node's local disk: one rank reads the source,\n"

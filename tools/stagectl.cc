@@ -10,6 +10,8 @@
 // (user.stagefs.status on the root, user.stagefs.prefetch / .evict on a file), so it reaches
 // the daemon with the caller's credentials, a user may prefetch only what the mount lets
 // them read, and the cache directory stays private (no socket to secure).
+// Names are other users' bytes: the text output escapes what a terminal would act on
+// (stage::escape_controls, as the daemon's log does); --json is ASCII, its strings escaped.
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
@@ -21,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "bcast/text.h"
 
 namespace {
 
@@ -44,6 +48,17 @@ int get_attr(const std::string& path, const char* name, std::string& out) {
   }
 }
 
+// A name for the text output (see the top of the file).
+std::string shown(const std::string& name) {
+  return stage::escape_controls(name);
+}
+
+// JSON for the output: ASCII only (every control character and every non-ASCII character
+// as \uXXXX, so that nothing in it acts on a terminal), bytes that are not UTF-8 as U+FFFD.
+std::string dump(const json& j) {
+  return j.dump(2, ' ', true, json::error_handler_t::replace);
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -59,35 +74,39 @@ std::string human_bytes(double b) {
 int read_status(const std::string& mnt, json& out) {
   std::string text;
   if (const int err = get_attr(mnt, "user.stagefs.status", text); err != 0) {
-    std::fprintf(stderr, "stagectl: %s: not a running stagefs mount (%s)\n", mnt.c_str(),
+    std::fprintf(stderr, "stagectl: %s: not a running stagefs mount (%s)\n", shown(mnt).c_str(),
                  err == ENODATA || err == ENOTSUP ? "no stagefs status attribute" : std::strerror(err));
     return 1;
   }
   out = json::parse(text, nullptr, false);
   if (out.is_discarded()) {
-    std::fprintf(stderr, "stagectl: %s: unreadable status\n", mnt.c_str());
+    std::fprintf(stderr, "stagectl: %s: unreadable status\n", shown(mnt).c_str());
     return 1;
   }
   return 0;
 }
 
 void print_status(const json& s) {
-  std::printf("%s: %s on %s (rank %d of %d), reads: %s\n", s.value("mountpoint", "?").c_str(),
-              s.value("state", "?").c_str(), s.value("host", "?").c_str(), s.value("rank", 0), s.value("ranks", 1),
-              s.value("read_path", "?").c_str());
+  std::printf("%s: %s on %s (rank %d of %d), reads: %s\n", shown(s.value("mountpoint", "?")).c_str(),
+              shown(s.value("state", "?")).c_str(), shown(s.value("host", "?")).c_str(), s.value("rank", 0),
+              s.value("ranks", 1), shown(s.value("read_path", "?")).c_str());
   const json& c = s["cache"];
   const uint64_t limit = c.value("limit", uint64_t{0});
-  std::printf("cache %s: %s in %llu file(s), limit %s, %llu eviction(s)\n", c.value("dir", "?").c_str(),
+  std::printf("cache %s: %s in %llu file(s), limit %s, %llu eviction(s)\n",
+              shown(c.value("dir", "?")).c_str(),
               human_bytes(static_cast<double>(c.value("bytes", uint64_t{0}))).c_str(),
               static_cast<unsigned long long>(c.value("files", uint64_t{0})),
               limit ? human_bytes(static_cast<double>(limit)).c_str() : "none",
               static_cast<unsigned long long>(c.value("evictions", uint64_t{0})));
-  if (s.contains("transfer") && s["transfer"].is_object()) {
+  if (s.contains("transfer") && s["transfer"].is_object() && s["transfer"].value("hidden", false)) {
+    std::printf("transfer: one in flight (of a file you may not read: not named)\n");
+  } else if (s.contains("transfer") && s["transfer"].is_object()) {
     const json& t = s["transfer"];
     const double eta = t.value("eta_seconds", -1.0);
-    std::printf("transfer: %s, %s of %s, %.1f MB/s, ETA %s\n", t.value("path", "?").c_str(),
-                human_bytes(t.value("bytes_done", 0.0)).c_str(), human_bytes(t.value("bytes_total", 0.0)).c_str(),
-                t.value("bytes_per_second", 0.0) / 1e6, eta >= 0 ? (std::to_string(static_cast<int>(eta + 0.5)) + " s").c_str() : "-");
+    std::printf("transfer: %s, %s of %s, %.1f MB/s, ETA %s\n", shown(t.value("path", "?")).c_str(),
+                human_bytes(t.value("bytes_done", 0.0)).c_str(),
+                human_bytes(t.value("bytes_total", 0.0)).c_str(), t.value("bytes_per_second", 0.0) / 1e6,
+                eta >= 0 ? (std::to_string(static_cast<int>(eta + 0.5)) + " s").c_str() : "-");
   } else {
     std::printf("transfer: none in flight; %llu file(s) waited for\n",
                 static_cast<unsigned long long>(s.value("waiting", uint64_t{0})));
@@ -168,14 +187,14 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    std::fprintf(stderr, "stagectl: %s\nTry 'stagectl --help'.\n", e.what());
+    std::fprintf(stderr, "stagectl: %s\nTry 'stagectl --help'.\n", shown(e.what()).c_str());
     return 2;
   }
   json s;
   if (const int rc = read_status(mnt, s); rc != 0) return rc;
   if (*status || *stats) {
     if (as_json)
-      std::puts(s.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+      std::puts(dump(s).c_str());
     else if (*status)
       print_status(s);
     else
@@ -203,14 +222,15 @@ int main(int argc, char** argv) {
     if (!r.value("ok", false)) rc = 1;
   if (as_json) {
     // Paths as typed may be any bytes: shown with U+FFFD, never an abort.
-    std::puts(json{{"results", results}, {"ok", rc == 0}}.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    std::puts(dump(json{{"results", results}, {"ok", rc == 0}}).c_str());
   } else {
     const char* verb = *evict ? "evicted" : no_wait ? "queued" : "prefetched";
     for (const auto& r : results) {
       if (r.value("ok", false))
-        std::printf("%s %s\n", verb, r.value("path", "").c_str());
+        std::printf("%s %s\n", verb, shown(r.value("path", "")).c_str());
       else
-        std::fprintf(stderr, "stagectl: %s: %s\n", r.value("path", "").c_str(), r.value("error", "").c_str());
+        std::fprintf(stderr, "stagectl: %s: %s\n", shown(r.value("path", "")).c_str(),
+                     shown(r.value("error", "")).c_str());
     }
   }
   return rc;

@@ -67,9 +67,13 @@ class UserCase(h.MountTestCase):
         self.uid, self.gid = pw.pw_uid, pw.pw_gid
         os.chmod(self.work.path, 0o755)
 
+    def user_cmd(self, *cmd):
+        """cmd (str or bytes arguments) run as the test's user."""
+        return (["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
+                [c if isinstance(c, bytes) else str(c) for c in cmd])
+
     def as_user(self, *cmd, timeout=30):
-        return h.run(["setpriv", "--reuid=%d" % self.uid, "--regid=%d" % self.gid, "--clear-groups", "--"] +
-                     [str(c) for c in cmd], cwd="/", timeout=timeout, check=False)
+        return h.run(self.user_cmd(*cmd), cwd="/", timeout=timeout, check=False)
 
     def probe(self, op, path):
         r = self.as_user(h.PYTHON, "-c", fx.PROBE, op, path)
@@ -380,13 +384,5 @@ class Access(UserCase):
             return e.errno
 
 
-def main():
-    for tool in ("useradd", "userdel", "setpriv"):
-        if not shutil.which(tool):
-            print("skipped: %s missing" % tool)
-            sys.exit(77)
-    h.main(__file__)
-
-
 if __name__ == "__main__":
-    main()
+    h.main(__file__, tools=("useradd", "userdel", "setpriv"))

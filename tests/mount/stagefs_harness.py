@@ -5,7 +5,7 @@ A test script calls main(__file__) with argv
     SCRIPT STAGEFS [NP] [MPIRUN ARGS...] [-- UNITTEST ARGS...]
 which
   - exits 77 (ctest skip) without /dev/fuse, root, fusermount3, unshare or nsenter (and
-    without mpirun when NP is given),
+    without mpirun when NP is given, or a command named in main's `tools`),
   - re-executes the script in a private mount namespace of its own (unshare -m
     --propagation private): the mounts a test makes are invisible to other processes, and
     no namespace created elsewhere in the meantime (a container, a simulated slurmd, another
@@ -649,12 +649,13 @@ class MountTestCase(unittest.TestCase):
 
 # ---- entry points ------------------------------------------------------------------------
 
-def missing_prerequisite(need_mpi):
+def missing_prerequisite(need_mpi, tools=()):
+    """Why the tests cannot run here (None: they can). tools: further commands they need."""
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse is missing"
     if os.geteuid() != 0:
         return "not root"
-    for tool in ["fusermount3", "unshare", "nsenter", "umount"] + (["mpirun"] if need_mpi else []):
+    for tool in ["fusermount3", "unshare", "nsenter", "umount"] + (["mpirun"] if need_mpi else []) + list(tools):
         if shutil.which(tool) is None:
             return tool + " is missing"
     return None
@@ -683,7 +684,7 @@ def list_fuse_mounts():
     return sorted(out, key=len, reverse=True)
 
 
-def main(script, with_np=False):
+def main(script, with_np=False, tools=()):
     global STAGEFS, NP, MPIRUN
     argv = sys.argv[1:]
     rest = []
@@ -699,7 +700,7 @@ def main(script, with_np=False):
         NP = int(argv[1])
         if len(argv) > 2:
             MPIRUN = argv[2:]
-    why = missing_prerequisite(with_np)
+    why = missing_prerequisite(with_np, tools)
     if why:
         print("SKIP: " + why, file=sys.stderr)
         sys.exit(77)

@@ -214,6 +214,28 @@ class Shutdown(GroupCase):
         self.assert_all_gone(g, "after SIGTERM to mpirun")
         self.assert_caches_valid(g)
 
+    def test_usr1_usr2_and_alrm_to_the_ranks_do_not_end_the_group(self):
+        # What `srun --signal=USR1@T` sends every task before a time limit (and mpirun forwards
+        # of its own SIGUSR1/SIGUSR2): the mount goes on, ignored after MPI_Init too.
+        g = self.prepare()
+        for pid in g.pids:
+            for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+                os.kill(pid, sig)
+        # A signal whose default action ends a process has ended it before kill() returns:
+        # a transfer to every node now proves every rank survived.
+        h.write_random(os.path.join(self.work.src, "after"), MiB, seed=4)
+        got = g.sha256_on(g.np - 1, os.path.join(g.mnt, "after"))
+        self.assertEqual(got[os.path.join(g.mnt, "after")][0], h.sha256_file(os.path.join(self.work.src, "after")))
+        for pid in g.pids:
+            self.assertTrue(h.pid_alive(pid))
+            with open("/proc/%d/status" % pid) as f:
+                ign = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+            for sig in (signal.SIGPIPE, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+                self.assertTrue(ign & (1 << (sig - 1)), "rank %d does not ignore %s" % (pid, sig.name))
+        os.kill(g.proc.pid, signal.SIGTERM)
+        self.assertIsNotNone(g.wait_exit(60), "mpirun still running 60 s after SIGTERM")
+        self.assert_all_gone(g, "after SIGTERM to mpirun")
+
 
 class Interrupt(GroupCase):
     """A transfer under way (a 16 MiB file in 32 KiB chunks, opened on node 1) when the

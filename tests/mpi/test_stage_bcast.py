@@ -691,6 +691,25 @@ class StageBcastTest(unittest.TestCase):
         self.assert_copy(src, dst)
         self.assert_no_temps()
 
+    def test_11b_standalone_output_reader_gone(self):
+        # stdout and stderr are pipes whose reader went away: the copy ends, and so does the
+        # process, with the copy's exit status (not killed by SIGPIPE at its report).
+        src = self.make_source("img.bin", 2 * MiB + 5)
+        dst = os.path.join(self.work, "local", "img.bin")
+        p = subprocess.Popen([BIN, "--source", src, "--dest", dst, "-v"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
+        p.stdout.close()
+        p.stderr.close()
+        try:
+            rc = p.wait(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise AssertionError("stage-bcast did not end")
+        self.assertEqual(rc, 0)
+        self.assert_copy(src, dst)
+        self.assert_no_temps()
+
     # ---- 12. one writer per host without --ranks-as-nodes ---------------------------------
     def test_12_one_writer_per_host(self):
         src = self.make_source("img.bin", 300_007)

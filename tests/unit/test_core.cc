@@ -196,6 +196,28 @@ TEST(Status, ANameThatIsNotUtf8IsShownNotRefused) {
   EXPECT_NE(j.find("-shard.bin"), std::string::npos) << j;
 }
 
+// What stagectl prints and the daemon logs of a name: text stays text; whatever a terminal
+// would act on, and bytes that are not UTF-8, become \xNN.
+TEST(Text, EscapeControlsKeepsTextAndEscapesWhatActsOnATerminal) {
+  using stagefs::escape_controls;
+  EXPECT_EQ(escape_controls("caf\xc3\xa9/\xe6\x95\xb0\xe6\x8d\xae/\xf0\x9f\x93\xa6.bin"),
+            "caf\xc3\xa9/\xe6\x95\xb0\xe6\x8d\xae/\xf0\x9f\x93\xa6.bin");  // UTF-8 unchanged
+  // A carriage return, an OSC that sets the window title, DEL.
+  EXPECT_EQ(escape_controls("a\r\x1b]0;owned\x07\x7f"), "a\\x0d\\x1b]0;owned\\x07\\x7f");
+  // C1 controls in UTF-8 (U+009B is CSI), bidirectional overrides and isolates.
+  EXPECT_EQ(escape_controls(std::string("\xc2\x9b") + "31m"), "\\xc2\\x9b31m");
+  EXPECT_EQ(escape_controls("x\xe2\x80\xaegnp.exe"), "x\\xe2\\x80\\xaegnp.exe");
+  EXPECT_EQ(escape_controls("\xe2\x81\xa6i"), "\\xe2\\x81\\xa6i");
+  EXPECT_EQ(escape_controls("\xc2\xa0"), "\xc2\xa0");  // U+00A0, past the C1 range: text
+  // Not UTF-8: a stray byte, a truncated sequence, an overlong slash, a surrogate.
+  EXPECT_EQ(escape_controls("\xff\xfe"), "\\xff\\xfe");
+  EXPECT_EQ(escape_controls("ab\xe6\x95"), "ab\\xe6\\x95");
+  EXPECT_EQ(escape_controls("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(escape_controls("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(escape_controls("\\x41"), "\\\\x41");  // a backslash stays unambiguous
+  EXPECT_EQ(escape_controls(std::string_view("a\0b", 3)), "a\\x00b");
+}
+
 // A file name with a newline must not forge a log line of the root daemon.
 TEST(Log, ControlCharactersInAMessageAreEscaped) {
   EXPECT_EQ(stagefs::escape_controls("a/b c.bin"), "a/b c.bin");

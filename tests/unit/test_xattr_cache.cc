@@ -1,8 +1,10 @@
 // XattrCache alone (loads counted by fake loaders), then through StageFsCore over a real
 // source directory: absent names cost no load once a node is listed, and a changed source is
-// seen again at the next lookup or getattr.
+// seen again at the next lookup or getattr. The status attributes on the root, and the
+// access check that decides what they name for a caller.
 #include <gtest/gtest.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -10,6 +12,7 @@
 
 #include "fusefs/cache.h"
 #include "fusefs/core.h"
+#include "fusefs/status.h"
 #include "fusefs/xattr_cache.h"
 #include "tmpdir.h"
 
@@ -227,6 +230,53 @@ TEST_F(CoreXattrTest, TrustedNamesStayHiddenFromUsers) {
   EXPECT_EQ(err(core_->getxattr(f->first, "trusted.t", user)), ENODATA);
   EXPECT_EQ(core_->listxattr(f->first, user).value().find("trusted.t"), std::string::npos);
   EXPECT_NE(core_->listxattr(f->first).value().find("trusted.t"), std::string::npos);
+}
+
+// user.stagefs.status names the transfer in flight only to a caller who could read it through
+// the mount: the directories on the way count, not only the file's own mode.
+TEST_F(CoreXattrTest, StatusNamesATransferOnlyToCallersWhoMayReadIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (checks as other users)";
+  fs::create_directories(path("src/private"));
+  fs::permissions(path("src/private"), fs::perms::owner_all);  // 0700, root's
+  write_file(path("src/private/plan.bin"), "p");
+  fs::permissions(path("src/private/plan.bin"), fs::perms(0644));  // readable, but out of reach
+  write_file(path("src/team.bin"), "t");
+  fs::permissions(path("src/team.bin"), fs::perms(0640));
+  ASSERT_EQ(::chown(path("src/team.bin").c_str(), 0, 4242), 0);
+  const Caller nobody{65534, 65534, {}};
+  const Caller team{65534, 65534, {4242}};
+  const Caller root{};
+  EXPECT_TRUE(core_->may_read("d/f", nobody));
+  EXPECT_TRUE(core_->may_read("", nobody));  // SOURCE_DIR itself (a batch of its small files)
+  EXPECT_FALSE(core_->may_read("private/plan.bin", nobody));
+  EXPECT_FALSE(core_->may_read("private", nobody));
+  EXPECT_TRUE(core_->may_read("private/plan.bin", root));
+  EXPECT_FALSE(core_->may_read("team.bin", nobody));
+  EXPECT_TRUE(core_->may_read("team.bin", team));
+  EXPECT_FALSE(core_->may_read("gone", nobody));
+  EXPECT_EQ(core_->counters().denied, 0U);  // not an open: no denial counted
+
+  // The status as the daemon answers it (show_to): a caller who cannot reach the file sees
+  // that a transfer runs, neither its name nor its size.
+  core_->set_control_xattr([this](const std::string& name, const Caller& who) -> std::optional<std::string> {
+    if (name != "user.stagefs.status") return std::nullopt;
+    MountStatus s;
+    s.current = "private/plan.bin";
+    s.current_done = 1;
+    s.current_total = 4096;
+    s.current_seconds = 0.5;
+    show_to(s, *core_, who);
+    return to_json(s);
+  });
+  const std::string hidden = core_->getxattr(StageFsCore::kRootId, "user.stagefs.status", nobody).value();
+  EXPECT_EQ(hidden.find("plan"), std::string::npos) << hidden;
+  EXPECT_EQ(hidden.find("4096"), std::string::npos) << hidden;
+  EXPECT_NE(hidden.find(R"("transfer":{"hidden":true,"path":null})"), std::string::npos) << hidden;
+  const std::string shown = core_->getxattr(StageFsCore::kRootId, "user.stagefs.status", root).value();
+  EXPECT_NE(shown.find(R"("path":"private/plan.bin")"), std::string::npos) << shown;
+  EXPECT_NE(shown.find(R"("bytes_total":4096)"), std::string::npos) << shown;
+  EXPECT_EQ(current_source("private/"), "private");  // a batch: its directory
+  EXPECT_EQ(current_source("/"), "");
 }
 
 // READDIRPLUS looks entries up in a batch: the same ids, attributes and reference counts as

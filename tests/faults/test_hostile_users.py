@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""A root stagefs daemon on a node that users share, attacked by a second, unprivileged user
+(created by the test) and by the daemon's own surroundings: real standalone mounts.
+
+Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
+(exits 77 without /dev/fuse, root, fusermount3, unshare, nsenter, useradd, userdel, setpriv)
+
+  Status    user.stagefs.status (stagectl status) names the file being copied only to root
+            and to callers who may read it through the mount: a copy of a file inside a
+            0700 directory shows others that a transfer runs, not its name or size
+  Names     a file name with a carriage return, escape sequences (OSC title, CSI) and a
+            UTF-8 encoded C1 control: stagectl status, prefetch and evict print it escaped,
+            in text and in --json
+  Metrics   --metrics-file in a sticky world-writable directory: a user who plants the old
+            fixed temporary name (a directory) does not freeze the file; a symlink planted
+            at the path itself is replaced, its target untouched; a file that cannot be
+            rewritten (its filesystem full) is removed and logged, not left saying
+            stagefs_up 1
+  Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
+            SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
+
+Transfers are held at a chunk with the test hook (STAGE_TEST_HOLD=mid-file,
+STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "mount"))
+sys.path.insert(0, HERE)
+import stagefs_harness as h  # noqa: E402
+import test_security8 as s8  # noqa: E402  (UserCase)
+
+MiB = h.MiB
+# What a terminal acts on: C0 controls but the newline, DEL, and C1 controls (as UTF-8).
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f\x80-\x9f]")
+
+GETXATTR = "import os,sys; sys.stdout.write(os.getxattr(sys.argv[1], sys.argv[2]).decode())"
+
+
+def stagectl():
+    return os.path.join(os.path.dirname(h.STAGEFS), "stagectl")
+
+
+def run_raw(cmd, timeout=60):
+    """Runs cmd (own session): (exit status, stdout, stderr) as str, every byte kept (no newline
+    translation: a carriage return stays one; bytes that are not UTF-8 as surrogates)."""
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        h.stop_popen(p, grace=5)
+        raise AssertionError("timed out after %ss: %r" % (timeout, cmd))
+    return p.returncode, out.decode("utf-8", "surrogateescape"), err.decode("utf-8", "surrogateescape")
+
+
+def read_all(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def parse_metrics(text):
+    """{(name, labels without mountpoint): value} of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        extra = tuple(sorted(kv for kv in labels.rstrip("}").split(",") if kv and not kv.startswith("mountpoint=")))
+        out[(name, extra)] = float(value)
+    return out
+
+
+def ignored_signals(pid):
+    """The signal numbers pid ignores (SigIgn of /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return {s for s in range(1, 65) if mask & (1 << (s - 1))}
+    return set()
+
+
+class UserCase(s8.UserCase):  # a second user, created for the test (as_user, user_cmd)
+    def held_daemon(self, *args):
+        """A daemon whose transfers stop after their second 64 KiB chunk until the hold file
+        (returned) is removed (h.Hold)."""
+        with h.Hold(self, "mid-file") as hold:
+            d = self.daemon(self.work.file("cache"), "--chunk-size", "64K", *args)
+        return d.wait_ready(), hold.file
+
+    def open_in_background(self, path):
+        """Reads path through the mount on a thread (its transfer may be held); at cleanup the
+        hold is released, then the thread joined."""
+        t = threading.Thread(target=lambda: read_all(path), daemon=True)
+        t.start()
+        hold = self.work.file("hold")
+        self.addCleanup(t.join, 60)
+        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
+        return t
+
+
+class Status(UserCase):
+    def status_as_user(self, attr="user.stagefs.status"):
+        r = self.as_user(h.PYTHON, "-c", GETXATTR, self.work.mnt, attr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def test_a_transfer_is_named_only_to_callers_who_may_read_it(self):
+        private = os.path.join(self.work.src, "private")
+        os.mkdir(private, 0o700)
+        h.write_random(os.path.join(private, "merger-plan.bin"), 4 * MiB, 1, mode=0o644)
+        h.write_random(os.path.join(self.work.src, "public.bin"), 4 * MiB, 2, mode=0o644)
+        d, hold = self.held_daemon()
+
+        # A file in a 0700 directory: the file's own mode would let the user read it, the
+        # directory does not let them reach it.
+        t = self.open_in_background(os.path.join(self.work.mnt, "private", "merger-plan.bin"))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the transfer to reach the hold")
+        for attr in ("user.stagefs.status", "user.stagefs.stats"):
+            text = self.status_as_user(attr)
+            self.assertNotIn("merger-plan", text)
+            self.assertNotIn("private", text)
+            transfer = json.loads(text)["transfer"]
+            self.assertIsInstance(transfer, dict, "a transfer runs: that much is shown")
+            self.assertIsNone(transfer.get("path"), transfer)
+            self.assertNotIn("bytes_total", transfer)
+            self.assertNotIn("bytes_done", transfer)
+        r = self.as_user(stagectl(), "status", self.work.mnt)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("merger-plan", r.stdout)
+        self.assertIn("transfer: one in flight", r.stdout)
+        self.assertEqual(d.stats()["transfer"]["path"], "private/merger-plan.bin")  # root sees it
+        os.unlink(hold)
+        t.join(60)
+        d.wait_transfers(1)
+
+        # A file the user may read: named, with its progress.
+        t = self.open_in_background(os.path.join(self.work.mnt, "public.bin"))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the second transfer to reach the hold")
+        transfer = json.loads(self.status_as_user())["transfer"]
+        self.assertEqual(transfer["path"], "public.bin")
+        self.assertEqual(transfer["bytes_total"], 4 * MiB)
+        os.unlink(hold)
+        t.join(60)
+
+
+class Names(UserCase):
+    # A carriage return back to the line's start, an OSC that sets the terminal's title, a CSI
+    # that erases the line, and CSI once more as the UTF-8 form of the C1 control U+009B.
+    EVIL = b"evil\r\x1b]0;owned\x07\x1b[2Kfake \xc2\x9b31m.bin"
+
+    def assert_no_raw_control(self, text, what):
+        m = RAW_CONTROL.search(text)
+        self.assertIsNone(m, "%s holds a raw control character %r: %r" % (what, m and m.group(), text))
+
+    def test_stagectl_prints_hostile_names_escaped(self):
+        ds = os.path.join(self.work.src.encode(), b"ds")
+        os.mkdir(ds)
+        h.write_random(os.path.join(ds, self.EVIL), 4 * MiB, 3)  # a single transfer (over --small-file-size)
+        d, hold = self.held_daemon()
+        t = self.open_in_background(os.path.join(self.work.mnt.encode(), b"ds", self.EVIL))
+        h.wait_for(lambda: os.path.exists(hold), 30, "the transfer to reach the hold")
+        for args in (["status"], ["--json", "status"]):
+            rc, out, err = run_raw([stagectl()] + args + [self.work.mnt])
+            self.assertEqual(rc, 0, err)
+            self.assertIn("evil", out)
+            self.assert_no_raw_control(out, "stagectl %s" % " ".join(args))
+            if "--json" in args:  # still the very name, for a program
+                self.assertEqual(json.loads(out)["transfer"]["path"].encode(), b"ds/" + self.EVIL)
+        os.unlink(hold)
+        t.join(60)
+        d.wait_transfers(1)
+
+        # Names stagectl found below a directory, and errors about them.
+        rc, out, err = run_raw([stagectl(), "prefetch", self.work.mnt, "ds"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("prefetched", out)
+        self.assert_no_raw_control(out, "stagectl prefetch")
+        rc, out, err = run_raw(self.user_cmd(stagectl(), "evict", self.work.mnt, b"ds/" + self.EVIL))
+        self.assertEqual(rc, 1)
+        self.assertIn("evil", err)
+        self.assert_no_raw_control(err, "stagectl evict (refused)")
+        rc, out, err = run_raw([stagectl(), "--json", "prefetch", self.work.mnt, "ds"])
+        self.assertEqual(rc, 0, err)
+        self.assert_no_raw_control(out, "stagectl --json prefetch")
+
+
+class Metrics(UserCase):
+    def shared_dir(self):
+        shared = self.work.file("shared")  # as /tmp or /var/tmp: sticky, world-writable
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)
+        return shared
+
+    def metrics_when(self, path, cond):
+        def current():
+            try:
+                m = parse_metrics(read_all(path).decode())
+            except (OSError, ValueError):
+                return None
+            return m if cond(m) else None
+        return current
+
+    def test_a_planted_temporary_name_does_not_freeze_the_metrics_file(self):
+        h.write_random(os.path.join(self.work.src, "f"), 64 * 1024, 4)
+        shared = self.shared_dir()
+        path = os.path.join(shared, "stagefs.prom")
+        d = self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(lambda: os.path.exists(path), 30, "the first metrics file")
+        # The name the daemon wrote its temporary file under, as a directory of the user's.
+        planted = os.path.join(shared, ".stagefs-metrics.%d.tmp" % d.pid)
+        r = self.as_user("mkdir", planted)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        read_all(os.path.join(self.work.mnt, "f"))
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_opens_total", ())) == 1), 30,
+                   "the metrics file to count the open made after the plant")
+        self.assertEqual(os.stat(path).st_uid, 0)
+        self.assertEqual(os.stat(planted).st_uid, self.uid, "the user's directory was touched")
+        left = [n for n in os.listdir(shared) if n.startswith(".stagefs-metrics")]
+        self.assertLessEqual(set(left), {os.path.basename(planted)}, "temporary files left behind")
+
+    def test_a_symlink_planted_at_the_metrics_path_is_replaced_not_followed(self):
+        shared = self.shared_dir()
+        victim = self.work.file("victim")
+        with open(victim, "w") as f:
+            f.write("root's\n")
+        path = os.path.join(shared, "stagefs.prom")
+        r = self.as_user("ln", "-s", victim, path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(lambda: not os.path.islink(path) and os.path.exists(path), 30, "the metrics file")
+        self.assertEqual(read_all(victim), b"root's\n")
+        self.assertIn(("stagefs_up", ()), parse_metrics(read_all(path).decode()))
+
+    def test_a_metrics_file_that_cannot_be_rewritten_is_removed_and_logged(self):
+        mdir = self.work.file("metrics")
+        os.mkdir(mdir)
+        h.run(["mount", "-t", "tmpfs", "-o", "size=256k", "stagefs-test", mdir])
+        path = os.path.join(mdir, "stagefs.prom")
+        d = self.daemon(self.work.file("cache"), "--metrics-file", path, "--metrics-interval", "0.1").wait_ready()
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30, "the metrics file")
+        filler = os.path.join(mdir, "filler")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.addCleanup(os.close, fd)
+
+        def full_then_failed():
+            # The filesystem kept full (a page the daemon frees is taken at the next poll): no
+            # new temporary file fits.
+            try:
+                while os.write(fd, b"\0" * 4096) > 0:
+                    pass
+            except OSError:
+                pass
+            return "removed it" in d.output()[1]
+        h.wait_for(full_then_failed, 30, "the daemon to log the failed write")
+        err = d.output()[1]
+        self.assertIn("cannot write --metrics-file %s" % path, err)
+        self.assertIn("No space left on device", err)
+        os.ftruncate(fd, 0)  # room again
+        h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30,
+                   "the metrics file to come back once there is room")
+        h.wait_for(lambda: "written again" in d.output()[1], 30, "the daemon to log the recovery")
+
+
+class Signals(h.MountTestCase):
+    def test_a_log_reader_that_went_away_does_not_kill_the_daemon(self):
+        h.write_random(os.path.join(self.work.src, "a"), 64 * 1024, 5)
+        h.write_random(os.path.join(self.work.src, "b"), 64 * 1024, 6)
+        cmd = [h.STAGEFS, self.work.src, self.work.mnt, "--cache", self.work.file("cache")]
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=h.clean_env(), start_new_session=True)
+        self.addCleanup(h.stop_popen, p)
+        self.addCleanup(lambda: h.mounts_under(self.work.mnt) and h.force_unmount(self.work.mnt))
+        h.run([h.STAGEFS, "--wait", self.work.mnt, "--wait-timeout", "30"], timeout=60)
+        p.stderr.close()  # the reader goes away (a log pipeline ended, a terminal closed)
+        # Each materialization logs a line: into a pipe nobody reads.
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "a")), read_all(os.path.join(self.work.src, "a")))
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "b")), read_all(os.path.join(self.work.src, "b")))
+        self.assertIsNone(p.poll(), "the daemon died")
+        self.assertIn(signal.SIGPIPE, ignored_signals(p.pid))
+        h.run(["fusermount3", "-u", self.work.mnt], timeout=30)
+        self.assertEqual(p.wait(timeout=30), 0)
+
+    def test_usr1_usr2_and_alrm_do_not_stop_the_mount(self):
+        h.write_random(os.path.join(self.work.src, "a"), 64 * 1024, 7)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            os.kill(d.pid, sig)
+        # A signal whose action is to end the process ends it before kill() returns (the
+        # kernel marks the whole group as exiting): whatever answers now is a survivor.
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "a")), read_all(os.path.join(self.work.src, "a")))
+        self.assertEqual(d.stats()["state"], "ready")
+        self.assertIsNone(d.proc.poll())
+        self.assertLessEqual({signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}, ignored_signals(d.pid))
+        self.assertEqual(d.stop(), 0)
+
+
+if __name__ == "__main__":
+    h.main(__file__, tools=("useradd", "userdel", "setpriv"))
