@@ -37,7 +37,7 @@
 
 namespace stage {
 
-// Reads before the copy ends (issue 11): what the stagefs mount learns of a transfer while it
+// Reads before the copy ends: what the stagefs mount learns of a transfer while it
 // runs, and how its readers steer it. Used when the transfer streams exactly one file (not a
 // tree, not a batch): chunk i is then the file's bytes [i x chunk_size, ...), and the source
 // rank reads the chunks in an order that follows the readers: first every chunk a reader on
@@ -59,7 +59,7 @@ class LiveCopy {
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
 };
 
-// More than one transfer at a time (issue 11): a short transfer (a batch of small files) that
+// More than one transfer at a time: a short transfer (a batch of small files) that
 // must not wait until a long one (a 50 GB image) ends runs NESTED in it, on another Comm, at a
 // point of the long transfer's own stream that every rank sees: the source rank puts a nest
 // header (kChunkNest, a token, no payload) between two chunks, and each rank, once that header
@@ -100,7 +100,7 @@ struct StageOptions {
   Validate post = Validate::none;
   bool overwrite = false;
   bool recursive = false;
-  // > 0: a batch of small files (the stagefs mount, issue 11). ep.source is a directory; the
+  // > 0: a batch of small files (the stagefs mount). ep.source is a directory; the
   // transfer stages its regular files of at most this many bytes (not recursive: no
   // subdirectory, symlink or larger file) into the directory ep.dest, packed into one stream
   // as --recursive packs a tree. One sync for the batch: the data, before any rename (names

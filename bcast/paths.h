@@ -1,5 +1,5 @@
-// Path checks the tools make before they touch anything (issue 8, "accepts what it should
-// refuse"): where a path really is once symlinks are resolved, whether one path lies inside
+// Path checks the tools make before they touch anything, so that nothing is accepted that
+// should be refused: where a path really is once symlinks are resolved, whether one path lies inside
 // another, which pseudo filesystem (proc, sysfs, ...) holds a path, and which file types a
 // copy must never replace. Stateless and thread-safe; the pure functions are unit-tested.
 #pragma once

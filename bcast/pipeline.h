@@ -137,7 +137,7 @@ class ChunkStream {
   // The caller was away on purpose (a nested transfer ran, engine.h Nest): the stall clock
   // starts again now, as after progress.
   void resumed();
-  // Reads before the copy ends (issue 11): a chunk (the caller's ChunkHeader::index) that
+  // Reads before the copy ends: a chunk (the caller's ChunkHeader::index) that
   // readers on this rank wait for. Passed up the chain or tree to the root, hop by hop, each
   // index at most once per stream and link; the root's caller collects them with
   // take_want() and sends those chunks next. A hint: an index may arrive after its chunk

@@ -51,7 +51,7 @@ class SourceReader {
     return stage_error(Errc::unsupported, "a batch of small files", dir);
   }
   // The subdirectories directly in `dir` that every user may list and enter (mode o+rx), in
-  // the order the directory lists them, at most max of them (a mount's walks, issue 11).
+  // the order the directory lists them, at most max of them (a mount's walks).
   // Readers that cannot list say unsupported.
   virtual Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) {
     (void)max;

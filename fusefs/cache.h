@@ -21,7 +21,7 @@
 //   - open_current() is the validity rule: the copy at rel (resolved beneath data_fd, no
 //     symlinks) is a regular file owned by us with one link whose recorded origin matches the
 //     source's size, mtime, ctime and inode.
-//   - The index (issue 10): every copy with its allocated bytes and last use (the copy's
+//   - The index: every copy with its allocated bytes and last use (the copy's
 //     atime, set on each hit, so the order survives restarts), and pins (files open on
 //     this node or being written). make_room() evicts least recently used, unpinned copies
 //     until a new copy fits under --cache-size and in the filesystem's free space. store()

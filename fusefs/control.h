@@ -8,7 +8,7 @@
 //                                       "shut down"; while a transfer of one file runs,
 //                                       "batch DIR (id N), nested in it"
 // A batch stands for every small regular file directly in DIR (not recursive; "" is the root
-// of the source): one transfer packs them all (issue 11: datasets of many small files).
+// of the source): one transfer packs them all (datasets of many small files).
 //
 // Messages are small fixed-layout byte strings; decode_*() validate type, lengths and the
 // path (relative, no "..") before anything uses them (a fuzz target covers them).

@@ -16,14 +16,14 @@
 //   - Shutdown: the first shutdown request jumps the queue; it is the last announcement.
 //     Requests after it are dropped (their nodes fail their opens with ESHUTDOWN when they
 //     see it), and nothing is announced after it.
-//   - Nested (issue 11, item 4; only with nesting on): while the coordinator's node runs the
+//   - Nested (only with nesting on): while the coordinator's node runs the
 //     transfer of one file (on_started .. on_finished of a materialize announcement), the
 //     first queued batch, and only a batch, is announced as batch_nested; at most one nested
 //     batch is open at a time (from its announcement to its on_finished); nothing else is
 //     announced while a transfer runs (nor after a shutdown request), and shutdown waits for
 //     its end. Without on_started calls (or with nesting off) one announcement runs at a
 //     time, in request order.
-//   - Walks (issue 11: readers that walk a tree; only with walks on): once opens have asked
+//   - Walks (readers that walk a tree; only with walks on): once opens have asked
 //     for the batches of two different directories with the same parent, that parent is a
 //     walk, reported once by take_walks(). The caller lists the parent's subdirectories
 //     (the coordinator does no I/O) and hands each to prefetch(): a batch key queued behind

@@ -8,7 +8,7 @@
 // that is current (the cache's validity rule) and, with Verify::crc, whose CRC was checked
 // once in this mount; otherwise after the Materializer (the mount group) has made one.
 //
-// Security and freshness decisions (issue 8):
+// Security and freshness decisions:
 //   - Versions: a node id stands for one version of a file (size, mtime, ctime, inode). When
 //     a lookup finds the source changed, the name gets a new id: the kernel then sees a new
 //     inode, with fresh attributes and no page cache, so a new open reads the new bytes
@@ -77,7 +77,7 @@ class Materializer {
     (void)since;
     materialize_async(rel, std::move(done));
   }
-  // Reads before the copy ends (issue 11): as materialize_async(), but once the transfer of
+  // Reads before the copy ends: as materialize_async(), but once the transfer of
   // rel runs on this node with its temporary file open (LiveFile), early(live) is called
   // instead of done, and done never: the open returns then and reads wait for their chunks.
   // If that never happens (the transfer failed first, or this materializer cannot), done

@@ -210,7 +210,7 @@ std::string Daemon::setup_local() {
     cache_->added(rel);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
-  // Batches of small files (issue 11): the same, for every small file of the directory,
+  // Batches of small files: the same, for every small file of the directory,
   // with one make_room for the batch (none for a prefetched one); afterwards each published
   // copy joins the index.
   g.small_file_size = cfg_.small_file_size;

@@ -7,7 +7,7 @@
 //   - on every rank: runs each announced transfer through the bcast engine into the cache
 //     (nodes whose cache already holds a valid copy take part without writing),
 //   - wakes the waiting opens with the outcome.
-// Small files (issue 11): materialize_small_async() asks for the file's directory as a batch
+// Small files: materialize_small_async() asks for the file's directory as a batch
 // (MsgType::batch): one transfer stages every small regular file of that directory (not
 // recursive) that is not current in some node's cache, packed into one stream, and answers
 // every open waiting for any of them. Each node waits per key, (file) or (batch, dir), so
@@ -15,12 +15,12 @@
 // is run once more at once (every rank agrees: the outcome is collective): a file that
 // changed on the source during the copy fails the whole stream, and the second run
 // publishes the unchanged files with the changed one at its new version.
-// Reads before the copy ends (issue 11, GroupConfig::read_during_copy): each single-file
+// Reads before the copy ends (GroupConfig::read_during_copy): each single-file
 // transfer gets a LiveFile (live.h) that the engine keeps informed; once this node's
 // temporary file exists, the opens waiting for that file are answered with it
 // (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
 // missing chunks through it; the engine passes the wants to the source rank.
-// More than one transfer at a time (issue 11, item 4; GroupConfig::nest_batches, with a
+// More than one transfer at a time (GroupConfig::nest_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
 // control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,

@@ -1,4 +1,4 @@
-// LiveFile: a file this node is materializing, readable before its copy ends (issue 11).
+// LiveFile: a file this node is materializing, readable before its copy ends.
 //
 // The engine tells it, through stage::LiveCopy, when the temporary file exists (started) and
 // which chunks are in it, verified against their CRC (chunk_written). A reader asks for a

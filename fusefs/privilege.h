@@ -1,4 +1,4 @@
-// What this process may do with FUSE, decided before mounting (issue 8, item 11).
+// What this process may do with FUSE, decided before mounting.
 //
 // libfuse mounts with `auto_unmount` through fusermount3 (setuid root), as root too. What that
 // means for a mount:

@@ -80,7 +80,7 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
-// What this rank finds wrong with the paths it will use, or empty (issue 8): a source on a
+// What this rank finds wrong with the paths it will use, or empty: a source on a
 // pseudo filesystem (a /proc file is 0 bytes by stat and text by read: the copy would be
 // empty), a destination that is a device, FIFO or socket (the copy is renamed over it: --dest
 // /dev/null would replace /dev/null) or a directory without -r, a destination that is the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fault tests for issue 8, items 9-11 (ctest label "faults"): what the tools must refuse,
+"""Fault tests (ctest label "faults"): what the tools must refuse,
 and mounts by an unprivileged user.
 
 Usage: test_args8.py STAGEFS STAGE_BCAST [MPIRUN ARGS...] [-- UNITTEST ARGS (classes)]

@@ -439,7 +439,7 @@ class Input(h.MountTestCase):
             ("MOUNTPOINT not empty", w.src, full, c(), ["mount point", full, "not empty"], True),
             ("cache a regular file", w.src, w.mnt, regular, ["cache", regular, "Not a directory"], False),
         ]
-        # Paths that contradict each other are a usage error (2, issue 8); the rest is refused at start (1).
+        # Paths that contradict each other are a usage error (2); the rest is refused at start (1).
         for case, src, mnt, cache, words, fresh in cases:
             with self.subTest(case=case):
                 status = 2 if " = MOUNTPOINT" in case or " inside " in case else 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# source_bytes_test.sh BUILD_DIR - the source node sends each byte about once (issue 9).
+# source_bytes_test.sh BUILD_DIR - the source node sends each byte about once.
 #
 # 4 simulated nodes (tests/harness/netns-cluster.sh, one rank per node, real TCP), every link
 # shaped to RATE both ways. stage-bcast stages a SIZE_MB file from node 1 (rank 0) with

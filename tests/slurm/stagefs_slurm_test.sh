@@ -301,7 +301,7 @@ fi
 rec "STOP $STOPPED"
 mark stopped
 
-# Job 2 (issue 10): a new stagefs step over the same node caches, as the next job would run
+# Job 2: a new stagefs step over the same node caches, as the next job would run
 # it. n2's copy of other.bin is corrupted first (bytes flipped, mtime kept); a job script
 # prefetches with stagectl, then every node reads.
 step -N1 -w n2 python3 -c 'import os,sys

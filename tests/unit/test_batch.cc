@@ -691,7 +691,7 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   EXPECT_EQ(store.syncfs, 1);
 }
 
-// Walks (issue 11): opens in two sibling directories stage the parent's other subdirectories
+// Walks: opens in two sibling directories stage the parent's other subdirectories
 // that every user may list and enter, without an open; never a private one, nor a symlink.
 TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) small_dir(d, {"f0", "f1", "f2"});

@@ -11,7 +11,7 @@
 //   - walks (prefetch of sibling directories): a prefetched batch is announced only when no
 //     request waits, never for a key announced before, and a request for it moves it ahead.
 // Keys: a node waits per (materialize, file) or (batch, directory): an open of a small file
-// waits for its directory's batch (issue 11), so small files of one directory merge into one
+// waits for its directory's batch, so small files of one directory merge into one
 // batch transfer, and a batch never answers a wait for a large file of the same directory.
 #include <gtest/gtest.h>
 

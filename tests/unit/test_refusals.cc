@@ -1,4 +1,4 @@
-// What the tools and the engine refuse (issue 8, items 9-11): path relations, pseudo
+// What the tools and the engine refuse: path relations, pseudo
 // filesystems, special files as destinations, sources that read longer than their size,
 // and how fuse.conf is read.
 #include <fcntl.h>
