@@ -371,9 +371,8 @@ Result<std::string> StageFsCore::readlink(uint64_t id) {
 Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_RDONLY | O_DIRECTORY);
+  auto fd = open_as_caller(*rel, O_RDONLY | O_DIRECTORY, R_OK, who);
   if (!fd) return fd.error();
-  if (auto ok = check_access(fd->get(), *rel, R_OK, who); !ok) return ok.error();
   struct stat dst {};
   if (::fstat(fd->get(), &dst) != 0) return stage::sys_error(errno, "stat directory", *rel);
   const auto key = std::tuple{*rel, static_cast<uint64_t>(dst.st_dev), static_cast<uint64_t>(dst.st_ino),
@@ -533,17 +532,24 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   return out;
 }
 
-stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask, const Caller& who) const {
-  if (who.uid == 0 || ::geteuid() != 0) return {};  // root, or a daemon that reads as its user
-  int rc = 0;
+Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const {
+  if (who.uid == 0 || ::geteuid() != 0) return open_beneath(root_.get(), rel, flags);  // root, or a daemon
+                                                                                     // that reads as its user
+  Result<stage::Fd> fd = stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
   int err = 0;
   {
     const AsCaller as(who);
-    if (!as.ok()) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
-    rc = ::faccessat(fd, "", mask, AT_EACCESS | AT_EMPTY_PATH);
-    err = errno;
+    if (as.ok()) {
+      fd = open_beneath(root_.get(), rel, flags);
+      if (fd && ::faccessat(fd->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
+    }
   }
-  if (rc == 0) return {};
+  if (!fd) {
+    const int e = fd.error().to_errno();
+    if (e != EACCES && e != EPERM) return fd.error();
+    err = e;
+  }
+  if (err == 0) return fd;
   if (err == EACCES || err == EPERM) ++counters_.denied;
   return stage::sys_error(err, "access (checked against the source)", rel);
 }
@@ -617,13 +623,13 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     version = it->second.version;
   }
   *pinned = rel;
-  // One resolution of the path for the type, the access check and the version below.
-  auto src_fd = open_beneath(root_.get(), rel, O_PATH);
+  // One resolution of the path, as the caller, for the access check, the type and the version
+  // below. A cache hit is checked the same way: access is the source's at every open.
+  auto src_fd = open_as_caller(rel, O_PATH, R_OK, who);
   if (!src_fd) return done(src_fd.error());
   struct stat st {};
   if (::fstat(src_fd->get(), &st) != 0) return done(stage::sys_error(errno, "stat source", rel));
   if (!S_ISREG(st.st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
-  if (auto ok = check_access(src_fd->get(), rel, R_OK, who); !ok) return done(ok.error());
   src_fd->reset();
   if (stage::meta_from_stat(st) != version) {
     // This id names an older version: ESTALE makes the kernel look the name up again.

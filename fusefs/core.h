@@ -15,9 +15,11 @@
 //     while holders of the old inode keep reading the old, whole copy (unlinked, never
 //     overwritten). An open of an outdated id fails with ESTALE, on which the kernel's
 //     path walk looks the name up again (LOOKUP_REVAL) and opens the new id.
-//   - Access: with a root daemon, open() and opendir() check the caller's access against the
-//     source itself (faccessat with the caller's fsuid, fsgid and groups): POSIX ACLs and
-//     modes changed since the kernel cached the attributes are enforced. trusted.* extended
+//   - Access: with a root daemon, open() and opendir() resolve the path on the source as the
+//     caller (its fsuid, fsgid and groups: search permission on every directory from
+//     SOURCE_DIR down) and check read access on what they opened: POSIX ACLs and modes
+//     changed since the kernel cached the attributes are enforced, on the file and on every
+//     directory above it, for a cached copy as for a new one. trusted.* extended
 //     attributes are hidden from callers other than root.
 //   - Listings: one snapshot per directory version is shared by every open handle of it and
 //     freed with the last one: memory does not grow with the number of handles.
@@ -230,10 +232,16 @@ class StageFsCore {
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
-  // The caller's access to what fd holds (faccessat2 AT_EMPTY_PATH): the very inode that was
-  // stat'ed or is about to be listed, never a path resolved again (a path checked apart from
-  // the fd could be swapped in between by a user who may rename a parent).
-  stage::Status check_access(int fd, const std::string& rel, int mask, const Caller& who) const;
+  // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
+  // and groups on this thread, then checked for `mask` (faccessat2 AT_EMPTY_PATH) on what was
+  // opened: the kernel searches every directory from SOURCE_DIR down to rel's parent as the
+  // caller would (modes and POSIX ACLs as they are now on the source), and the mask is checked
+  // on the very inode that is then stat'ed or listed, never on a path resolved again (a path
+  // checked apart from the fd could be swapped in between by a user who may rename a parent).
+  // Root callers, and a daemon that does not run as root, resolve with the daemon's own rights.
+  // The same number of path walks and credential switches as a check of the file alone: no
+  // answer is cached, so a chmod or setfacl on the source counts from the next open on.
+  stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   // may_read_back false: a copy from an earlier mount not yet checked is an error, not read here.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
