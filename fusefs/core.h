@@ -25,6 +25,10 @@
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
+//   - Room: an open whose copy does not fit in the cache because other copies are held open
+//     on this node waits for room without holding a thread (a queue entry, woken by the
+//     cache when a copy's last pin goes or a copy is removed, or by its deadline), then asks
+//     for the copy again; past CoreConfig::space_wait it fails with ENOSPC.
 //   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
 //     verifier threads, once however many opens ask for it: the opens that find it being read
 //     wait for that read. A 50 GB image being checked holds neither the completion pool (other
@@ -37,6 +41,7 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -61,6 +66,7 @@ namespace stagefs {
 
 class NodeCache;
 class LiveFile;
+using Clock = std::chrono::steady_clock;
 
 class Materializer {
  public:
@@ -132,6 +138,11 @@ struct CoreConfig {
   // one listing; a user who changes a large directory between opendirs builds a new one each
   // time. Past this, opendir fails with ENOMEM for that user only.
   uint64_t listing_bytes_per_user = uint64_t{1} << 30;
+  // An open whose copy finds no room in this node's cache because copies held open here
+  // (pinned) take it waits for room (pins released, copies evicted or removed), up to this
+  // long from its first refusal, then fails with ENOSPC and a log line that names the cause.
+  // The mount passes its stall timeout. 0: such an open fails at once.
+  std::chrono::milliseconds space_wait{std::chrono::seconds(60)};
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -162,6 +173,7 @@ struct CoreCounters {
   std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
   std::atomic<uint64_t> verify_waits{0};  // opens that waited for another open's CRC read-back
+  std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room)
 };
 
 class StageFsCore {
@@ -247,8 +259,15 @@ class StageFsCore {
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
                                          bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
   void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                             OpenDone done, bool early_ok);
+                             OpenDone done, bool early_ok, Clock::time_point space_deadline = {});
+  // rel's copy found no room (ENOSPC, `why`): waits for room (space_loop) when copies held
+  // open on this node stand in the way and the deadline has not passed; else fails.
+  // space_epoch: the cache's NodeCache::space_epoch() read before the copy was asked for.
+  void no_room(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+               Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
+  void space_loop();
   // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
   void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
   // The part of an open that runs on the completion pool: the cached copy, or a materialization.
@@ -311,6 +330,28 @@ class StageFsCore {
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::vector<std::function<void(stage::Status)>>> checking_;
   bool verify_stop_ = false;
   std::vector<std::thread> verifiers_;
+  // Opens waiting for room in the cache (no_room), answered by space_loop(). Lock order:
+  // space_->m before the cache's index lock (space_loop asks the cache for room under it);
+  // the cache's listener takes space_->m only, with no cache lock held.
+  struct RoomWait {
+    std::string rel;
+    struct stat src {};
+    bool early_ok = false;
+    OpenDone done;
+    Clock::time_point deadline;
+    uint64_t epoch = 0;  // the cache's space_epoch() when it last found no room for it
+  };
+  // Shared with the cache's listener, which may run on a thread that released a pin while
+  // the core stops. queued: space_q_'s size (the listener notifies only when some open waits).
+  struct SpaceSignal {
+    std::mutex m;
+    std::condition_variable cv;
+    std::atomic<size_t> queued{0};
+  };
+  std::shared_ptr<SpaceSignal> space_ = std::make_shared<SpaceSignal>();
+  std::vector<RoomWait> space_q_;  // guarded by space_->m
+  bool space_stop_ = false;        // guarded by space_->m
+  std::thread space_thread_;
   // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
   uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_

@@ -6,7 +6,8 @@ STAGECTL is found beside STAGEFS (build/tools/).
 
   Capacity   --cache-size: LRU eviction, a file held open is never evicted, the cache never
              above its limit, a file larger than the limit fails its open with ENOSPC and a
-             log line naming both sizes
+             log line naming both sizes; an open that finds the room held by open files waits
+             for it (--stall-timeout), then fails with ENOSPC and a log line naming them
   Control    stagectl status/stats/prefetch/evict, --json, exit 0/1/2, what an unprivileged
              user may and may not do
   Metrics    --metrics-file parses as Prometheus text, matches the counters, is rewritten
@@ -91,6 +92,44 @@ class Capacity(h.MountTestCase):
         err = d.output()[1]
         self.assertIn("needs", err)
         self.assertIn("more than the whole --cache-size (%d bytes)" % (12 * MiB), err)
+
+    def test_an_open_waits_for_room_that_open_files_hold(self):
+        # Two 5 MiB files do not fit in 8M: the second one's open waits while the first is open
+        # (its copy pinned), shows in stagectl status, and gets its copy once it is closed.
+        a, b = os.urandom(5 * MiB), os.urandom(5 * MiB)
+        write(os.path.join(self.work.src, "a"), a)
+        write(os.path.join(self.work.src, "b"), b)
+        d = self.daemon(self.work.file("cache"), "--cache-size", "8M").wait_ready()
+        held = open(os.path.join(self.work.mnt, "a"), "rb")
+        try:
+            got = []
+            reader = threading.Thread(target=lambda: got.append(read_all(os.path.join(self.work.mnt, "b"))))
+            reader.start()
+            h.wait_for(lambda: d.stats()["room_waits"] == 1, 30, "the open of b to wait for room")
+            c = d.stats()["cache"]
+            self.assertEqual((c["pinned_files"], c["pinned_bytes"] >= 5 * MiB), (1, True), c)
+            r = h.run([stagectl(), "status", self.work.mnt])
+            self.assertIn("in 1 cached file(s) held open on this node", r.stdout)
+            self.assertIn("1 open(s) waited for room", r.stdout)
+            self.assertEqual(held.read(), a)
+        finally:
+            held.close()
+        reader.join(timeout=60)
+        self.assertEqual(got, [b])
+        self.assertEqual(sorted(os.listdir(os.path.join(self.work.file("cache"), "data"))), ["b"])
+
+    def test_an_open_that_never_gets_room_fails_and_the_log_names_the_open_files(self):
+        write(os.path.join(self.work.src, "a"), os.urandom(5 * MiB))
+        write(os.path.join(self.work.src, "b"), os.urandom(5 * MiB))
+        d = self.daemon(self.work.file("cache"), "--cache-size", "8M", "--stall-timeout", "1").wait_ready()
+        with open(os.path.join(self.work.mnt, "a"), "rb"):
+            with self.assertRaises(OSError) as e:
+                read_all(os.path.join(self.work.mnt, "b"))
+            self.assertEqual(e.exception.errno, 28)  # ENOSPC
+        err = d.output()[1]
+        self.assertIn("no room in the cache for b after waiting 1 s", err)
+        self.assertIn("held by 1 cop(ies) of files open on this node (pinned", err)
+        self.assertEqual(d.stats()["room_waits"], 1)
 
     def test_percentage_limit_and_bad_values(self):
         d = self.daemon(self.work.file("cache"), "--cache-size", "50%").wait_ready()
