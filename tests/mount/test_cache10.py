@@ -15,7 +15,9 @@ STAGECTL is found beside STAGEFS (build/tools/).
              is replaced (--verify-cache crc)
   GroupLoad  (NP ranks) a cache limited to 3 images, 6 images cycled by readers on every node
              while stagectl prefetches and the metrics file is sampled: no error, no open file
-             evicted, the cache never above its limit, the metrics file always parseable
+             evicted, the cache never above its limit, the metrics file always parseable; a
+             node whose room is held by an open file relays a copy the others get at once,
+             and its own open of it waits for the room
 Nothing sleeps to synchronize. Standard library plus python3-prometheus-client.
 """
 import json
@@ -313,6 +315,34 @@ class GroupLoad(h.MountTestCase):
             s = g.stats(k)
             self.assertGreater(s["cache"]["evictions"], 0, s)
             self.assertEqual(s["open_errors"], 0, s)
+
+    def test_a_node_without_room_relays_and_its_open_waits_for_it(self):
+        # Node 1 holds a open (its copy pinned there); b does not fit beside it in 8M on node 1
+        # only. The other nodes get b at once; node 1's open of b waits until a is closed.
+        a, b = os.urandom(5 * MiB), os.urandom(5 * MiB)
+        write(os.path.join(self.work.src, "a"), a)
+        write(os.path.join(self.work.src, "b"), b)
+        g = self.group(h.NP, "--cache-size", "8M")
+        g.wait_ready()
+        holder = g.spawn(1, [h.PYTHON, "-c", "import sys; f = open(sys.argv[1], 'rb'); print(len(f.read()), flush=True);"
+                             " sys.stdin.readline()", os.path.join(g.mnt, "a")])
+        self.assertEqual(holder.stdout.readline().strip(), str(5 * MiB))
+        want = h.sha256_file(os.path.join(self.work.src, "b"))
+        self.assertEqual(g.sha256_on(0, os.path.join(g.mnt, "b"))[os.path.join(g.mnt, "b")][0], want)
+        waiter = g.spawn(1, [h.PYTHON, h.HARNESS, "sha256", os.path.join(g.mnt, "b")])
+        h.wait_for(lambda: g.stats(1)["room_waits"] == 1, 60, "node 1's open of b to wait for room")
+        for k in range(h.NP):
+            if k != 1:
+                self.assertTrue(os.path.exists(g.cache_file(k, "b")), k)
+        self.assertFalse(os.path.exists(g.cache_file(1, "b")))
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=60)
+        out, err = waiter.communicate(timeout=120)
+        self.assertEqual(waiter.returncode, 0, err[-500:])
+        self.assertEqual(out.split()[0], want)
+        for k in range(h.NP):
+            self.assertEqual(g.stats(k)["open_errors"], 0, k)
 
 
 if __name__ == "__main__":
