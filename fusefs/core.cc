@@ -556,21 +556,21 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
 Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const {
   if (who.uid == 0 || ::geteuid() != 0) return open_beneath(root_.get(), rel, flags);  // root, or a daemon
                                                                                      // that reads as its user
-  Result<stage::Fd> fd = stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
+  std::optional<Result<stage::Fd>> fd;  // unset: the credentials could not be taken
   int err = 0;
   {
     const AsCaller as(who);
     if (as.ok()) {
       fd = open_beneath(root_.get(), rel, flags);
-      if (fd && ::faccessat(fd->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
+      if (*fd && ::faccessat((*fd)->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
     }
   }
-  if (!fd) {
-    const int e = fd.error().to_errno();
-    if (e != EACCES && e != EPERM) return fd.error();
-    err = e;
+  if (!fd) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
+  if (!*fd) {
+    err = fd->error().to_errno();
+    if (err != EACCES && err != EPERM) return fd->error();
   }
-  if (err == 0) return fd;
+  if (err == 0) return std::move(*fd);
   if (err == EACCES || err == EPERM) ++counters_.denied;
   return stage::sys_error(err, "access (checked against the source)", rel);
 }
