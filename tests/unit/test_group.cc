@@ -261,6 +261,18 @@ class RoomTest : public GroupTest {
     GroupService group;
     std::thread service;
   };
+  static stage::Result<OpenFile> open_name(StageFsCore& core, const std::string& name) {
+    return core.open(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY);
+  }
+  // An open of name whose answer comes later, once the core waits for room for it.
+  static std::future<stage::Result<OpenFile>> open_waiting_for_room(StageFsCore& core, const std::string& name) {
+    auto answer = std::make_shared<std::promise<stage::Result<OpenFile>>>();
+    auto f = answer->get_future();
+    core.open_async(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY, Caller{},
+                    [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
+    EXPECT_TRUE(eventually([&] { return core.counters().room_waits.load() == 1; }));
+    return f;
+  }
   // A bounded wait for a condition the core reaches on its own threads.
   static bool eventually(const std::function<bool()>& cond) {
     for (int i = 0; i < 6000 && !cond(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -272,15 +284,10 @@ TEST_F(RoomTest, AnOpenWaitsForRoomHeldByAnOpenCopyAndGetsItWhenReleased) {
   Mount m(*this);
   auto core = this->core_with_wait(m.group, std::chrono::minutes(10));  // only a bound
   ASSERT_TRUE(core);
-  const uint64_t held_id = core->lookup(StageFsCore::kRootId, "held")->first;
-  const uint64_t next_id = core->lookup(StageFsCore::kRootId, "next")->first;
-  auto held = core->open(held_id, O_RDONLY);
+  auto held = open_name(*core, "held");
   ASSERT_TRUE(held) << held.error().message;
   EXPECT_EQ(cache_->usage().pinned_files, 1U);
-  auto answer = std::make_shared<std::promise<stage::Result<OpenFile>>>();
-  auto f = answer->get_future();
-  core->open_async(next_id, O_RDONLY, Caller{}, [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
-  ASSERT_TRUE(eventually([&] { return core->counters().room_waits.load() == 1; }));
+  auto f = open_waiting_for_room(*core, "next");
   EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // still waiting
   core->release(held->pinned);  // the held copy may go now
   auto next = f.get();
@@ -294,9 +301,9 @@ TEST_F(RoomTest, AnOpenThatNeverGetsRoomFailsWithEnospcNamingThePinnedCopies) {
   Mount m(*this);
   auto core = this->core_with_wait(m.group, std::chrono::milliseconds(200));
   ASSERT_TRUE(core);
-  auto held = core->open(core->lookup(StageFsCore::kRootId, "held")->first, O_RDONLY);
+  auto held = open_name(*core, "held");
   ASSERT_TRUE(held) << held.error().message;
-  auto next = core->open(core->lookup(StageFsCore::kRootId, "next")->first, O_RDONLY);
+  auto next = open_name(*core, "next");
   ASSERT_FALSE(next);
   EXPECT_EQ(next.error().to_errno(), ENOSPC) << next.error().message;
   EXPECT_NE(next.error().message.find("held by 1 cop(ies) of files open on this node"), std::string::npos)
@@ -311,13 +318,9 @@ TEST_F(RoomTest, AStopAnswersTheOpensWaitingForRoom) {
   Mount m(*this);
   auto core = this->core_with_wait(m.group, std::chrono::minutes(10));
   ASSERT_TRUE(core);
-  auto held = core->open(core->lookup(StageFsCore::kRootId, "held")->first, O_RDONLY);
+  auto held = open_name(*core, "held");
   ASSERT_TRUE(held) << held.error().message;
-  auto answer = std::make_shared<std::promise<stage::Result<OpenFile>>>();
-  auto f = answer->get_future();
-  core->open_async(core->lookup(StageFsCore::kRootId, "next")->first, O_RDONLY, Caller{},
-                   [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
-  ASSERT_TRUE(eventually([&] { return core->counters().room_waits.load() == 1; }));
+  auto f = open_waiting_for_room(*core, "next");
   core->stop();
   auto next = f.get();
   ASSERT_FALSE(next);
