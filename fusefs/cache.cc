@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -312,10 +313,16 @@ void NodeCache::index_tree(int dirfd, const std::string& prefix) {
 
 CacheUsage NodeCache::usage() const {
   std::lock_guard lk(m_);
-  return CacheUsage{bytes_,          limit_,
-                    index_.size(),   evictions_,
-                    evicted_bytes_,  unsynced_ ? unsynced_->pending() : 0,
-                    unsynced_ ? unsynced_->synced() : 0};
+  CacheUsage u{bytes_,          limit_,
+               index_.size(),   evictions_,
+               evicted_bytes_,  unsynced_ ? unsynced_->pending() : 0,
+               unsynced_ ? unsynced_->synced() : 0};
+  for (const auto& [name, n] : pins_)
+    if (auto it = index_.find(name); it != index_.end()) {
+      u.pinned_bytes += it->second.bytes;
+      ++u.pinned_files;
+    }
+  return u;
 }
 
 void NodeCache::touch(const std::string& rel, int fd, const struct stat* copy_st) {
@@ -383,8 +390,47 @@ void NodeCache::pin(const std::string& rel) {
 }
 
 void NodeCache::unpin(const std::string& rel) {
+  {
+    std::lock_guard lk(m_);
+    auto it = pins_.find(rel);
+    if (it == pins_.end() || --it->second > 0) return;
+    pins_.erase(it);
+  }
+  space_freed();
+}
+
+void NodeCache::set_space_listener(std::function<void()> fn) {
   std::lock_guard lk(m_);
-  if (auto it = pins_.find(rel); it != pins_.end() && --it->second <= 0) pins_.erase(it);
+  space_listener_ = std::move(fn);
+}
+
+void NodeCache::space_freed() {
+  ++space_epoch_;
+  std::function<void()> fn;
+  {
+    std::lock_guard lk(m_);
+    fn = space_listener_;
+  }
+  if (fn) fn();
+}
+
+Room NodeCache::room(const std::string& rel, uint64_t need) const {
+  const uint64_t fs = fs_free();
+  std::lock_guard lk(m_);
+  Room r;
+  r.need = need;
+  r.free = fs;
+  if (limit_ != 0) r.free = std::min(r.free, limit_ > bytes_ ? limit_ - bytes_ : 0);
+  for (const auto& [name, e] : index_) {
+    if (name == rel) continue;
+    if (pins_.contains(name)) {
+      r.pinned += e.bytes;
+      ++r.pinned_files;
+    } else {
+      r.evictable += e.bytes;
+    }
+  }
+  return r;
 }
 
 uint64_t NodeCache::fs_free() const {
@@ -454,6 +500,7 @@ stage::Status NodeCache::evict(const std::string& rel, const struct stat& source
   lk.unlock();
   unlink_beneath(data_.get(), rel);
   spdlog::info("evicted {} (asked)", rel);
+  space_freed();
   return {};
 }
 
@@ -532,6 +579,7 @@ void NodeCache::remove(const std::string& rel, const struct stat& copy) {
   }
   unlink_beneath(data_.get(), rel);
   added(rel);  // drops it from the index
+  space_freed();
 }
 
 }  // namespace stagefs

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,6 +72,19 @@ struct CacheUsage {
   uint64_t evicted_bytes = 0;
   uint64_t unsynced = 0;      // published copies whose data is not known to be on disk yet
   uint64_t synced_later = 0;  // copies synced in the background so far
+  uint64_t pinned_bytes = 0;  // bytes of the indexed copies held open on this node (never evicted)
+  uint64_t pinned_files = 0;  // ... and how many copies
+};
+
+// The room a new copy of `need` bytes has (NodeCache::room()).
+struct Room {
+  uint64_t need = 0;
+  uint64_t free = 0;       // what the limit and the filesystem leave now
+  uint64_t evictable = 0;  // copies make_room() may evict (not open, not the file itself)
+  uint64_t pinned = 0;     // copies held open on this node: evictable once released
+  uint64_t pinned_files = 0;
+  [[nodiscard]] bool fits_now() const { return free + evictable >= need; }
+  [[nodiscard]] bool fits_once_released() const { return free + evictable + pinned >= need; }
 };
 
 class NodeCache {
@@ -128,6 +142,13 @@ class NodeCache {
   std::vector<struct stat> added_in(const std::string& rel_dir, const std::vector<std::string>& names);
   void pin(const std::string& rel);
   void unpin(const std::string& rel);
+  // Space made evictable or free: a copy's last pin released, a copy evicted or removed on
+  // request. space_epoch() counts these; the listener (one, set by the core) is called after
+  // each, from the thread that freed it, without the index lock: it must be quick.
+  [[nodiscard]] uint64_t space_epoch() const { return space_epoch_.load(); }
+  void set_space_listener(std::function<void()> fn);
+  // What a new copy of rel needing `need` bytes has now (see Room).
+  [[nodiscard]] Room room(const std::string& rel, uint64_t need) const;
   // What one copy takes on disk beyond its data (the origin xattr's block on ext4 with small
   // inodes; 0 where xattrs live in the inode), measured at open(). A transfer's need is its
   // data plus this per file.
@@ -175,6 +196,9 @@ class NodeCache {
   uint64_t evicted_bytes_ = 0;
   uint64_t copy_overhead_ = 0;
   std::atomic<uint64_t> pending_overhead_{0};
+  std::atomic<uint64_t> space_epoch_{0};
+  std::function<void()> space_listener_;  // guarded by m_
+  void space_freed();                     // called without m_
   std::unique_ptr<stage::PosixStore> base_;
   std::unique_ptr<stage::LocalStore> store_;
   std::string dir_;

@@ -75,6 +75,12 @@ StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, st
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
   if (cfg_.verify == Verify::crc)
     for (int i = 0; i < std::max(1, cfg_.verify_threads); ++i) verifiers_.emplace_back([this] { verify_loop(); });
+  space_thread_ = std::thread([this] { space_loop(); });
+  cache_.set_space_listener([sig = space_] {
+    if (sig->queued.load() == 0) return;  // a later waiter compares the cache's space_epoch() itself
+    std::lock_guard lk(sig->m);
+    sig->cv.notify_all();
+  });
 }
 
 StageFsCore::~StageFsCore() {
@@ -92,6 +98,21 @@ void StageFsCore::stop() {
   if (first && cfg_.on_stopping) cfg_.on_stopping();
   for (auto& t : verifiers_)
     if (t.joinable()) t.join();
+  // Opens waiting for room: ESHUTDOWN (before the pool stops: a retry in flight still runs).
+  std::vector<RoomWait> waiting;
+  {
+    std::lock_guard lk(space_->m);
+    if (!space_stop_) cache_.set_space_listener(nullptr);
+    space_stop_ = true;
+    waiting.swap(space_q_);
+    space_->queued = 0;
+  }
+  space_->cv.notify_all();
+  if (space_thread_.joinable()) space_thread_.join();
+  for (auto& w : waiting) {
+    ++counters_.open_errors;
+    w.done(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", w.rel));
+  }
   {
     std::lock_guard lk(pool_m_);
     if (pool_stop_) return;
@@ -371,9 +392,8 @@ Result<std::string> StageFsCore::readlink(uint64_t id) {
 Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_RDONLY | O_DIRECTORY);
+  auto fd = open_as_caller(*rel, O_RDONLY | O_DIRECTORY, R_OK, who);
   if (!fd) return fd.error();
-  if (auto ok = check_access(fd->get(), *rel, R_OK, who); !ok) return ok.error();
   struct stat dst {};
   if (::fstat(fd->get(), &dst) != 0) return stage::sys_error(errno, "stat directory", *rel);
   const auto key = std::tuple{*rel, static_cast<uint64_t>(dst.st_dev), static_cast<uint64_t>(dst.st_ino),
@@ -533,36 +553,38 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   return out;
 }
 
-stage::Status StageFsCore::check_access(int fd, const std::string& rel, int mask, const Caller& who) const {
-  auto st = access_as(fd, rel, mask, who);
-  if (!st && (st.error().to_errno() == EACCES || st.error().to_errno() == EPERM)) ++counters_.denied;
-  return st;
+Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const {
+  auto fd = resolve_as_caller(rel, flags, mask, who);
+  if (!fd && (fd.error().to_errno() == EACCES || fd.error().to_errno() == EPERM)) ++counters_.denied;
+  return fd;
 }
 
-stage::Status StageFsCore::access_as(int fd, const std::string& rel, int mask, const Caller& who) const {
-  if (who.uid == 0 || ::geteuid() != 0) return {};  // root, or a daemon that reads as its user
-  int rc = 0;
+Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int flags, int mask,
+                                                 const Caller& who) const {
+  if (who.uid == 0 || ::geteuid() != 0) return open_beneath(root_.get(), rel, flags);  // root, or a daemon
+                                                                                     // that reads as its user
+  std::optional<Result<stage::Fd>> fd;  // unset: the credentials could not be taken
   int err = 0;
   {
     const AsCaller as(who);
-    if (!as.ok()) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
-    rc = ::faccessat(fd, "", mask, AT_EACCESS | AT_EMPTY_PATH);
-    err = errno;
+    if (as.ok()) {
+      fd = open_beneath(root_.get(), rel, flags);
+      if (*fd && ::faccessat((*fd)->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
+    }
   }
-  if (rc == 0) return {};
+  if (!fd) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
+  if (!*fd) {
+    err = fd->error().to_errno();
+    if (err != EACCES && err != EPERM) return fd->error();
+  }
+  if (err == 0) return std::move(*fd);
   return stage::sys_error(err, "access (checked against the source)", rel);
 }
 
 bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
   if (who.uid == 0) return true;
   if (::geteuid() != 0) return who.uid == ::geteuid();
-  Result<stage::Fd> fd = stage::sys_error(EACCES, "may_read", rel);
-  {
-    const AsCaller as(who);
-    if (!as.ok()) return false;
-    fd = open_beneath(root_.get(), rel, O_PATH);
-  }
-  return fd && access_as(fd->get(), rel, R_OK, who).ok();
+  return resolve_as_caller(rel, O_PATH, R_OK, who).ok();
 }
 
 Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made,
@@ -634,13 +656,13 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
     version = it->second.version;
   }
   *pinned = rel;
-  // One resolution of the path for the type, the access check and the version below.
-  auto src_fd = open_beneath(root_.get(), rel, O_PATH);
+  // One resolution of the path, as the caller, for the access check, the type and the version
+  // below. A cache hit is checked the same way: access is the source's at every open.
+  auto src_fd = open_as_caller(rel, O_PATH, R_OK, who);
   if (!src_fd) return done(src_fd.error());
   struct stat st {};
   if (::fstat(src_fd->get(), &st) != 0) return done(stage::sys_error(errno, "stat source", rel));
   if (!S_ISREG(st.st_mode)) return done(stage::stage_error(stage::Errc::unsupported, "open", rel));
-  if (auto ok = check_access(src_fd->get(), rel, R_OK, who); !ok) return done(ok.error());
   src_fd->reset();
   if (stage::meta_from_stat(st) != version) {
     // This id names an older version: ESTALE makes the kernel look the name up again.
@@ -722,11 +744,15 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
 }
 
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                                        OpenDone done_, bool early_ok) {
+                                        OpenDone done_, bool early_ok, Clock::time_point space_deadline) {
+  const uint64_t space_epoch = cache_.space_epoch();  // before the transfer decides on room
   // Exactly one of `then` and `early` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
-  auto then = [this, rel, src, small, shared, early_ok](stage::Status outcome) mutable {
-    post([this, rel, src, small, early_ok, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
+  auto then = [this, rel, src, small, shared, early_ok, space_deadline, space_epoch](stage::Status outcome) mutable {
+    post([this, rel, src, small, early_ok, space_deadline, space_epoch, outcome = std::move(outcome),
+          done = std::move(*shared)]() mutable {
+      if (!small && !outcome.ok() && outcome.error().to_errno() == ENOSPC)
+        return no_room(rel, src, early_ok, std::move(done), space_deadline, space_epoch, outcome.error());
       if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
           outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
@@ -773,6 +799,97 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
     });
   };
   mat_.materialize_live_async(rel, std::move(then), std::move(early));
+}
+
+namespace {
+// The bytes a copy of a source file with stat src takes in the cache (NodeCache's accounting).
+uint64_t copy_need(const NodeCache& cache, const struct stat& src) {
+  return stage::allocated_from_stat(src) + cache.copy_overhead();
+}
+}  // namespace
+
+void StageFsCore::no_room(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+                          Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why) {
+  const auto now = Clock::now();
+  const bool first = deadline == Clock::time_point{};
+  if (first) deadline = now + cfg_.space_wait;
+  const Room room = cache_.room(rel, copy_need(cache_, src));
+  // Only copies held open here can make room that is not there: anything else (a copy larger
+  // than the whole cache, a filesystem full of other data) fails at once, as it did.
+  if (room.pinned == 0 || !room.fits_once_released()) {
+    ++counters_.open_errors;
+    return done(why);
+  }
+  if (now < deadline) {
+    std::lock_guard lk(space_->m);
+    if (!space_stop_) {
+      if (first) {
+        ++counters_.room_waits;
+        spdlog::info("{}: open of {} waits up to {:.0f} s for room in the cache: {} bytes in {} cop(ies) held open "
+                     "on this node",
+                     stage::host_name(), rel, std::chrono::duration<double>(cfg_.space_wait).count(), room.pinned,
+                     room.pinned_files);
+      }
+      space_q_.push_back(RoomWait{rel, src, early_ok, std::move(done), deadline, space_epoch});
+      space_->queued = space_q_.size();
+      space_->cv.notify_all();
+      return;
+    }
+  }
+  ++counters_.open_errors;
+  const std::string cause = "no room in the cache for " + rel + " after waiting " +
+                            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(cfg_.space_wait).count()) +
+                            " s: it needs " + std::to_string(room.need) + " bytes, " +
+                            std::to_string(room.free + room.evictable) + " are free or evictable, and " +
+                            std::to_string(room.pinned) + " bytes are held by " + std::to_string(room.pinned_files) +
+                            " cop(ies) of files open on this node (pinned, never evicted)";
+  spdlog::error("{}: {}", stage::host_name(), cause);
+  done(stage::sys_error(ENOSPC, cause));
+}
+
+// Wakes on the cache's listener (room freed) or on the earliest deadline; a waiter whose copy
+// now fits asks for it again (a new transfer, whose before_transfer makes the room), one whose
+// deadline passed fails. An open that fits but loses the room to another goes back to waiting
+// (no_room), with its first deadline.
+void StageFsCore::space_loop() {
+  std::unique_lock lk(space_->m);
+  while (!space_stop_) {
+    if (space_q_.empty()) {
+      space_->cv.wait(lk);
+      continue;
+    }
+    const uint64_t epoch = cache_.space_epoch();
+    const auto now = Clock::now();
+    std::vector<RoomWait> retry, expired;
+    auto next = Clock::time_point::max();
+    for (auto it = space_q_.begin(); it != space_q_.end();) {
+      if (it->epoch != epoch && cache_.room(it->rel, copy_need(cache_, it->src)).fits_now()) {
+        retry.push_back(std::move(*it));
+      } else if (now >= it->deadline) {
+        expired.push_back(std::move(*it));
+      } else {
+        it->epoch = epoch;
+        next = std::min(next, it->deadline);
+        ++it;
+        continue;
+      }
+      it = space_q_.erase(it);
+    }
+    space_->queued = space_q_.size();
+    if (retry.empty() && expired.empty()) {
+      space_->cv.wait_until(lk, next, [&] { return space_stop_ || cache_.space_epoch() != epoch; });
+      continue;
+    }
+    lk.unlock();
+    for (auto& w : retry)
+      post([this, w = std::move(w)]() mutable {
+        materialize_then_open(w.rel, w.src, false, 0, std::move(w.done), w.early_ok, w.deadline);
+      });
+    for (auto& w : expired)  // past the deadline: no_room fails it with the cause
+      no_room(w.rel, w.src, w.early_ok, std::move(w.done), w.deadline, w.epoch,
+              stage::sys_error(ENOSPC, "no room in the cache", w.rel));
+    lk.lock();
+  }
 }
 
 void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,

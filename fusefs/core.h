@@ -15,14 +15,20 @@
 //     while holders of the old inode keep reading the old, whole copy (unlinked, never
 //     overwritten). An open of an outdated id fails with ESTALE, on which the kernel's
 //     path walk looks the name up again (LOOKUP_REVAL) and opens the new id.
-//   - Access: with a root daemon, open() and opendir() check the caller's access against the
-//     source itself (faccessat with the caller's fsuid, fsgid and groups): POSIX ACLs and
-//     modes changed since the kernel cached the attributes are enforced. trusted.* extended
+//   - Access: with a root daemon, open() and opendir() resolve the path on the source as the
+//     caller (its fsuid, fsgid and groups: search permission on every directory from
+//     SOURCE_DIR down) and check read access on what they opened: POSIX ACLs and modes
+//     changed since the kernel cached the attributes are enforced, on the file and on every
+//     directory above it, for a cached copy as for a new one. trusted.* extended
 //     attributes are hidden from callers other than root.
 //   - Listings: one snapshot per directory version is shared by every open handle of it and
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
+//   - Room: an open whose copy does not fit in the cache because other copies are held open
+//     on this node waits for room without holding a thread (a queue entry, woken by the
+//     cache when a copy's last pin goes or a copy is removed, or by its deadline), then asks
+//     for the copy again; past CoreConfig::space_wait it fails with ENOSPC.
 //   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
 //     verifier threads, once however many opens ask for it: the opens that find it being read
 //     wait for that read. A 50 GB image being checked holds neither the completion pool (other
@@ -35,6 +41,7 @@
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -59,6 +66,7 @@ namespace stagefs {
 
 class NodeCache;
 class LiveFile;
+using Clock = std::chrono::steady_clock;
 
 class Materializer {
  public:
@@ -130,6 +138,11 @@ struct CoreConfig {
   // one listing; a user who changes a large directory between opendirs builds a new one each
   // time. Past this, opendir fails with ENOMEM for that user only.
   uint64_t listing_bytes_per_user = uint64_t{1} << 30;
+  // An open whose copy finds no room in this node's cache because copies held open here
+  // (pinned) take it waits for room (pins released, copies evicted or removed), up to this
+  // long from its first refusal, then fails with ENOSPC and a log line that names the cause.
+  // The mount passes its stall timeout. 0: such an open fails at once.
+  std::chrono::milliseconds space_wait{std::chrono::seconds(60)};
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -160,6 +173,7 @@ struct CoreCounters {
   std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
   std::atomic<uint64_t> verify_waits{0};  // opens that waited for another open's CRC read-back
+  std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room)
 };
 
 class StageFsCore {
@@ -223,8 +237,8 @@ class StageFsCore {
   // Whether the caller could open rel (a file: read it; a directory: list it) through the
   // mount: rel is resolved beneath SOURCE_DIR with the caller's credentials (search
   // permission on SOURCE_DIR and on every directory on the way, as the kernel's walk through
-  // the mount checks it), then the access check of open() and opendir() (check_access) asks
-  // for read permission on what was found. Root: always; a daemon that is not root (it cannot
+  // the mount checks it), then read permission is checked on what was found, as
+  // open_as_caller() does. Root: always; a daemon that is not root (it cannot
   // take other credentials): its own user only. Counts no denial.
   [[nodiscard]] bool may_read(const std::string& rel, const Caller& who) const;
   [[nodiscard]] int root_fd() const { return root_.get(); }
@@ -237,19 +251,33 @@ class StageFsCore {
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
-  // The caller's access to what fd holds (faccessat2 AT_EMPTY_PATH): the very inode that was
-  // stat'ed or is about to be listed, never a path resolved again (a path checked apart from
-  // the fd could be swapped in between by a user who may rename a parent).
-  stage::Status check_access(int fd, const std::string& rel, int mask, const Caller& who) const;
-  // check_access() without counting a denial (may_read() is not an open).
-  stage::Status access_as(int fd, const std::string& rel, int mask, const Caller& who) const;
+  // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
+  // and groups on this thread, then checked for `mask` (faccessat2 AT_EMPTY_PATH) on what was
+  // opened: the kernel searches every directory from SOURCE_DIR down to rel's parent as the
+  // caller would (modes and POSIX ACLs as they are now on the source), and the mask is checked
+  // on the very inode that is then stat'ed or listed, never on a path resolved again (a path
+  // checked apart from the fd could be swapped in between by a user who may rename a parent).
+  // Root callers, and a daemon that does not run as root, resolve with the daemon's own rights.
+  // The same number of path walks and credential switches as a check of the file alone: no
+  // answer is cached, so a chmod or setfacl on the source counts from the next open on.
+  // Counts a denial (CoreCounters::denied).
+  stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
+  // open_as_caller() without counting (may_read() is not an open).
+  stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
   // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
   // may_read_back false: a copy from an earlier mount not yet checked is an error, not read here.
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
                                          bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
   void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                             OpenDone done, bool early_ok);
+                             OpenDone done, bool early_ok, Clock::time_point space_deadline = {});
+  // rel's copy found no room (ENOSPC, `why`): waits for room (space_loop) when copies held
+  // open on this node stand in the way and the deadline has not passed; else fails.
+  // space_epoch: the cache's NodeCache::space_epoch() read before the copy was asked for.
+  void no_room(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+               Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
+  void space_loop();
   // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
   void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
   // The part of an open that runs on the completion pool: the cached copy, or a materialization.
@@ -312,6 +340,28 @@ class StageFsCore {
   std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::vector<std::function<void(stage::Status)>>> checking_;
   bool verify_stop_ = false;
   std::vector<std::thread> verifiers_;
+  // Opens waiting for room in the cache (no_room), answered by space_loop(). Lock order:
+  // space_->m before the cache's index lock (space_loop asks the cache for room under it);
+  // the cache's listener takes space_->m only, with no cache lock held.
+  struct RoomWait {
+    std::string rel;
+    struct stat src {};
+    bool early_ok = false;
+    OpenDone done;
+    Clock::time_point deadline;
+    uint64_t epoch = 0;  // the cache's space_epoch() when it last found no room for it
+  };
+  // Shared with the cache's listener, which may run on a thread that released a pin while
+  // the core stops. queued: space_q_'s size (the listener notifies only when some open waits).
+  struct SpaceSignal {
+    std::mutex m;
+    std::condition_variable cv;
+    std::atomic<size_t> queued{0};
+  };
+  std::shared_ptr<SpaceSignal> space_ = std::make_shared<SpaceSignal>();
+  std::vector<RoomWait> space_q_;  // guarded by space_->m
+  bool space_stop_ = false;        // guarded by space_->m
+  std::thread space_thread_;
   // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
   uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_

@@ -196,14 +196,19 @@ std::string Daemon::setup_local() {
                  cache_->usage().bytes);
   // Before a transfer, on every node: an outdated copy goes (its space counts as free), then
   // least recently used copies until the new one fits (cache.h).
-  g.before_transfer = [this](const std::string& rel) {
+  // No room under the limit (copies held open, or a copy larger than the whole limit): this
+  // node relays the transfer without writing (GroupConfig::before_transfer), so one node's
+  // full cache does not fail the copy on the others; a filesystem without room is left to the
+  // engine's collective free-space check.
+  g.before_transfer = [this](const std::string& rel) -> stage::Status {
     auto fd = open_beneath(source_root_.get(), rel, O_PATH);
     struct stat st {};
-    if (!fd || ::fstat(fd->get(), &st) != 0) return;
+    if (!fd || ::fstat(fd->get(), &st) != 0) return {};
     if (cache_->remove_stale(rel, st)) spdlog::debug("removed the outdated cached copy of {}", rel);
     cache_->set_pending_overhead(cache_->copy_overhead());
-    if (auto room = cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead()); !room)
-      spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
+    auto room = cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead());
+    if (!room) spdlog::warn("{}", room.error().message);
+    return room;
   };
   g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
     cache_->set_pending_overhead(0);
@@ -275,6 +280,7 @@ std::string Daemon::setup_local() {
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.read_during_copy = cfg_.read_during_copy;
+  core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
@@ -325,6 +331,7 @@ MountStatus Daemon::status() const {
   s.requests = g.requests_sent;
   s.waiting = g.waiting;
   s.early_opens = c.early_opens;
+  s.room_waits = c.room_waits;
   s.early_reads_waited = g.early_reads_waited;
   s.chunks_wanted = g.chunks_wanted;
   s.current = g.current;

@@ -258,8 +258,8 @@ bool GroupService::run_transfer(const Message& a) {
     opt.live = live.get();
     watchdog_cv_.notify_all();
   }
-  if (cfg_.before_transfer) cfg_.before_transfer(a.path);
-  const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
+  const stage::Status room = cfg_.before_transfer ? cfg_.before_transfer(a.path) : stage::Status{};
+  const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), room.ok()};
   {
     std::lock_guard lk(m_);
     stats_.current = a.path;
@@ -297,7 +297,11 @@ bool GroupService::run_transfer(const Message& a) {
     if (!report.ok) ++stats_.failures;
     last_progress_ = Clock::now();
   }
-  if (report.ok) {
+  if (report.ok && !room.ok()) {
+    spdlog::info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
+                 report.nodes_needing);
+    complete(Key{MsgType::materialize, a.path}, room);
+  } else if (report.ok) {
     spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote, reads via {}",
                  a.path, report.bytes_total, secs,
                  secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,

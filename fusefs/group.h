@@ -68,7 +68,6 @@
 
 namespace stagefs {
 
-using Clock = std::chrono::steady_clock;
 
 // Walks: at most this many subdirectories of one parent are prefetched (the rest wait for
 // their opens).
@@ -83,8 +82,11 @@ struct GroupConfig {
   // Named in the one log line per materialization (how reads of the copy are served).
   std::function<std::string()> read_path;
   // Called on every rank before a transfer of rel starts (the mount removes an outdated copy
-  // there, so that its space counts as free).
-  std::function<void(const std::string&)> before_transfer;
+  // there, so that its space counts as free, and makes room). An error (no room in this
+  // node's cache) makes this node relay the transfer without writing a copy: the other nodes
+  // get theirs, and this node's opens of rel get the error (the core then waits for room
+  // and asks again, StageFsCore::no_room).
+  std::function<stage::Status(const std::string&)> before_transfer;
   // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
   std::function<bool()> cancelled;
   // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).

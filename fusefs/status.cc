@@ -56,12 +56,14 @@ std::string to_json(const MountStatus& s) {
   j["requests"] = s.requests;
   j["waiting"] = s.waiting;
   j["early_opens"] = s.early_opens;
+  j["room_waits"] = s.room_waits;
   j["early_reads_waited"] = s.early_reads_waited;
   j["chunks_wanted"] = s.chunks_wanted;
   j["cache"] = {{"dir", s.cache_dir},          {"bytes", s.cache.bytes},
                 {"limit", s.cache.limit},      {"files", s.cache.files},
                 {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes},
-                {"unsynced", s.cache.unsynced},   {"synced_later", s.cache.synced_later}};
+                {"unsynced", s.cache.unsynced},   {"synced_later", s.cache.synced_later},
+                {"pinned_bytes", s.cache.pinned_bytes}, {"pinned_files", s.cache.pinned_files}};
   if (s.current_hidden) {
     j["transfer"] = {{"path", nullptr}, {"hidden", true}};
   } else if (!s.current.empty()) {

@@ -15,6 +15,7 @@ pkgs=(
   clang libclang-rt-14-dev                           # tests: libFuzzer and sanitizers
   help2man man-db rpm                                # man pages from --help; .rpm (rpmbuild); man
   charliecloud-runtime busybox-static attr           # tests: ch-run from /stage, a tiny image, getfattr
+  acl                                                # tests: setfacl (POSIX ACLs on the source)
   gdb file                                           # tests: classify a core (tests/slurm/checks.sh ompi_init_crash)
   debootstrap                                        # packaging/check-clean-install.sh (manual)
 )

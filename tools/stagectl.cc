@@ -98,6 +98,11 @@ void print_status(const json& s) {
               static_cast<unsigned long long>(c.value("files", uint64_t{0})),
               limit ? human_bytes(static_cast<double>(limit)).c_str() : "none",
               static_cast<unsigned long long>(c.value("evictions", uint64_t{0})));
+  // What open files hold (never evicted): what an open that waits for room waits for.
+  std::printf("open: %s in %llu cached file(s) held open on this node (not evictable); %llu open(s) waited for room\n",
+              human_bytes(static_cast<double>(c.value("pinned_bytes", uint64_t{0}))).c_str(),
+              static_cast<unsigned long long>(c.value("pinned_files", uint64_t{0})),
+              static_cast<unsigned long long>(s.value("room_waits", uint64_t{0})));
   if (s.contains("transfer") && s["transfer"].is_object() && s["transfer"].value("hidden", false)) {
     std::printf("transfer: one in flight (of a file you may not read: not named)\n");
   } else if (s.contains("transfer") && s["transfer"].is_object()) {
@@ -116,7 +121,7 @@ void print_status(const json& s) {
 void print_stats(const json& s) {
   for (const char* k : {"opens", "cache_hits", "cache_misses", "materializations", "prefetches", "transfers",
                         "batches", "nested_batches", "batch_files", "local_writes", "bytes_broadcast", "transfer_failures", "open_errors", "source_fallbacks",
-                        "verified", "corrupt", "stale_opens", "denied", "requests", "waiting"})
+                        "verified", "corrupt", "stale_opens", "denied", "requests", "waiting", "room_waits"})
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s.value(k, uint64_t{0})));
   for (const char* k : {"evictions", "unsynced", "synced_later"})
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s["cache"].value(k, uint64_t{0})));

@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(seconds(0, 1e9));
   app.add_option("--stall-timeout", cfg.stall_timeout,
-                 "seconds without progress (a node or link gone) before a waiting open gives up")
+                 "seconds without progress (a node or link gone) before a waiting open gives up; also how "
+                 "long an open waits for room in the cache that files held open take (then ENOSPC)")
       ->capture_default_str()
       ->check(seconds(0.1, 1e6));
   app.add_option("--on-stall", on_stall,

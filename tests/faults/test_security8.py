@@ -286,6 +286,39 @@ class Access(UserCase):
         self.assertNotIn("trusted.site", r.stdout, r.stderr)
         self.assertIn("trusted.site", os.listxattr(p))  # root still sees it
 
+    def test_a_directory_closed_above_the_file_denies_its_next_open(self):
+        # The kernel keeps the directories' attributes (and so its own search check) for
+        # --attr-timeout; the daemon resolves the path on the source as the caller at each open.
+        proj = os.path.join(self.work.src, "proj")
+        deep = os.path.join(proj, "deep")
+        os.makedirs(deep)
+        files = {}
+        for name in ("cached", "uncached", "acl-cached", "acl-uncached"):
+            files[name] = os.path.join(deep, name)
+            with open(files[name], "wb") as fh:
+                fh.write(name.encode() + b"\n")
+            os.chmod(files[name], 0o644)
+        for d in (proj, deep):
+            os.chmod(d, 0o755)
+        self.daemon(self.work.file("cache")).wait_ready()
+        m = lambda name: os.path.join(self.work.mnt, "proj", "deep", name)  # noqa: E731
+        for name in files:  # attributes of every directory and file now cached by the kernel
+            self.assertEqual(self.probe("stat", m(name)), ["ok"])
+        for name in ("cached", "acl-cached"):  # their copies in the cache
+            self.assertEqual(self.probe("read", m(name))[0], "ok")
+        os.chmod(proj, 0o700)
+        self.assertEqual(self.probe("read", m("cached")), ["err", "EACCES"])
+        self.assertEqual(self.probe("read", m("uncached")), ["err", "EACCES"])
+        self.assertEqual(read_all(m("cached")), b"cached\n")  # root still reads it
+        os.chmod(proj, 0o755)
+        self.assertEqual(self.probe("read", m("cached"))[0], "ok")
+        if not shutil.which("setfacl"):
+            self.skipTest("setfacl missing (package acl)")
+        h.run(["setfacl", "-m", "u:%s:---" % self.user, deep])
+        self.assertEqual(self.probe("read", files["acl-cached"]), ["err", "EACCES"])  # the source enforces it
+        self.assertEqual(self.probe("read", m("acl-cached")), ["err", "EACCES"])
+        self.assertEqual(self.probe("read", m("acl-uncached")), ["err", "EACCES"])
+
     def test_open_directory_handles_share_one_listing(self):
         big = os.path.join(self.work.src, "many")
         os.mkdir(big)

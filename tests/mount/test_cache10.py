@@ -6,7 +6,8 @@ STAGECTL is found beside STAGEFS (build/tools/).
 
   Capacity   --cache-size: LRU eviction, a file held open is never evicted, the cache never
              above its limit, a file larger than the limit fails its open with ENOSPC and a
-             log line naming both sizes
+             log line naming both sizes; an open that finds the room held by open files waits
+             for it (--stall-timeout), then fails with ENOSPC and a log line naming them
   Control    stagectl status/stats/prefetch/evict, --json, exit 0/1/2, what an unprivileged
              user may and may not do
   Metrics    --metrics-file parses as Prometheus text, matches the counters, is rewritten
@@ -14,7 +15,9 @@ STAGECTL is found beside STAGEFS (build/tools/).
              is replaced (--verify-cache crc)
   GroupLoad  (NP ranks) a cache limited to 3 images, 6 images cycled by readers on every node
              while stagectl prefetches and the metrics file is sampled: no error, no open file
-             evicted, the cache never above its limit, the metrics file always parseable
+             evicted, the cache never above its limit, the metrics file always parseable; a
+             node whose room is held by an open file relays a copy the others get at once,
+             and its own open of it waits for the room
 Nothing sleeps to synchronize. Standard library plus python3-prometheus-client.
 """
 import json
@@ -91,6 +94,44 @@ class Capacity(h.MountTestCase):
         err = d.output()[1]
         self.assertIn("needs", err)
         self.assertIn("more than the whole --cache-size (%d bytes)" % (12 * MiB), err)
+
+    def test_an_open_waits_for_room_that_open_files_hold(self):
+        # Two 5 MiB files do not fit in 8M: the second one's open waits while the first is open
+        # (its copy pinned), shows in stagectl status, and gets its copy once it is closed.
+        a, b = os.urandom(5 * MiB), os.urandom(5 * MiB)
+        write(os.path.join(self.work.src, "a"), a)
+        write(os.path.join(self.work.src, "b"), b)
+        d = self.daemon(self.work.file("cache"), "--cache-size", "8M").wait_ready()
+        held = open(os.path.join(self.work.mnt, "a"), "rb")
+        try:
+            got = []
+            reader = threading.Thread(target=lambda: got.append(read_all(os.path.join(self.work.mnt, "b"))))
+            reader.start()
+            h.wait_for(lambda: d.stats()["room_waits"] == 1, 30, "the open of b to wait for room")
+            c = d.stats()["cache"]
+            self.assertEqual((c["pinned_files"], c["pinned_bytes"] >= 5 * MiB), (1, True), c)
+            r = h.run([stagectl(), "status", self.work.mnt])
+            self.assertIn("in 1 cached file(s) held open on this node", r.stdout)
+            self.assertIn("1 open(s) waited for room", r.stdout)
+            self.assertEqual(held.read(), a)
+        finally:
+            held.close()
+        reader.join(timeout=60)
+        self.assertEqual(got, [b])
+        self.assertEqual(sorted(os.listdir(os.path.join(self.work.file("cache"), "data"))), ["b"])
+
+    def test_an_open_that_never_gets_room_fails_and_the_log_names_the_open_files(self):
+        write(os.path.join(self.work.src, "a"), os.urandom(5 * MiB))
+        write(os.path.join(self.work.src, "b"), os.urandom(5 * MiB))
+        d = self.daemon(self.work.file("cache"), "--cache-size", "8M", "--stall-timeout", "1").wait_ready()
+        with open(os.path.join(self.work.mnt, "a"), "rb"):
+            with self.assertRaises(OSError) as e:
+                read_all(os.path.join(self.work.mnt, "b"))
+            self.assertEqual(e.exception.errno, 28)  # ENOSPC
+        err = d.output()[1]
+        self.assertIn("no room in the cache for b after waiting 1 s", err)
+        self.assertIn("held by 1 cop(ies) of files open on this node (pinned", err)
+        self.assertEqual(d.stats()["room_waits"], 1)
 
     def test_percentage_limit_and_bad_values(self):
         d = self.daemon(self.work.file("cache"), "--cache-size", "50%").wait_ready()
@@ -274,6 +315,34 @@ class GroupLoad(h.MountTestCase):
             s = g.stats(k)
             self.assertGreater(s["cache"]["evictions"], 0, s)
             self.assertEqual(s["open_errors"], 0, s)
+
+    def test_a_node_without_room_relays_and_its_open_waits_for_it(self):
+        # Node 1 holds a open (its copy pinned there); b does not fit beside it in 8M on node 1
+        # only. The other nodes get b at once; node 1's open of b waits until a is closed.
+        a, b = os.urandom(5 * MiB), os.urandom(5 * MiB)
+        write(os.path.join(self.work.src, "a"), a)
+        write(os.path.join(self.work.src, "b"), b)
+        g = self.group(h.NP, "--cache-size", "8M")
+        g.wait_ready()
+        holder = g.spawn(1, [h.PYTHON, "-c", "import sys; f = open(sys.argv[1], 'rb'); print(len(f.read()), flush=True);"
+                             " sys.stdin.readline()", os.path.join(g.mnt, "a")])
+        self.assertEqual(holder.stdout.readline().strip(), str(5 * MiB))
+        want = h.sha256_file(os.path.join(self.work.src, "b"))
+        self.assertEqual(g.sha256_on(0, os.path.join(g.mnt, "b"))[os.path.join(g.mnt, "b")][0], want)
+        waiter = g.spawn(1, [h.PYTHON, h.HARNESS, "sha256", os.path.join(g.mnt, "b")])
+        h.wait_for(lambda: g.stats(1)["room_waits"] == 1, 60, "node 1's open of b to wait for room")
+        for k in range(h.NP):
+            if k != 1:
+                self.assertTrue(os.path.exists(g.cache_file(k, "b")), k)
+        self.assertFalse(os.path.exists(g.cache_file(1, "b")))
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=60)
+        out, err = waiter.communicate(timeout=120)
+        self.assertEqual(waiter.returncode, 0, err[-500:])
+        self.assertEqual(out.split()[0], want)
+        for k in range(h.NP):
+            self.assertEqual(g.stats(k)["open_errors"], 0, k)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -247,6 +248,51 @@ TEST_F(BatchTest, TheCoreChecksTheCallersAccessOnTheFileItOpens) {
   ASSERT_FALSE(listing);
   EXPECT_EQ(listing.error().code, std::error_code(EACCES, std::generic_category()));
   EXPECT_TRUE(core_->readdir(lookup(StageFsCore::kRootId, "closed"), Caller{}));
+  mount.end();
+}
+
+// Access is the source's at every open, on the whole path: a directory above the file that
+// its owner closes (chmod, or an ACL entry for the user) denies the next open of the file,
+// whether its copy is in the cache (a hit) or not, while root still opens it.
+TEST_F(BatchTest, AnOpenIsDeniedWhenADirectoryAboveTheFileIsClosedOnTheSource) {
+  fs::create_directories(path("src/proj/deep"));
+  write_file(path("src/proj/deep/plan.txt"), "the plan");
+  write_file(path("src/proj/deep/other.txt"), "not cached");
+  for (const char* d : {"src", "src/proj", "src/proj/deep"}) ASSERT_EQ(::chmod(path(d).c_str(), 0755), 0);
+  for (const char* f : {"src/proj/deep/plan.txt", "src/proj/deep/other.txt"})
+    ASSERT_EQ(::chmod(path(f).c_str(), 0644), 0);
+  Mount mount(*this, *source_, config());
+  make_core(mount.group);
+  const Caller nobody{65534, 65534, {}};
+  const uint64_t deep = lookup(lookup(StageFsCore::kRootId, "proj"), "deep");
+  const uint64_t plan = lookup(deep, "plan.txt"), other = lookup(deep, "other.txt");
+  auto first = core_->open(plan, O_RDONLY, nobody);  // copied into the cache
+  ASSERT_TRUE(first) << first.error().message;
+  core_->release(first->pinned);
+  auto denied = [&](uint64_t id, const char* why) {
+    auto r = core_->open(id, O_RDONLY, nobody);
+    ASSERT_FALSE(r) << why;
+    EXPECT_EQ(r.error().code, std::error_code(EACCES, std::generic_category())) << why << ": " << r.error().message;
+  };
+  ASSERT_EQ(::chmod(path("src/proj").c_str(), 0700), 0);
+  denied(plan, "cached copy, a grandparent chmod 700");
+  denied(other, "no copy, a grandparent chmod 700");
+  EXPECT_FALSE(core_->readdir(deep, nobody));
+  auto root_may = core_->open(plan, O_RDONLY, Caller{});
+  ASSERT_TRUE(root_may) << root_may.error().message;
+  core_->release(root_may->pinned);
+  ASSERT_EQ(::chmod(path("src/proj").c_str(), 0755), 0);
+  auto again = core_->open(plan, O_RDONLY, nobody);  // nothing remembered the denial
+  ASSERT_TRUE(again) << again.error().message;
+  core_->release(again->pinned);
+  // An ACL entry that takes the user's search permission on the file's parent.
+  const std::string acl = "setfacl -m u:65534:--- " + path("src/proj/deep") + " 2>/dev/null";
+  if (std::system(acl.c_str()) != 0) {  // NOLINT(cert-env33-c): a fixed command line
+    mount.end();
+    GTEST_SKIP() << "setfacl missing or ACLs not supported here";
+  }
+  denied(plan, "cached copy, an ACL on the parent");
+  denied(other, "no copy, an ACL on the parent");
   mount.end();
 }
 

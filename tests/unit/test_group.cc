@@ -6,6 +6,8 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include "bcast/comm.h"
@@ -209,6 +211,121 @@ TEST_F(GroupTest, StallFallsBackToTheSourceWhenAsked) {
   comm.release();
   group.request_shutdown();
   service.join();
+}
+
+// Room in a cache under a limit, with copies held open (pinned): as the daemon, the group
+// makes room before each transfer (a node without room relays without writing) and indexes
+// the copy afterwards; the core waits for room (CoreConfig::space_wait).
+class RoomTest : public GroupTest {
+ protected:
+  static constexpr size_t kFile = 300000;
+  void SetUp() override {
+    GroupTest::SetUp();
+    for (const char* n : {"held", "next"}) write_file(path(std::string("src/") + n), random_bytes(kFile, 7));
+    struct stat st {};
+    ASSERT_EQ(::stat(path("src/held").c_str(), &st), 0);
+    // Room for one copy, not two.
+    cache_->set_limit(stage::allocated_from_stat(st) * 3 / 2 + 2 * cache_->copy_overhead());
+  }
+  GroupConfig room_config() {
+    GroupConfig g = config();
+    g.before_transfer = [this](const std::string& rel) -> stage::Status {
+      struct stat st {};
+      if (::stat(path("src/" + rel).c_str(), &st) != 0) return {};
+      return cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead());
+    };
+    g.after_transfer = [this](const std::string& rel, bool, double, uint64_t) { cache_->added(rel); };
+    return g;
+  }
+  std::unique_ptr<StageFsCore> core_with_wait(Materializer& mat, std::chrono::milliseconds wait) {
+    CoreConfig cc{path("src"), StallPolicy::eio};
+    cc.space_wait = wait;
+    auto c = StageFsCore::create(cc, *cache_, mat);
+    EXPECT_TRUE(c);
+    return c ? std::move(c.value()) : nullptr;
+  }
+  // A group of one rank whose service thread runs while it lives (also when a test fails);
+  // a core made over it must be declared after it (destroyed first).
+  struct Mount {
+    explicit Mount(RoomTest& t) : group(comm, ctl, *t.source_, t.store_, t.room_config()) {
+      service = std::thread([this] { EXPECT_TRUE(group.run().ok()); });
+    }
+    ~Mount() {
+      group.request_shutdown();
+      service.join();
+    }
+    Mount(const Mount&) = delete;
+    Mount& operator=(const Mount&) = delete;
+    stage::SelfComm comm;
+    LocalControlPlane ctl;
+    GroupService group;
+    std::thread service;
+  };
+  static stage::Result<OpenFile> open_name(StageFsCore& core, const std::string& name) {
+    return core.open(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY);
+  }
+  // An open of name whose answer comes later, once the core waits for room for it.
+  static std::future<stage::Result<OpenFile>> open_waiting_for_room(StageFsCore& core, const std::string& name) {
+    auto answer = std::make_shared<std::promise<stage::Result<OpenFile>>>();
+    auto f = answer->get_future();
+    core.open_async(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY, Caller{},
+                    [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
+    EXPECT_TRUE(eventually([&] { return core.counters().room_waits.load() == 1; }));
+    return f;
+  }
+  // A bounded wait for a condition the core reaches on its own threads.
+  static bool eventually(const std::function<bool()>& cond) {
+    for (int i = 0; i < 6000 && !cond(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return cond();
+  }
+};
+
+TEST_F(RoomTest, AnOpenWaitsForRoomHeldByAnOpenCopyAndGetsItWhenReleased) {
+  Mount m(*this);
+  auto core = this->core_with_wait(m.group, std::chrono::minutes(10));  // only a bound
+  ASSERT_TRUE(core);
+  auto held = open_name(*core, "held");
+  ASSERT_TRUE(held) << held.error().message;
+  EXPECT_EQ(cache_->usage().pinned_files, 1U);
+  auto f = open_waiting_for_room(*core, "next");
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // still waiting
+  core->release(held->pinned);  // the held copy may go now
+  auto next = f.get();
+  ASSERT_TRUE(next) << next.error().message;
+  EXPECT_EQ(read_file(path("cache/data/next")), read_file(path("src/next")));
+  EXPECT_FALSE(fs::exists(path("cache/data/held")));  // evicted to make room
+  core->release(next->pinned);
+}
+
+TEST_F(RoomTest, AnOpenThatNeverGetsRoomFailsWithEnospcNamingThePinnedCopies) {
+  Mount m(*this);
+  auto core = this->core_with_wait(m.group, std::chrono::milliseconds(200));
+  ASSERT_TRUE(core);
+  auto held = open_name(*core, "held");
+  ASSERT_TRUE(held) << held.error().message;
+  auto next = open_name(*core, "next");
+  ASSERT_FALSE(next);
+  EXPECT_EQ(next.error().to_errno(), ENOSPC) << next.error().message;
+  EXPECT_NE(next.error().message.find("held by 1 cop(ies) of files open on this node"), std::string::npos)
+      << next.error().message;
+  EXPECT_EQ(core->counters().room_waits.load(), 1U);
+  EXPECT_TRUE(fs::exists(path("cache/data/held")));  // never evicted while open
+  EXPECT_FALSE(fs::exists(path("cache/data/next")));
+  core->release(held->pinned);
+}
+
+TEST_F(RoomTest, AStopAnswersTheOpensWaitingForRoom) {
+  Mount m(*this);
+  auto core = this->core_with_wait(m.group, std::chrono::minutes(10));
+  ASSERT_TRUE(core);
+  auto held = open_name(*core, "held");
+  ASSERT_TRUE(held) << held.error().message;
+  auto f = open_waiting_for_room(*core, "next");
+  core->stop();
+  auto next = f.get();
+  ASSERT_FALSE(next);
+  EXPECT_EQ(next.error().to_errno(), ESHUTDOWN);
+  core->release(held->pinned);
 }
 
 }  // namespace
