@@ -16,6 +16,7 @@
 #include <string>
 
 #include "bcast/chunk.h"
+#include "bcast/mpi_start.h"
 #include "bcast/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
@@ -31,6 +32,8 @@ struct DaemonConfig {
   stage::BcastAlgorithm bcast_algorithm = stage::BcastAlgorithm::automatic;  // chunk data path
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
+  // Seconds every rank gets to go through MPI start-up (bcast/mpi_start.h); 0: no bound.
+  double startup_timeout = stage::kDefaultStartupTimeout;
   StallPolicy on_stall = StallPolicy::eio;
   // Cache copies written with O_DIRECT where the filesystem accepts it. Off by default: a copy
   // is made because a process is about to read it, and buffered writes leave it in the page
