@@ -1,5 +1,6 @@
 #include "bcast/mpi_start.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,7 +33,10 @@ class StartupWatchdog {
         timeout_s_(timeout_s),
         rank_(launcher_rank()),
         size_(env_int({"OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS"}, 0)) {
-    if (timeout_s_ > 0) thread_ = std::thread([this] { run(); });
+    if (timeout_s_ > 0) {
+      thread_ = std::thread([this] { run(); });
+      ::pthread_setname_np(thread_.native_handle(), "startup-watch");  // ps -L, /proc/PID/task
+    }
   }
   StartupWatchdog(const StartupWatchdog&) = delete;
   StartupWatchdog& operator=(const StartupWatchdog&) = delete;

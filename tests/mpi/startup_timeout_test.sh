@@ -12,7 +12,7 @@ set -uo pipefail
 SB=$1 FS=$2
 shift 2
 WORK=$(mktemp -d /var/tmp/stagefs-startup.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$WORK"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo
 # The hung rank: stops before exec; mpirun's SIGKILL at the end of the job ends it.
 STOPPED=(/bin/sh -c 'kill -STOP $$; exec "$@"' stopped-rank)
@@ -48,4 +48,57 @@ MPIRUN=("$@")
 run stage-bcast "$SB" --source "$WORK/src.img" --dest "$WORK/node%n/img" --ranks-as-nodes --startup-timeout 5
 run stagefs "$FS" "$WORK/tree" "$WORK/mnt" --cache "$WORK/cache" --startup-timeout 5
 if ls "$WORK"/node*/img >/dev/null 2>&1; then echo "FAIL: a copy was published"; fail=1; fi
+
+# The watchdog covers start-up only. Its thread ("startup-watch") exists while a rank starts
+# (seen in the two ranks that wait for a stopped third), and is gone in every rank once the
+# transfer runs: with --startup-timeout 1, rank 0 holds itself (SIGSTOP, STAGE_TEST_HOLD) before
+# the first chunk; then no rank has the thread, and the job, resumed, succeeds.
+# ranks MARK: pids of this test's stage-bcast processes whose command line holds MARK
+ranks() {
+  local p
+  for p in $(pgrep -x stage-bcast); do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$1" && echo "$p"
+  done
+}
+# watchers PIDS...: how many of them have a thread named startup-watch
+watchers() {
+  local p n=0
+  for p in "$@"; do cat /proc/"$p"/task/*/comm 2>/dev/null | grep -qx startup-watch && n=$((n + 1)); done
+  echo "$n"
+}
+# poll CMD...: until CMD succeeds; the ctest TIMEOUT bounds it
+poll() { until "$@"; do sleep 0.1; done; }
+two_watching() { (($(watchers $(ranks "$WORK/watch")) == 2)); }
+timeout -k 10 120 "${MPIRUN[@]}" -np 2 "$SB" --source "$WORK/src.img" --dest "$WORK/watch%n/img" --ranks-as-nodes \
+  --startup-timeout 600 : -np 1 "${STOPPED[@]}" "$SB" --source "$WORK/src.img" --dest "$WORK/watch%n/img" \
+  --ranks-as-nodes >"$WORK/watch.out" 2>&1 &
+job=$!
+poll two_watching
+echo "ok: the two waiting ranks each have a startup-watch thread"
+kill -TERM "$job"
+wait "$job"
+held() { [[ -e $WORK/held ]]; }
+STAGE_TEST_HOLD=before-first-chunk STAGE_TEST_HOLD_RANK=0 STAGE_TEST_HOLD_FILE=$WORK/held \
+  timeout -k 10 120 "${MPIRUN[@]}" -x STAGE_TEST_HOLD -x STAGE_TEST_HOLD_RANK -x STAGE_TEST_HOLD_FILE -np 3 \
+  "$SB" --source "$WORK/src.img" --dest "$WORK/long%n/img" --ranks-as-nodes --startup-timeout 1 \
+  >"$WORK/long.out" 2>&1 &
+job=$!
+poll held
+pids=$(ranks "$WORK/long")
+if (($(wc -w <<<"$pids") != 3)); then
+  echo "FAIL: expected 3 stage-bcast ranks, found: $pids"; fail=1
+elif (($(watchers $pids) != 0)); then
+  echo "FAIL: a startup-watch thread is still there during the transfer"; fail=1
+else
+  echo "ok: no rank has a startup-watch thread once the transfer runs"
+fi
+kill -CONT $pids
+wait "$job"
+rc=$?
+if ((rc != 0)); then
+  echo "FAIL: the held transfer with --startup-timeout 1 returned $rc"; sed -e 's/^/    | /' "$WORK/long.out" | head -n 20
+  fail=1
+else
+  for k in 0 1 2; do cmp -s "$WORK/src.img" "$WORK/long$k/img" || { echo "FAIL: node $k's copy differs"; fail=1; }; done
+fi
 exit "$fail"
