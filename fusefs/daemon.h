@@ -9,6 +9,8 @@
 //               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
 //               and if the main thread does not finish in time (stuck in a stalled MPI
 //               collective) ends the process itself: no orphan, no stale mount.
+//   startup-watch  only until every rank is through MPI start-up (bcast/mpi_start.h): ends
+//               the process with status 3 if that takes longer than --startup-timeout
 // Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
 // local cache-on-open filesystem.
 #pragma once
