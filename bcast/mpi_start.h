@@ -11,7 +11,9 @@
 // has entered it, so every rank is through MPI start-up), the watchdog says on stderr which
 // rank waits for what, and ends the process with _exit(kStartupTimeoutExit): no MPI_Finalize,
 // which would wait for the missing rank too. The launcher sees a rank end without finalizing
-// and ends the step, so every command returns. The watchdog never calls MPI.
+// and ends the step, so every command returns. The watchdog never calls MPI and only sleeps:
+// no thread of ours competes for the CPU while MPI starts (the tools start their working
+// threads after start_mpi() returns).
 //
 // The watchdog covers start-up only: start_mpi() stops and joins it once the first barrier
 // completed, before it returns; nothing after that (paths, transfers, a mount's whole life) is
