@@ -17,6 +17,12 @@ bool launched_by_mpi_launcher() {
   return false;
 }
 
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
 Status check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return {};
   std::array<char, MPI_MAX_ERROR_STRING> text{};

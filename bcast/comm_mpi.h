@@ -31,6 +31,9 @@ namespace stage {
 
 // True when this process was started by a launcher (srun, mpirun) rather than by hand.
 bool launched_by_mpi_launcher();
+// This process's rank as the launcher tells it before MPI_Init (OMPI_COMM_WORLD_RANK, PMIX_RANK,
+// SLURM_PROCID), or 0.
+int launcher_rank();
 
 class MpiEnv {
  public:

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "bcast/comm_mpi.h"
+#include "bcast/mpi_start.h"
 #include "bcast/paths.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
@@ -407,17 +408,12 @@ int Daemon::run(int* argc, char*** argv) {
   // limit; SIGALRM. Set before MPI_Init: the launcher's own handlers come after.
   for (int s : {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM}) ::signal(s, SIG_IGN);
   if (stage::launched_by_mpi_launcher()) {
-    auto e = stage::MpiEnv::init(argc, argv, MPI_THREAD_FUNNELED);
-    if (!e) {
-      spdlog::error("{}", e.error().message);
+    auto started = stage::start_mpi(argc, argv, {"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED});
+    if (!started) {
+      spdlog::error("{}", started.error().message);
       return 1;
     }
-    env_ = std::move(e.value());
-    auto d = stage::MpiComm::dup(MPI_COMM_WORLD);
-    if (!d) {
-      spdlog::error("{}", d.error().message);
-      return 1;
-    }
+    env_ = std::move(started->env);
     auto c = MpiControlPlane::create(MPI_COMM_WORLD, 0);
     if (!c) {
       spdlog::error("{}", c.error().message);
@@ -428,7 +424,7 @@ int Daemon::run(int* argc, char*** argv) {
       spdlog::error("{}", n.error().message);
       return 1;
     }
-    data_ = std::move(d.value());
+    data_ = std::move(started->world);
     nested_ = std::move(n.value());
     ctl_ = std::move(c.value());
   } else {

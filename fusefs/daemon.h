@@ -9,6 +9,8 @@
 //               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
 //               and if the main thread does not finish in time (stuck in a stalled MPI
 //               collective) ends the process itself: no orphan, no stale mount.
+//   startup-watch  only until every rank is through MPI start-up (bcast/mpi_start.h): ends
+//               the process with status 3 if that takes longer than --startup-timeout
 // SIGPIPE, SIGUSR1, SIGUSR2 and SIGALRM are ignored: none of them ends the mount.
 // Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
 // local cache-on-open filesystem.
@@ -17,6 +19,7 @@
 #include <string>
 
 #include "bcast/chunk.h"
+#include "bcast/mpi_start.h"
 #include "bcast/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
@@ -32,6 +35,8 @@ struct DaemonConfig {
   stage::BcastAlgorithm bcast_algorithm = stage::BcastAlgorithm::automatic;  // chunk data path
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
+  // Seconds every rank gets to go through MPI start-up (bcast/mpi_start.h); 0: no bound.
+  double startup_timeout = stage::kDefaultStartupTimeout;
   StallPolicy on_stall = StallPolicy::eio;
   // Cache copies written with O_DIRECT where the filesystem accepts it. Off by default: a copy
   // is made because a process is about to read it, and buffered writes leave it in the page

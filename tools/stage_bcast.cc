@@ -1,7 +1,8 @@
 // stage-bcast: copy one file (or, with --recursive, a tree) from shared storage to every node's
 // local disk with one source read and a pipelined MPI broadcast. A thin shell over
 // bcast/engine.h: parse options, set up MPI and the node topology, run the collective
-// transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage.
+// transfer, print the report. Exit status: 0 done, 1 failed (the same on every rank), 2 usage,
+// 3 MPI start-up did not complete within --startup-timeout (bcast/mpi_start.h).
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -19,27 +20,23 @@
 
 #include "bcast/comm_mpi.h"
 #include "bcast/engine.h"
+#include "bcast/mpi_start.h"
 #include "bcast/paths.h"
 #include "tools/report.h"
 
 namespace {
 
+using stage::launcher_rank;  // before MPI_Init, so usage errors print once
 using stage::Validate;
 
 struct Cli {
   std::string source, dest;
   std::string pre = "size", post = "none", chunk = "16M", direct_io = "auto", algorithm = "auto", segment;
   double stall_timeout = 120;
+  double startup_timeout = stage::kDefaultStartupTimeout;
   bool overwrite = false, verbose = false, json = false, recursive = false, ranks_as_nodes = false;
   int source_rank = 0;
 };
-
-// Rank as the launcher tells it, before MPI_Init, so usage errors print once.
-int launcher_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return 0;
-}
 
 Validate parse_validate(const std::string& s) {
   return s == "none" ? Validate::none : s == "checksum" ? Validate::checksum : Validate::size;
@@ -157,7 +154,8 @@ int main(int argc, char** argv) {
       "the chunks travel by MPI broadcast, each node writes them to a temporary file, checks every\n"
       "chunk's CRC-64, fsyncs and renames it into place. Nodes that already hold a valid copy write\n"
       "nothing. Run one rank per node:  srun --mpi=pmix stage-bcast --source F --dest D\n"
-      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage.\n"
+      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage,\n"
+      "3 not every rank got through MPI start-up within --startup-timeout.\n"
       "Refused as usage errors: a --dest that is a device, FIFO or socket (or a directory without\n"
       "--recursive), a --source on a pseudo filesystem (/proc, /sys, ...: sizes there are not\n"
       "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
@@ -199,6 +197,12 @@ int main(int argc, char** argv) {
   app.add_option("--stall-timeout", c.stall_timeout,
                  "chain/tree: seconds without progress (a node or link gone) before the transfer "
                  "fails; 0 waits forever")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--startup-timeout", c.startup_timeout,
+                 "seconds a rank waits for every rank to get through MPI start-up (a rank that "
+                 "died or hangs at start would otherwise keep the others waiting until the job's "
+                 "time limit); then it says so and exits with status 3. 0 waits forever")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--direct-io", c.direct_io,
@@ -262,41 +266,21 @@ int main(int argc, char** argv) {
   bool writer = true;
   int node = 0;
   if (stage::launched_by_mpi_launcher()) {
-    auto e = stage::MpiEnv::init(&argc, &argv, MPI_THREAD_FUNNELED);
-    if (!e) {
-      std::fprintf(stderr, "stage-bcast: %s\n", e.error().message.c_str());
+    auto started = stage::start_mpi(&argc, &argv, {"stage-bcast", c.startup_timeout, MPI_THREAD_FUNNELED});
+    if (!started) {
+      std::fprintf(stderr, "stage-bcast: %s\n", started.error().message.c_str());
       return 1;
     }
-    env = std::move(e.value());
+    env = std::move(started->env);
     t0 = std::chrono::steady_clock::now();  // the report times our work, not MPI start-up
-    auto w = stage::MpiComm::dup(MPI_COMM_WORLD);
-    if (!w) {
-      std::fprintf(stderr, "stage-bcast: %s\n", w.error().message.c_str());
+    auto role = stage::node_role(*started->world, c.ranks_as_nodes);
+    if (!role) {
+      std::fprintf(stderr, "stage-bcast: %s\n", role.error().message.c_str());
       return 1;
     }
-    if (!c.ranks_as_nodes) {
-      // One writer per node: the lowest rank of each shared-memory domain; the others relay.
-      auto local = (*w)->split_node();
-      if (!local) {
-        std::fprintf(stderr, "stage-bcast: %s\n", local.error().message.c_str());
-        return 1;
-      }
-      writer = (*local)->rank() == 0;
-      // Node index (for %n): writers below my rank, minus one if I am not my node's writer
-      // (my node's writer is the lowest rank on the node, so it was counted).
-      std::vector<int64_t> is_writer(static_cast<size_t>((*w)->size()), 0);
-      is_writer[static_cast<size_t>((*w)->rank())] = writer ? 1 : 0;
-      if (auto st = (*w)->allreduce_max(is_writer); !st) {
-        std::fprintf(stderr, "stage-bcast: %s\n", st.error().message.c_str());
-        return 1;
-      }
-      int64_t below = 0;
-      for (int r = 0; r < (*w)->rank(); ++r) below += is_writer[static_cast<size_t>(r)];
-      node = static_cast<int>(below) - (writer ? 0 : 1);
-    } else {
-      node = (*w)->rank();
-    }
-    world = std::move(w.value());
+    writer = role->writer;
+    node = role->node;
+    world = std::move(started->world);
   } else {
     world = std::make_unique<stage::SelfComm>();
   }

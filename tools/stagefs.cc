@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
       "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
       "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
       "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
-      "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...\n"
+      "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
+      "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
       "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
       "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).",
       "stagefs"};
@@ -89,6 +90,12 @@ int main(int argc, char** argv) {
                  "long an open waits for room in the cache that files held open take (then ENOSPC)")
       ->capture_default_str()
       ->check(seconds(0.1, 1e6));
+  app.add_option("--startup-timeout", cfg.startup_timeout,
+                 "seconds a daemon waits for every node's daemon to get through MPI start-up (one "
+                 "that died or hangs at start would otherwise keep the others waiting until the "
+                 "job's time limit); then it says so and exits with status 3. 0 waits forever")
+      ->capture_default_str()
+      ->check(seconds(0, 1e6));
   app.add_option("--on-stall", on_stall,
                  "what a stalled open does: eio (fail) or source (read the shared source directly)")
       ->capture_default_str()

@@ -19,6 +19,9 @@
 #   4. a source that does not exist: srun exits 1, every task exits non-zero, no node is
 #      left with a (partial) destination file
 #   5. an unknown option: srun exits 2 (usage error)
+#   6. one rank dies at start (SIGSEGV before MPI_Init; srun --multi-prog) and srun has no
+#      --kill-on-bad-exit: the other ranks give up after --startup-timeout 5 with a message,
+#      so srun returns (non-zero) instead of waiting for the step's time limit
 #
 # Exit: 0 all checks passed, 1 some check failed, 77 skipped (not root / Slurm or munge
 # not installed). Prints "PASS: ..." / "FAIL: ..." per check and a closing
@@ -259,6 +262,24 @@ rc=0
 echo "    srun exit $rc; output:"
 show "$WORK/run4.log" 10
 check "srun exit code is 2 (usage error) for an unknown option" test "$rc" -eq 2
+
+# ---------------------------------------------------------------------------------------
+# 6: a rank that dies at start, srun without --kill-on-bad-exit
+
+info "a rank that dies at start (SIGSEGV before MPI_Init), srun without --kill-on-bad-exit"
+printf '#!/bin/sh\nkill -SEGV $$\n' >"$WORK/dies-at-start.sh"
+chmod 0755 "$WORK/dies-at-start.sh"
+printf '0-%d %s --source %s --dest /nvme/dies.sqsh --startup-timeout 5\n%d %s\n' \
+  $((NODES - 2)) "$BIN" "$SRC" $((NODES - 1)) "$WORK/dies-at-start.sh" >"$WORK/dies.conf"
+rc=0
+timeout --foreground --kill-after=10 120 srun -N"$NODES" --ntasks-per-node=1 --chdir="$WORK" --mpi=pmix \
+  --multi-prog "$WORK/dies.conf" >"$WORK/run5.log" 2>&1 || rc=$?
+echo "    srun exit $rc; output:"
+show "$WORK/run5.log" 20
+check "srun returns, non-zero, when one rank dies at start (no --kill-on-bad-exit)" \
+  test "$rc" -ne 0 -a "$rc" -ne 124 -a "$rc" -ne 137
+check "each of the other $((NODES - 1)) ranks says it gave up waiting for MPI start-up" \
+  test "$(grep -c 'MPI start-up did not complete within 5 s' "$WORK/run5.log")" -eq $((NODES - 1))
 
 echo "---- total time $((SECONDS - t0))s (cluster up + all checks)"
 finish
