@@ -119,12 +119,15 @@ class Transfer {
  public:
   Transfer(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt, const StageEndpoint& ep,
            const ProgressFn& progress)
-      : comm_(comm), src_(src), store_(store), opt_(opt), ep_(ep), progress_(progress) {}
+      : comm_(comm), src_(src), store_(store), opt_(opt), ep_(ep), progress_(progress), data_root_(opt.root) {}
 
   StageReport run();
 
  private:
+  // The source rank: scans the source, shares the manifest and the outcomes.
   [[nodiscard]] bool is_root() const { return comm_.rank() == opt_.root; }
+  // The rank that reads and roots the broadcast: the source rank, or a seed.
+  [[nodiscard]] bool is_reader() const { return comm_.rank() == data_root_; }
   [[nodiscard]] std::string dest_of(size_t i) const { return join_path(ep_.dest, m_.entries[i].path); }
   void fail_local(Error e) {
     if (!local_err_) local_err_ = std::move(e);
@@ -148,8 +151,13 @@ class Transfer {
   Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
-  Status share_root_status(std::optional<Error>& err);
-  std::optional<Error> check_source_end(SourceFile& f, const Entry& e) const;
+  Status share_root_status(std::optional<Error>& err, int root);
+  Status choose_seed();
+  Result<std::unique_ptr<SourceFile>> open_input(size_t entry);
+  std::optional<Error> check_input_end(SourceFile& f, size_t entry) const;
+  static std::optional<Error> check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
+                                        const char* what);
+  std::optional<Error> recheck_source(const Layout& layout);
   void collect_errors();
 
   Comm& comm_;
@@ -175,6 +183,17 @@ class Transfer {
   std::optional<Error> source_err_;        // root: reading the source failed (reader thread, then main)
   std::vector<uint64_t> reader_file_crc_;  // root, per segment, reader thread
   std::vector<BufPtr> buffers_;            // allocated by prepare(), used by copy()
+  // Seeding (StageOptions::seed_from_copies): data_root_ reads; seeded_ (the same on every
+  // rank) says it reads its own copies, not the source.
+  int data_root_;
+  bool seeded_ = false;
+  std::vector<uint64_t> src_crc_;     // per entry: the source's CRC (--pre-validate checksum)
+  std::vector<int64_t> copy_mtime_;   // per entry: this node's copy's mtime when judged current
+  std::vector<FileMeta> seed_before_;  // seed, reader thread: each copy's identity when opened
+  // Bytes read: from the source (the source rank: pre-validation CRCs, then the reader
+  // thread) and from a seed's copies (its reader thread); every rank's after the outcome.
+  uint64_t read_source_ = 0;
+  uint64_t read_seed_ = 0;
   // Reads before the copy ends (StageOptions::live, a single-file transfer): chunks go in
   // the order readers want them; the file CRCs are combined from per-chunk CRCs at the end.
   bool adaptive_ = false;
@@ -208,12 +227,12 @@ void Transfer::route_wants(ChunkStream* stream) {
   want_scratch_.clear();
   if (opt_.live != nullptr) opt_.live->take_wanted(want_scratch_);
   for (uint64_t w : want_scratch_) {
-    if (is_root())
+    if (is_reader())
       push_want(w);
     else if (stream != nullptr)
       stream->want(w);
   }
-  if (stream != nullptr && is_root())
+  if (stream != nullptr && is_reader())
     while (auto w = stream->take_want()) push_want(*w);
 }
 
@@ -236,33 +255,72 @@ uint64_t Transfer::pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t&
   return low;
 }
 
-// Root broadcasts "did I fail?" and its message; every rank returns the same error.
-Status Transfer::share_root_status(std::optional<Error>& err) {
-  int64_t failed = is_root() && err ? 1 : 0;
-  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&failed, 1)), opt_.root); !st) return st;
+// `root` broadcasts "did I fail?" and its message; every rank returns the same error.
+Status Transfer::share_root_status(std::optional<Error>& err, int root) {
+  const bool me = comm_.rank() == root;
+  int64_t failed = me && err ? 1 : 0;
+  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&failed, 1)), root); !st) return st;
   if (failed == 0) return {};
-  std::string msg = is_root() ? err->message : std::string();
-  if (auto st = bcast_string(comm_, msg, opt_.root); !st) return st;
-  if (!is_root()) err = Error{make_error_code(Errc::peer_failed), msg};
+  std::string msg = me ? err->message : std::string();
+  if (auto st = bcast_string(comm_, msg, root); !st) return st;
+  if (!me) err = Error{make_error_code(Errc::peer_failed), msg};
   return {};
 }
 
-// After a file's last byte: is it still the file the scan saw (size, mtime, ctime, inode),
-// and does it really end there? A read past its recorded size that returns data means the
-// copy would be truncated: a pseudo file whose stat size is not its content, or a file that
-// grew without its mtime telling (yet). Either way nothing is published.
-std::optional<Error> Transfer::check_source_end(SourceFile& f, const Entry& e) const {
-  const std::string path = join_path(ep_.source, e.path);
+// After a file's last byte: is it still the file it was (size, mtime, ctime, inode), and does
+// it really end there? A read past its recorded size that returns data means the copy would
+// be truncated: a pseudo file whose stat size is not its content, or a file that grew without
+// its mtime telling (yet). Either way nothing is published.
+std::optional<Error> Transfer::check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
+                                         const char* what) {
   auto now = f.stat_now();
   if (!now) return now.error();
-  if (*now != e.meta) return stage_error(Errc::source_changed, "source", path);
-  auto more = f.data_past(e.meta.size);
+  if (*now != expect) return stage_error(Errc::source_changed, what, path);
+  auto more = f.data_past(expect.size);
   if (!more) return more.error();
   if (!*more) return std::nullopt;
-  Error err = stage_error(Errc::source_changed, "source", path);
-  err.message += " (it is longer than its size of " + std::to_string(e.meta.size) +
+  Error err = stage_error(Errc::source_changed, what, path);
+  err.message += " (it is longer than its size of " + std::to_string(expect.size) +
                  " bytes: it grew, or it is a pseudo file whose size does not describe its content)";
   return err;
+}
+
+// The reader's end check: the source against the scan, or a seed's copy against its identity
+// when the seed opened it.
+std::optional<Error> Transfer::check_input_end(SourceFile& f, size_t entry) const {
+  const Entry& e = m_.entries[entry];
+  if (seeded_) return check_end(f, seed_before_[entry], dest_of(entry), "seed copy");
+  return check_end(f, e.meta, join_path(ep_.source, e.path), "source");
+}
+
+// The reader's file: from the source, or (a seed) this node's copy, which must still be the
+// copy decide() judged current. It is too late to choose another seed (every node waits for
+// this stream): a copy replaced since fails the transfer.
+Result<std::unique_ptr<SourceFile>> Transfer::open_input(size_t entry) {
+  const Entry& e = m_.entries[entry];
+  if (!seeded_) return src_->open(ep_.source, e);
+  const std::string path = dest_of(entry);
+  auto f = store_.open_copy(path);
+  if (!f) return f.error();
+  auto now = (*f)->stat_now();
+  if (!now) return now.error();
+  if (now->size != e.meta.size || now->mtime_ns != copy_mtime_[entry])
+    return stage_error(Errc::source_changed, "seed copy", path);
+  seed_before_[entry] = *now;
+  return f;
+}
+
+// A seeded transfer, after the stream, on the source rank: is the source still the version
+// the manifest describes (the check the source rank's reader makes after each file's last
+// byte)? Opens each streamed file; reads no data.
+std::optional<Error> Transfer::recheck_source(const Layout& layout) {
+  for (const Segment& seg : layout.segments()) {
+    const Entry& e = m_.entries[seg.entry];
+    auto f = src_->open(ep_.source, e);
+    if (!f) return f.error();
+    if (auto err = check_end(**f, e.meta, join_path(ep_.source, e.path), "source")) return err;
+  }
+  return std::nullopt;
 }
 
 Status Transfer::share_manifest() {
@@ -281,7 +339,7 @@ Status Transfer::share_manifest() {
     else
       err = scanned.error();
   }
-  if (auto st = share_root_status(err); !st) return st;
+  if (auto st = share_root_status(err, opt_.root); !st) return st;
   if (err) return *err;
   if (auto st = bcast_string(comm_, bytes, opt_.root); !st) return st;
   auto decoded = decode(std::as_bytes(std::span(bytes.data(), bytes.size())));
@@ -322,23 +380,25 @@ Status Transfer::share_source_crcs(std::vector<uint64_t>& crcs) {
           break;
         }
         crc = crc64(std::span(buf.data(), n), crc);
+        read_source_ += n;
         off += n;
       }
       crcs[i] = crc;
     }
   }
-  if (auto st = share_root_status(err); !st) return st;
+  if (auto st = share_root_status(err, opt_.root); !st) return st;
   if (err) return *err;
   return comm_.bcast(std::as_writable_bytes(std::span(crcs)), opt_.root);
 }
 
 Status Transfer::decide() {
   const size_t n = m_.entries.size();
-  std::vector<uint64_t> src_crc;
+  std::vector<uint64_t>& src_crc = src_crc_;
   if (opt_.pre == Validate::checksum && !opt_.overwrite) {
     if (auto st = share_source_crcs(src_crc); !st) return st;
   }
   need_local_.assign(n, 0);
+  copy_mtime_.assign(n, 0);
   if (ep_.writer) {
     if (auto st = store_.make_parents(ep_.dest); !st) fail_local(st.error());
     // Temporary files of killed runs go first, whether or not this node copies anything now.
@@ -386,6 +446,7 @@ Status Transfer::decide() {
         }
         local_crc = *c;
       }
+      copy_mtime_[i] = ls->mtime_ns;
       need_local_[i] =
           needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1
                                                                                                          : 0;
@@ -402,6 +463,27 @@ Status Transfer::decide() {
   if (auto st = comm_.allreduce_sum(counts); !st) return st;
   r_.writers = counts[0];
   r_.nodes_needing = counts[1];
+  if (r_.nodes_needing == 0) return {};
+  if (opt_.seed_from_copies)
+    if (auto st = choose_seed(); !st) return st;
+  r_.fed_by = data_root_;
+  r_.fed_from_copy = seeded_;
+  return {};
+}
+
+// Seeding: a writer whose copies of every file any node needs are current (by the
+// pre-validation rule) may feed the broadcast; the lowest such rank does. Collective.
+Status Transfer::choose_seed() {
+  bool can = ep_.writer && !local_err_;
+  for (size_t i = 0; i < m_.entries.size() && can; ++i)
+    can = need_any_[i] == 0 || (m_.entries[i].type == EntryType::file && need_local_[i] == 0);
+  std::array<int64_t, 1> best{can ? comm_.size() - comm_.rank() : 0};  // max: the lowest rank
+  if (auto st = comm_.allreduce_max(best); !st) return st;
+  if (best[0] == 0) return {};
+  data_root_ = comm_.size() - static_cast<int>(best[0]);
+  seeded_ = true;
+  seed_before_.assign(m_.entries.size(), FileMeta{});
+  if (is_root()) spdlog::info("{}: rank {} feeds the transfer from its current copy", host_name(), data_root_);
   return {};
 }
 
@@ -468,9 +550,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   // /proc file is empty by stat and full of text by read).
   for (const Segment& seg : layout.segments()) {
     if (seg.size != 0) continue;
-    const Entry& e = m_.entries[seg.entry];
-    auto f = src_->open(ep_.source, e);
-    source_err_ = f ? check_source_end(**f, e) : std::optional<Error>(f.error());
+    auto f = open_input(seg.entry);
+    source_err_ = f ? check_input_end(**f, seg.entry) : std::optional<Error>(f.error());
     if (source_err_) break;
   }
   if (source_err_) {
@@ -512,7 +593,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       const Segment& seg = layout.segments()[p.segment];
       const Entry& e = m_.entries[seg.entry];
       if (open_seg != p.segment) {
-        auto f = src_->open(ep_.source, e);
+        auto f = open_input(seg.entry);
         if (!f) {
           source_err_ = f.error();
           break;
@@ -527,6 +608,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
           source_err_ = st.error();
           break;
         }
+        (seeded_ ? read_seed_ : read_source_) += p.length;
         any_data = true;
         piece_crc = crc64(dst);
       } else {
@@ -538,7 +620,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
           break;
         }
         if (now->size < p.file_off + p.length) {
-          source_err_ = stage_error(Errc::source_changed, "source", join_path(ep_.source, e.path));
+          source_err_ = stage_error(Errc::source_changed, seeded_ ? "seed copy" : "source",
+                                    seeded_ ? dest_of(seg.entry) : join_path(ep_.source, e.path));
           source_err_->message += " (it shrank during the copy)";
           break;
         }
@@ -549,7 +632,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       if (adaptive_) continue;  // one piece per chunk; the file's CRC and end check below
       reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
       if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
-        source_err_ = check_source_end(*file, e);
+        source_err_ = check_input_end(*file, seg.entry);
         if (source_err_) break;
       }
     }
@@ -559,7 +642,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
         for (uint64_t j = 0; j < nchunks; ++j)
           reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
                                               chunk_range(layout.bytes(), opt_.chunk_size, j).length);
-        source_err_ = check_source_end(*file, m_.entries[layout.segments()[0].entry]);
+        source_err_ = check_input_end(*file, layout.segments()[0].entry);
       }
     }
     if (source_err_) {
@@ -652,7 +735,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
     }
     std::optional<BufPtr> b;
     uint32_t token = 0;
-    if (is_root() && (adaptive_ || opt_.nest != nullptr)) {
+    if (is_reader() && (adaptive_ || opt_.nest != nullptr)) {
       // The root's own readers' wants reach its reader, and the control plane is polled, while
       // it waits for the reader.
       for (;;) {
@@ -668,12 +751,12 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
       // still reach the coordinator during a long transfer.
       if (opt_.nest != nullptr)
         if (auto st = opt_.nest->poll(); !st) return st;
-      b = is_root() ? q.full_q.pop() : q.free_q.pop();
+      b = is_reader() ? q.full_q.pop() : q.free_q.pop();
       if (!b) return {};
     }
     const Accumulate in_bcast(r_.pipe.bcast);
-    ChunkHeader h = token != 0 ? nest_header(token) : is_root() ? (*b)->hdr : ChunkHeader{};
-    if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), opt_.root); !st) return st;
+    ChunkHeader h = token != 0 ? nest_header(token) : is_reader() ? (*b)->hdr : ChunkHeader{};
+    if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), data_root_); !st) return st;
     if (!valid_header(h, layout, i, seen))
       return stage_error(Errc::bad_message, "chunk header " + std::to_string(i));  // out of step: stop
     if ((h.flags & kChunkNest) != 0) {
@@ -688,7 +771,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
       return {};  // every rank sees the same header and leaves the loop at the same chunk
     }
     if ((h.flags & kChunkZero) == 0) {
-      if (auto st = data_bcast(comm_, std::span(buf.mem->data(), h.length), opt_.root, opt_.bcast_algorithm,
+      if (auto st = data_bcast(comm_, std::span(buf.mem->data(), h.length), data_root_, opt_.bcast_algorithm,
                                opt_.pipeline);
           !st)
         return st;
@@ -737,7 +820,7 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
         for (auto& b : bufs) quarantine(std::shared_ptr<void>(std::move(b)));
     }
   } quarantine{inflight, ok};
-  ChunkStream stream(*comm_.point_to_point(), opt_.root, shape, opt_.pipeline);
+  ChunkStream stream(*comm_.point_to_point(), data_root_, shape, opt_.pipeline);
   std::vector<ChunkHeader> done;
   std::vector<char> seen(nchunks);
   // The source rank's chunks in the stream at once (kNestAheadChunks with a Nest; else every
@@ -756,21 +839,21 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
       if (auto st = poll_nest(); !st) return st;
       // A nest header goes in between two chunks, never after the last one (every rank then
       // still has a chunk to receive after it, so it posts a receive for it).
-      if (is_root() && submitted < nchunks && !abort_sent)
+      if (is_reader() && submitted < nchunks && !abort_sent)
         if (const uint32_t token = opt_.nest->mark(); token != 0) {
           if (auto st = stream.submit({}, nest_header(token)); !st) return st;
           inflight.push_back(nullptr);
           moved = true;
         }
     }
-    while (submitted < nchunks + (is_root() ? 0 : nests) && !abort_sent &&
-           (!is_root() || stream.pending() < root_pending_max)) {
-      auto b = is_root() ? q.full_q.try_pop() : q.free_q.try_pop();
+    while (submitted < nchunks + (is_reader() ? 0 : nests) && !abort_sent &&
+           (!is_reader() || stream.pending() < root_pending_max)) {
+      auto b = is_reader() ? q.full_q.try_pop() : q.free_q.try_pop();
       if (!b) break;
       Buffer& buf = **b;
-      const ChunkHeader h = is_root() ? buf.hdr : ChunkHeader{};
+      const ChunkHeader h = is_reader() ? buf.hdr : ChunkHeader{};
       const bool empty = (h.flags & (kChunkZero | kChunkAbort)) != 0;
-      const auto span = is_root() ? std::span(buf.mem->data(), empty ? 0 : h.length) : buf.mem->bytes();
+      const auto span = is_reader() ? std::span(buf.mem->data(), empty ? 0 : h.length) : buf.mem->bytes();
       if (auto st = stream.submit(span, h); !st) return st;
       inflight.push_back(std::move(*b));
       ++submitted;
@@ -839,7 +922,7 @@ Status Transfer::copy() {
   buffers_.clear();
   std::thread reader;
   std::thread writer;
-  if (is_root()) reader = std::thread([&] { reader_loop(layout, q.free_q, q.full_q); });
+  if (is_reader()) reader = std::thread([&] { reader_loop(layout, q.free_q, q.full_q); });
   if (write_here) writer = std::thread([&] { writer_loop(layout, q.write_q, q.free_q); });
 
   test_hold("before-first-chunk", comm_.rank());
@@ -853,11 +936,26 @@ Status Transfer::copy() {
   if (reader.joinable()) reader.join();
   if (!comm_status) return comm_status;
 
-  // Trailer: the root's verdict on the source, then the CRC of every streamed file.
-  if (auto st = share_root_status(source_err_); !st) return st;
+  // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the
+  // source; then the CRC of every streamed file.
+  if (auto st = share_root_status(source_err_, data_root_); !st) return st;
   if (source_err_) return {};
-  source_file_crc_ = is_root() ? reader_file_crc_ : std::vector<uint64_t>(layout.segments().size());
-  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(source_file_crc_)), opt_.root); !st) return st;
+  if (seeded_) {
+    if (is_root()) source_err_ = recheck_source(layout);
+    if (auto st = share_root_status(source_err_, opt_.root); !st) return st;
+    if (source_err_) return {};
+  }
+  source_file_crc_ = is_reader() ? reader_file_crc_ : std::vector<uint64_t>(layout.segments().size());
+  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(source_file_crc_)), data_root_); !st) return st;
+  if (seeded_ && !src_crc_.empty()) {  // --pre-validate checksum: every rank knows the source's CRCs
+    for (size_t k = 0; k < layout.segments().size(); ++k) {
+      const size_t i = layout.segments()[k].entry;
+      if (source_file_crc_[k] == src_crc_[i]) continue;
+      const std::string msg = "seed copy " + dest_of(i) + " does not match the source's checksum";
+      source_err_ = Error{make_error_code(is_reader() ? Errc::checksum_mismatch : Errc::peer_failed), msg};
+      return {};
+    }
+  }
   if (writer_err_) fail_local(*writer_err_);
   if (write_here && !local_err_) {
     for (size_t s = 0; s < layout.segments().size(); ++s) {
@@ -956,8 +1054,8 @@ void Transfer::collect_errors() {
   std::string mine;
   if (local_err_)
     mine = local_err_->message;
-  else if (is_root() && source_err_)
-    mine = source_err_->message;
+  else if (source_err_ && source_err_->code != make_error_code(Errc::peer_failed))
+    mine = source_err_->message;  // the rank that read (or re-checked) the source or seed copy
   auto all = comm_.gather(mine, opt_.root);
   if (is_root() && all) {
     for (auto& s : *all)
@@ -971,6 +1069,8 @@ StageReport Transfer::run() {
   const auto t0 = Clock::now();
   auto finish_report = [&](bool ok) {
     r_.ok = ok;
+    r_.bytes_read_source = read_source_;
+    r_.bytes_read_seed = read_seed_;
     if (local_err_) r_.local_error = local_err_->code;
     r_.exit_code = ok ? 0 : 1;
     r_.t.total = since(t0);
@@ -1027,10 +1127,16 @@ StageReport Transfer::run() {
   PipelineTimes& p = r_.pipe;
   std::array<double*, 7> figures{&p.read,  &p.read_wait,  &p.bcast, &p.verify,
                                  &p.write, &p.write_wait, &p.sync};
-  std::array<int64_t, 2 + figures.size()> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0};
-  for (size_t k = 0; k < figures.size(); ++k) outcome[2 + k] = static_cast<int64_t>(*figures[k] * 1e6);
+  // Bytes read: one rank reads each kind, so the max is its figure.
+  constexpr size_t kFig = 4;
+  std::array<int64_t, kFig + figures.size()> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0,
+                                                     static_cast<int64_t>(read_source_),
+                                                     static_cast<int64_t>(read_seed_)};
+  for (size_t k = 0; k < figures.size(); ++k) outcome[kFig + k] = static_cast<int64_t>(*figures[k] * 1e6);
   if (auto st = comm_.allreduce_max(outcome); !st) return comm_broke(st);
-  for (size_t k = 0; k < figures.size(); ++k) *figures[k] = static_cast<double>(outcome[2 + k]) * 1e-6;
+  for (size_t k = 0; k < figures.size(); ++k) *figures[k] = static_cast<double>(outcome[kFig + k]) * 1e-6;
+  read_source_ = static_cast<uint64_t>(outcome[2]);
+  read_seed_ = static_cast<uint64_t>(outcome[3]);
   auto written = allreduce_sum(comm_, published_ ? 1 : 0);
   if (!written) return comm_broke(Status(written.error()));
   r_.nodes_written = *written;

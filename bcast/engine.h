@@ -4,7 +4,10 @@
 //   1. Metadata   the source rank scans the source and broadcasts the manifest (or its error).
 //   2. Decide     each writer compares its local copy with the manifest (size+mtime, CRC, or
 //                 always) and creates directories and symlinks; an allreduce tells everyone
-//                 which files any node needs. If none: done, nothing read or sent.
+//                 which files any node needs. If none: done, nothing read or sent. With
+//                 seeding on (StageOptions::seed_from_copies), a second allreduce picks a seed:
+//                 the lowest rank whose copies of every needed file are current. The seed,
+//                 not the source rank, then reads (its own copies) and roots the broadcast.
 //   3. Prepare    writers check free space and create their temporary files; an allreduce of
 //                 the status stops every rank before any data moves if one node cannot write.
 //   4. Copy       a pipeline of a few chunk buffers: the source's reader thread reads chunk
@@ -15,7 +18,11 @@
 //   5. Finish     fsync, optional post-validation (size, or re-read CRC), then an allreduce of
 //                 [source failed, this node failed]. A node publishes (rename) only if the
 //                 source stayed unchanged and its own copy verified; a final allreduce gives
-//                 every rank the same overall outcome.
+//                 every rank the same overall outcome. With a seed, "source unchanged" means
+//                 both: the seed's copies kept their size, mtime, ctime and inode while it
+//                 read them, and the source rank found the source's metadata unchanged after
+//                 the stream (with --pre-validate checksum, the seed's file CRCs must also
+//                 equal the source's, which every rank knows from pre-validation).
 //
 // stage_transfer() is COLLECTIVE over `comm` and is called by one thread per rank (the thread
 // that owns the Comm); it starts and joins its own reader/writer threads. A non-writer rank
@@ -107,6 +114,13 @@ struct StageOptions {
   // are not synced: a crash may lose a name, never publish unsynced data).
   uint64_t small_files_max = 0;
   int root = 0;
+  // Seeding: when some writer's copies of every file any node needs are current (by `pre`),
+  // the lowest such rank (the seed) reads its own copies and roots the broadcast instead of
+  // `root` reading the source; `root` still scans the source and re-checks its metadata after
+  // the stream. The lowest rank: every rank computes the same choice from one allreduce, and
+  // with a pipelined chain or tree the root's position barely changes the time. Off: `root`
+  // always reads (the stagefs mount, and stage-bcast with an explicit --source-rank).
+  bool seed_from_copies = false;
   int pipeline_depth = 4;
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
@@ -159,6 +173,15 @@ struct StageReport {
   int64_t writers = 0;        // nodes (one writer each)
   int64_t nodes_needing = 0;  // nodes whose copy was missing or stale
   int64_t nodes_written = 0;  // nodes that published a new copy
+  // Who fed the broadcast: the rank that read (-1: nothing was streamed), and whether it read
+  // its own current copy (a seed) rather than the shared source. The same on every rank.
+  int fed_by = -1;
+  bool fed_from_copy = false;
+  // Bytes read from the shared source (pre-validation CRCs and the copy) and from a seed's
+  // copies. Every rank's figure after a transfer that reached the copy phase; otherwise the
+  // reading rank's own.
+  uint64_t bytes_read_source = 0;
+  uint64_t bytes_read_seed = 0;
   bool this_node_wrote = false;
   std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did

@@ -336,6 +336,14 @@ Result<LocalState> PosixStore::inspect(const std::string& path) {
   return ls;
 }
 
+Result<std::unique_ptr<SourceFile>> PosixStore::open_copy(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | kNoWaitOpen));
+  if (!fd.valid()) return sys_error(errno, "open local copy", path);
+  struct stat st {};
+  if (auto s = settle_regular(fd.get(), st, path); !s) return s.error();
+  return posix_source_file(std::move(fd), path, static_cast<uint64_t>(st.st_size));
+}
+
 Result<uint64_t> PosixStore::checksum(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd.valid()) return sys_error(errno, "open local copy", path);

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "bcast/manifest.h"
+#include "bcast/source.h"
 
 namespace stage {
 
@@ -70,6 +71,11 @@ class LocalStore {
   virtual ~LocalStore() = default;
   virtual Result<LocalState> inspect(const std::string& path) = 0;
   virtual Result<uint64_t> checksum(const std::string& path) = 0;
+  // Opens this node's existing copy at path for reading, to seed a transfer (a regular file,
+  // the last component not followed). Stores that cannot say unsupported.
+  virtual Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) {
+    return stage_error(Errc::unsupported, "read local copy", path);
+  }
   // Free bytes for an unprivileged writer on the filesystem that holds path's directory.
   virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
   // syncfs() of the filesystem holding path: one call instead of one fsync per small file.
@@ -109,6 +115,7 @@ class PosixStore final : public LocalStore {
   explicit PosixStore(StoreOptions opt) : opt_(opt) {}
   Result<LocalState> inspect(const std::string& path) override;
   Result<uint64_t> checksum(const std::string& path) override;
+  Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) override;
   Result<uint64_t> free_bytes(const std::string& path) override;
   Status sync_filesystem(const std::string& path) override;
   Result<std::unique_ptr<Txn>> begin(const std::string& path) override;

@@ -84,29 +84,7 @@ for ((k = 0; k < NODES; k++)); do
 done
 sync
 majmin=$(lsblk -dno MAJ:MIN "$loopdev" | tr -d ' ')
-rate=$((RATE_MBS * 1000 * 1000))
-
-cg_enter() {
-  if [ -d /sys/fs/cgroup/blkio ]; then           # cgroup v1 (this VM)
-    CG=/sys/fs/cgroup/blkio/stagefs-bench.$$
-    mkdir -p "$CG"
-    echo "$majmin $rate" > "$CG/blkio.throttle.read_bps_device"
-  else                                          # cgroup v2
-    CG=/sys/fs/cgroup/stagefs-bench.$$
-    echo +io > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-    mkdir -p "$CG"
-    echo "$majmin rbps=$rate" > "$CG/io.max"
-  fi
-  echo $$ > "$CG/cgroup.procs"
-}
-cg_leave() {
-  [ -n "$CG" ] && [ -d "$CG" ] || return 0
-  echo $$ > "$(dirname "$CG")/cgroup.procs" 2>/dev/null
-  for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do echo "$p" > "$(dirname "$CG")/cgroup.procs" 2>/dev/null; done
-  rmdir "$CG" 2>/dev/null
-  CG=
-}
-cg_enter
+cg_enter "$loopdev" "$RATE_MBS"
 log "source $SHARED on $loopdev ($majmin), reads limited to $RATE_MBS MB/s for cgroup $CG"
 
 # Check the throttle: one reader of one copy should see ~RATE_MBS.

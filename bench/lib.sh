@@ -86,6 +86,34 @@ kill_tree() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+# cg_enter DEV MBS: this shell and every process it starts from now on read block device DEV
+# at most MBS MB/s in total (a blkio cgroup: v1 blkio.throttle.read_bps_device, or v2 io.max
+# rbps; its path in CG). cg_leave moves everyone back out and removes the cgroup.
+CG=
+cg_enter() {
+  local majmin rate
+  majmin=$(lsblk -dno MAJ:MIN "$1" | tr -d ' ')
+  rate=$(($2 * 1000 * 1000))
+  if [ -d /sys/fs/cgroup/blkio ]; then           # cgroup v1 (this VM)
+    CG=/sys/fs/cgroup/blkio/stagefs-bench.$$
+    mkdir -p "$CG"
+    echo "$majmin $rate" > "$CG/blkio.throttle.read_bps_device"
+  else                                          # cgroup v2
+    CG=/sys/fs/cgroup/stagefs-bench.$$
+    echo +io > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    mkdir -p "$CG"
+    echo "$majmin rbps=$rate" > "$CG/io.max"
+  fi
+  echo $$ > "$CG/cgroup.procs"
+}
+cg_leave() {
+  [ -n "$CG" ] && [ -d "$CG" ] || return 0
+  echo $$ > "$(dirname "$CG")/cgroup.procs" 2>/dev/null
+  for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do echo "$p" > "$(dirname "$CG")/cgroup.procs" 2>/dev/null; done
+  rmdir "$CG" 2>/dev/null
+  CG=
+}
+
 # Unmount $1 if it is a mount point in the current namespace.
 unmount_if() {
   mountpoint -q "$1" 2>/dev/null || return 0

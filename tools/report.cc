@@ -37,6 +37,12 @@ std::string report_table(const StageReport& r, const std::string& source, const 
       static_cast<unsigned long long>(r.files_streamed), human_bytes(r.bytes_streamed).c_str(),
       static_cast<unsigned long long>(r.chunks));
   out += line;
+  if (r.fed_by >= 0) {
+    std::snprintf(line, sizeof line, "  Fed by rank %d from %s; read %s from the shared source, %s from seed copies\n",
+                  r.fed_by, r.fed_from_copy ? "its current copy (seed)" : "the shared source",
+                  human_bytes(r.bytes_read_source).c_str(), human_bytes(r.bytes_read_seed).c_str());
+    out += line;
+  }
   const std::pair<const char*, double> rows[] = {
       {"Topology check", r.t.topology},      {"Source metadata", r.t.metadata},
       {"Pre-validation", r.t.prevalidate},   {"Copy phase", r.t.copy},
@@ -108,7 +114,8 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       buf, sizeof buf,
       "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_needing\":%lld,\"nodes_written\":%lld,"
       "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
-      "\"files_broadcast\":%llu,\"chunks\":%llu,"
+      "\"files_broadcast\":%llu,\"chunks\":%llu,\"fed_by_rank\":%d,\"fed_from\":\"%s\","
+      "\"bytes_read_source\":%llu,\"bytes_read_seed\":%llu,"
       "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
       "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,"
       "\"pipeline_seconds\":{\"read\":%.3f,\"read_wait\":%.3f,\"bcast\":%.3f,\"verify\":%.3f,\"write\":%.3f,"
@@ -118,7 +125,10 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.dirs),
       static_cast<unsigned long long>(r.symlinks), static_cast<unsigned long long>(r.bytes_total),
       static_cast<unsigned long long>(r.bytes_streamed), static_cast<unsigned long long>(r.files_streamed),
-      static_cast<unsigned long long>(r.chunks), r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
+      static_cast<unsigned long long>(r.chunks), r.fed_by,
+      r.fed_by < 0 ? "none" : r.fed_from_copy ? "seed" : "source",
+      static_cast<unsigned long long>(r.bytes_read_source), static_cast<unsigned long long>(r.bytes_read_seed),
+      r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
       r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy), r.pipe.read, r.pipe.read_wait,
       r.pipe.bcast, r.pipe.verify, r.pipe.write, r.pipe.write_wait, r.pipe.sync);
   std::string out = buf;

@@ -182,7 +182,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"size", "checksum", "none"}))
       ->capture_default_str();
   app.add_flag("--overwrite", c.overwrite, "copy even where a current copy exists");
-  app.add_option("--source-rank", c.source_rank, "rank that reads the source")->capture_default_str();
+  auto* source_rank =
+      app.add_option("--source-rank", c.source_rank,
+                     "rank that reads the source. Without it, when some node already holds a current copy "
+                     "(by --pre-validate) of every file a node needs, that node's rank reads its own copy "
+                     "and feeds the others (a seed), and the source is read for metadata only")
+          ->capture_default_str();
   app.add_option("--chunk-size", c.chunk, "broadcast chunk, 4K..1G (K, M, G suffixes)")
       ->capture_default_str();
   app.add_option("--bcast-algorithm", c.algorithm,
@@ -245,6 +250,7 @@ int main(int argc, char** argv) {
   opt.overwrite = c.overwrite;
   opt.recursive = c.recursive;
   opt.root = c.source_rank;
+  opt.seed_from_copies = source_rank->count() == 0;
   opt.bcast_algorithm = *stage::parse_bcast_algorithm(c.algorithm);  // checked by CLI11 above
   opt.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.stall_timeout * 1000));
   if (!c.segment.empty()) {

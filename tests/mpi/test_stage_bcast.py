@@ -742,6 +742,72 @@ class StageBcastTest(unittest.TestCase):
         self.assertEqual(rep["source"], src, "JSON 'source' does not decode to the path given")
         self.assertEqual(rep["dest"], pattern, "JSON 'dest' does not decode to the pattern given")
 
+    # ---- 14. warm nodes seed the others; the source is read for metadata only ------------
+    def traced_stage(self, args, trace_dir):
+        """Runs every rank under strace -ff -y (each thread's syscalls in its own file, each fd
+        annotated with its path), for the read-family syscalls and mmap."""
+        os.makedirs(trace_dir)
+        wrapper = ('exec strace -ff -y -qq -s 0 --seccomp-bpf '
+                   '-e trace=read,pread64,readv,preadv,preadv2,mmap,sendfile,copy_file_range,splice '
+                   '-o "%s/r$OMPI_COMM_WORLD_RANK" "$0" "$@"' % trace_dir)
+        cmd = MPIRUN + ["-np", str(NP), "/bin/sh", "-c", wrapper, BIN, "--ranks-as-nodes", "--json"] + list(args)
+        r = run(cmd, env=mpi_env(), timeout=2 * RUN_TIMEOUT)
+        self.assertEqual(r.returncode, 0, "stage-bcast failed:\nstdout:\n%s\nstderr:\n%s" % (r.stdout, r.stderr))
+        return self.report_of(r)
+
+    @staticmethod
+    def bytes_read_from(path, trace_dir):
+        """Bytes any traced rank's thread read from `path` (and how many times it mapped it)."""
+        tag = "<%s>" % os.path.realpath(path)
+        total, maps = 0, 0
+        for name in os.listdir(trace_dir):
+            with open(os.path.join(trace_dir, name), errors="replace") as f:
+                for line in f:
+                    if tag not in line:
+                        continue
+                    ret = line.rsplit("= ", 1)[-1].split()[0]
+                    if line.startswith("mmap("):
+                        maps += 0 if ret.startswith("-") else 1
+                    elif ret.lstrip("-").isdigit() and int(ret) > 0:
+                        total += int(ret)
+        return total, maps
+
+    def test_14_warm_nodes_seed_the_others(self):
+        if NP < 3:
+            self.skipTest("needs a node with a copy and two without")
+        if shutil.which("strace") is None:
+            self.skipTest("strace not installed")
+        size = 3 * MiB + 17
+        src = self.make_source("img.bin", size)
+        args = ["--source", src, "--dest", self.dest_pattern(), "--chunk-size", "256K"]
+        warm = (1, 2)
+        for k in warm:  # a current copy: the source's bytes and mtime
+            os.makedirs(os.path.dirname(self.dest(k)))
+            shutil.copy2(src, self.dest(k))
+        before = {k: identity(self.dest(k)) for k in warm}
+        rep = self.traced_stage(args, os.path.join(self.work, "trace1"))
+        self.assertEqual((rep["fed_by_rank"], rep["fed_from"]), (1, "seed"), rep)
+        self.assertEqual((rep["bytes_read_source"], rep["bytes_read_seed"]), (0, size), rep)
+        self.assertEqual(rep["nodes_written"], NP - len(warm))
+        self.assertEqual(self.bytes_read_from(src, os.path.join(self.work, "trace1")), (0, 0),
+                         "a rank read the shared source's data")
+        self.assertGreaterEqual(self.bytes_read_from(self.dest(1), os.path.join(self.work, "trace1"))[0], size)
+        for k in range(NP):
+            self.assert_copy(src, self.dest(k))
+        self.assertEqual({k: identity(self.dest(k)) for k in warm}, before, "a current copy was rewritten")
+
+        # An explicit --source-rank wins over the warm nodes (and shows the trace sees reads).
+        for k in range(NP):
+            if k not in warm:
+                os.unlink(self.dest(k))
+        rep = self.traced_stage(args + ["--source-rank", "0"], os.path.join(self.work, "trace2"))
+        self.assertEqual((rep["fed_by_rank"], rep["fed_from"]), (0, "source"), rep)
+        self.assertEqual((rep["bytes_read_source"], rep["bytes_read_seed"]), (size, 0), rep)
+        self.assertGreaterEqual(self.bytes_read_from(src, os.path.join(self.work, "trace2"))[0], size)
+        for k in range(NP):
+            self.assert_copy(src, self.dest(k))
+        self.assert_no_temps()
+
 
 def main():
     global BIN, NP, MPIRUN

@@ -13,8 +13,36 @@ namespace stage::testing {
 struct SourceFaults {
   int64_t short_read_at = -1;        // a read covering this file offset returns short_read
   int64_t eio_at = -1;               // ... returns EIO
+  int64_t corrupt_at = -1;           // a read covering this offset flips a bit there (no error)
   bool changes_during_copy = false;  // stat_now() reports a new mtime
   std::atomic<uint64_t> bytes_read{0};
+};
+
+// A SourceFile that fails, corrupts or changes on demand (SourceFaults).
+class FaultFile final : public SourceFile {
+ public:
+  FaultFile(std::unique_ptr<SourceFile> in, SourceFaults& f) : in_(std::move(in)), f_(f) {}
+  Status read_at(uint64_t off, std::span<std::byte> buf) override {
+    auto covers = [&](int64_t at) {
+      return at >= 0 && static_cast<uint64_t>(at) >= off && static_cast<uint64_t>(at) < off + buf.size();
+    };
+    if (covers(f_.short_read_at)) return stage_error(Errc::short_read, "read source (injected)");
+    if (covers(f_.eio_at)) return sys_error(EIO, "read source (injected)");
+    f_.bytes_read += buf.size();
+    auto st = in_->read_at(off, buf);
+    if (st && covers(f_.corrupt_at)) buf[static_cast<size_t>(f_.corrupt_at) - off] ^= std::byte{1};
+    return st;
+  }
+  bool has_data(uint64_t off, uint64_t len) override { return in_->has_data(off, len); }
+  Result<FileMeta> stat_now() override {
+    auto m = in_->stat_now();
+    if (m && f_.changes_during_copy) m->mtime_ns += 1;
+    return m;
+  }
+
+ private:
+  std::unique_ptr<SourceFile> in_;
+  SourceFaults& f_;
 };
 
 class FaultSource final : public SourceReader {
@@ -26,33 +54,10 @@ class FaultSource final : public SourceReader {
   Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) override {
     auto inner = real_.open(root, e);
     if (!inner) return inner.error();
-    return std::unique_ptr<SourceFile>(new File(std::move(inner.value()), f_));
+    return std::unique_ptr<SourceFile>(new FaultFile(std::move(inner.value()), f_));
   }
 
  private:
-  class File final : public SourceFile {
-   public:
-    File(std::unique_ptr<SourceFile> in, SourceFaults& f) : in_(std::move(in)), f_(f) {}
-    Status read_at(uint64_t off, std::span<std::byte> buf) override {
-      auto covers = [&](int64_t at) {
-        return at >= 0 && static_cast<uint64_t>(at) >= off && static_cast<uint64_t>(at) < off + buf.size();
-      };
-      if (covers(f_.short_read_at)) return stage_error(Errc::short_read, "read source (injected)");
-      if (covers(f_.eio_at)) return sys_error(EIO, "read source (injected)");
-      f_.bytes_read += buf.size();
-      return in_->read_at(off, buf);
-    }
-    bool has_data(uint64_t off, uint64_t len) override { return in_->has_data(off, len); }
-    Result<FileMeta> stat_now() override {
-      auto m = in_->stat_now();
-      if (m && f_.changes_during_copy) m->mtime_ns += 1;
-      return m;
-    }
-
-   private:
-    std::unique_ptr<SourceFile> in_;
-    SourceFaults& f_;
-  };
   PosixSource real_;
   SourceFaults& f_;
 };
@@ -63,6 +68,7 @@ struct StoreFaults {
   bool fail_commit = false;         // rename fails (EIO)
   int64_t free_bytes = -1;          // statvfs says this much is free (-1: the real figure)
   uint64_t written = 0;
+  SourceFaults* copy = nullptr;     // reads of this node's existing copies (seeding) go through these
 };
 
 class FaultStore final : public LocalStore {
@@ -70,6 +76,11 @@ class FaultStore final : public LocalStore {
   explicit FaultStore(StoreFaults& f) : f_(f) {}
   Result<LocalState> inspect(const std::string& p) override { return real_.inspect(p); }
   Result<uint64_t> checksum(const std::string& p) override { return real_.checksum(p); }
+  Result<std::unique_ptr<SourceFile>> open_copy(const std::string& p) override {
+    auto inner = real_.open_copy(p);
+    if (!inner || f_.copy == nullptr) return inner;
+    return std::unique_ptr<SourceFile>(new FaultFile(std::move(inner.value()), *f_.copy));
+  }
   Result<uint64_t> free_bytes(const std::string& p) override {
     if (f_.free_bytes >= 0) return static_cast<uint64_t>(f_.free_bytes);
     return real_.free_bytes(p);
