@@ -63,10 +63,10 @@ std::tuple<uint64_t, uint64_t, int64_t> copy_key(const struct stat& st) {
 }
 }  // namespace
 
-stage::Status Materializer::materialize(const std::string& rel) {
+stage::Status Materializer::materialize(const std::string& rel, const Want& want) {
   auto p = std::make_shared<std::promise<stage::Status>>();
   auto f = p->get_future();
-  materialize_async(rel, [p](stage::Status st) { p->set_value(std::move(st)); });
+  materialize_async(rel, want, [p](stage::Status st) { p->set_value(std::move(st)); });
   return f.get();
 }
 
@@ -594,7 +594,8 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
   open_impl(id, flags, who, std::move(done), cfg_.read_during_copy);
 }
 
-void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok) {
+void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
+                            bool background) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
   auto pinned = std::make_shared<std::string>();
@@ -654,17 +655,21 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }
-  post([this, rel, src = st, early_ok, done = std::move(done)]() mutable {
-    serve_or_materialize(rel, src, early_ok, std::move(done), false);
+  Ask ask;
+  ask.want = Want{who.uid, background};
+  ask.early_ok = early_ok;
+  post([this, rel, src = st, ask, done = std::move(done)]() mutable {
+    serve_or_materialize(rel, src, ask, std::move(done), false);
   });
 }
 
-void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
-  const uint64_t since = mat_.epoch();  // before the look into the cache
+  ask.since = mat_.epoch();  // before the look into the cache
   // Batches hold only files every user may read (BeneathSource::scan_small_files).
-  const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
-                     (src.st_mode & S_IROTH) != 0;
+  ask.small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
+              (src.st_mode & S_IROTH) != 0;
+  const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
   // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
   const bool publishing = small && mat_.batch_running(rel);
@@ -672,13 +677,13 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     // A copy from an earlier mount: its CRC is read back on a verifier thread; this open goes on
     // from here when that read ended (its own, or another open's of the same copy).
     if (!checked) {
-      const Check c = check_later(rel, src, [this, rel, src, early_ok, done](stage::Status outcome) mutable {
-        post([this, rel, src, early_ok, outcome = std::move(outcome), done = std::move(done)]() mutable {
+      const Check c = check_later(rel, src, [this, rel, src, ask, done](stage::Status outcome) mutable {
+        post([this, rel, src, ask, outcome = std::move(outcome), done = std::move(done)]() mutable {
           if (!outcome && outcome.error().to_errno() == ESHUTDOWN) {
             ++counters_.open_errors;
             return done(outcome.error());
           }
-          serve_or_materialize(rel, src, early_ok, std::move(done), true);
+          serve_or_materialize(rel, src, ask, std::move(done), true);
         });
       });
       if (c == Check::queued) return;
@@ -701,39 +706,42 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     return done(alive.error());
   }
   ++counters_.materializations;
-  materialize_then_open(rel, src, small, since, std::move(done), early_ok);
+  materialize_then_open(rel, src, ask, std::move(done));
 }
 
-void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                                        OpenDone done_, bool early_ok) {
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_) {
   // Exactly one of `then` and `early` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
-  auto then = [this, rel, src, small, shared, early_ok](stage::Status outcome) mutable {
-    post([this, rel, src, small, early_ok, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
-      if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
+  auto then = [this, rel, src, ask, shared](stage::Status outcome) mutable {
+    post([this, rel, src, ask, outcome = std::move(outcome), done = std::move(*shared)]() mutable {
+      Ask alone = ask;
+      alone.small = false;
+      alone.since = 0;
+      if (ask.small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
           outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
         // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
         // fails the whole stream. This file alone then: it gets its own outcome, as before.
-        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
+        return materialize_then_open(rel, src, alone, std::move(done));
       }
-      if (small && outcome.ok()) {
+      if (ask.small && outcome.ok()) {
         if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
-        // version), or it was not in the batch (grew, appeared after the listing): alone.
+        // version), or it was not in the batch (grew, appeared after the listing, or the
+        // slice of its directory that answered this open began with another file): alone.
         if (auto now = stat_rel(rel); now && stage::meta_from_stat(*now) != stage::meta_from_stat(src)) {
           ++counters_.stale_opens;
           ++counters_.open_errors;
           return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
         }
-        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
+        return materialize_then_open(rel, src, alone, std::move(done));
       }
       done(finish_open(rel, src, outcome));
     });
   };
-  if (small) return mat_.materialize_small_async(rel, since, std::move(then));
-  if (!early_ok) return mat_.materialize_async(rel, std::move(then));
+  if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
+  if (!ask.early_ok) return mat_.materialize_async(rel, ask.want, std::move(then));
   auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
@@ -755,7 +763,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       done(std::move(f));
     });
   };
-  mat_.materialize_live_async(rel, std::move(then), std::move(early));
+  mat_.materialize_live_async(rel, ask.want, std::move(then), std::move(early));
 }
 
 void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
@@ -808,11 +816,14 @@ void StageFsCore::release(const std::string& pinned) {
 void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
   ++counters_.prefetches;
   // Done when the copy is complete (not when it starts, as an open may be).
-  open_impl(id, O_RDONLY, who, [this, done = std::move(done)](Result<OpenFile> r) {
-    if (!r) return done(r.error());
-    release(r->pinned);
-    done({});
-  }, false);
+  open_impl(
+      id, O_RDONLY, who,
+      [this, done = std::move(done)](Result<OpenFile> r) {
+        if (!r) return done(r.error());
+        release(r->pinned);
+        done({});
+      },
+      false, /*background=*/true);
 }
 
 stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {

@@ -60,22 +60,32 @@ namespace stagefs {
 class NodeCache;
 class LiveFile;
 
+// Whom a materialization is for: the uid of the open that asked (the group's queue takes
+// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch: queued
+// behind every open).
+struct Want {
+  uint32_t uid = 0;
+  bool background = false;
+};
+
 class Materializer {
  public:
   using Done = std::function<void(stage::Status)>;
   virtual ~Materializer() = default;
   // Calls done once a transfer of rel finished on this node (or failed, timed out, or the
   // group shut down), from whichever thread learned it: done must be quick.
-  virtual void materialize_async(const std::string& rel, Done done) = 0;
+  virtual void materialize_async(const std::string& rel, const Want& want, Done done) = 0;
   // rel is a small file (CoreConfig::small_file_size): the materializer may stage it with
   // the other small files of its directory (one transfer for the batch). done as above; the
   // batch may leave rel out (it changed or grew meanwhile): the core then asks for it alone.
   // `since` is epoch() read before the caller looked for rel in the cache: a batch of rel's
   // directory completed after that answers at once (the caller looks again) rather than
   // costing a new transfer.
-  virtual void materialize_small_async(const std::string& rel, uint64_t since, Done done) {
+  // The batch stages a slice of the directory (bounded in files and bytes) that begins with
+  // rel.
+  virtual void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) {
     (void)since;
-    materialize_async(rel, std::move(done));
+    materialize_async(rel, want, std::move(done));
   }
   // Reads before the copy ends (issue 11): as materialize_async(), but once the transfer of
   // rel runs on this node with its temporary file open (LiveFile), early(live) is called
@@ -83,9 +93,9 @@ class Materializer {
   // If that never happens (the transfer failed first, or this materializer cannot), done
   // as above.
   using Early = std::function<void(std::shared_ptr<LiveFile>)>;
-  virtual void materialize_live_async(const std::string& rel, Done done, Early early) {
+  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
     (void)early;
-    materialize_async(rel, std::move(done));
+    materialize_async(rel, want, std::move(done));
   }
   // A counter of completed transfers (0 if the materializer has none).
   [[nodiscard]] virtual uint64_t epoch() const { return 0; }
@@ -97,7 +107,7 @@ class Materializer {
     return false;
   }
   // Blocking form.
-  stage::Status materialize(const std::string& rel);
+  stage::Status materialize(const std::string& rel, const Want& want = {});
 };
 
 enum class StallPolicy { eio, source };
@@ -239,14 +249,21 @@ class StageFsCore {
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
                                          bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
-  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                             OpenDone done, bool early_ok);
-  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
-  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
+  // How an open asks the materializer: small (its directory's slice; `since` as
+  // materialize_small_async's), early_ok (answer during the copy).
+  struct Ask {
+    Want want;
+    bool small = false;
+    bool early_ok = false;
+    uint64_t since = 0;
+  };
+  void materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done);
+  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch);
+  // background: a prefetch (no open waits for it).
+  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok, bool background = false);
   // The part of an open that runs on the completion pool: the cached copy, or a materialization.
   // checked: the copy's CRC read-back (if it needed one) has ended.
-  void serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
-                            bool checked);
+  void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done, bool checked);
   // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
   // CRC read-back (or joins the one in progress) and returns queued; then runs on a verifier
   // thread when the read ended (ESHUTDOWN: the core stops first). none: nothing to wait for;
