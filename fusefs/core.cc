@@ -601,8 +601,8 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
   auto pinned = std::make_shared<std::string>();
   OpenDone done = [this, pinned, done_ = std::move(done_)](Result<OpenFile> r) {
     if (r && !r->from_source && !pinned->empty()) {
-      r->pinned = *pinned;
-      cache_.pin(*pinned);
+      if (r->pinned.empty()) r->pinned = *pinned;  // set: another name's copy (hard links)
+      cache_.pin(r->pinned);
     }
     done_(std::move(r));
   };
@@ -705,8 +705,54 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     spdlog::error("{}", alive.error().message);
     return done(alive.error());
   }
+  // Batches copy every name of a small file as their own: only larger files are shared.
+  if (src.st_nlink > 1 && !ask.small && serve_from_other_name(rel, src, ask, done)) return;
   ++counters_.materializations;
   materialize_then_open(rel, src, ask, std::move(done));
+}
+
+StageFsCore::InodeKey StageFsCore::inode_key(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim),
+          stage::to_ns(st.st_ctim), static_cast<uint64_t>(st.st_size)};
+}
+
+bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done) {
+  const InodeKey key = inode_key(src);
+  std::unique_lock lk(links_m_);
+  if (auto c = link_copy_.find(key); c != link_copy_.end() && c->second != rel) {
+    const std::string other = c->second;
+    lk.unlock();
+    // That name's copy, if it is still the same version (its path may name another file now)
+    // and was checked in this mount.
+    if (auto fd = open_verified(other, src, false, /*may_read_back=*/false)) {
+      ++counters_.cache_hits;
+      cache_.touch(other, fd->get());
+      done(OpenFile{std::move(fd.value()), true, false, other, {}});
+      return true;
+    }
+    lk.lock();
+    if (auto gone = link_copy_.find(key); gone != link_copy_.end() && gone->second == other) link_copy_.erase(gone);
+  }
+  if (auto f = link_inflight_.find(key); f != link_inflight_.end()) {
+    if (f->second.rel == rel) return false;  // the same name: the materializer merges the two
+    f->second.waiters.push_back([this, rel, src, ask, done = std::move(done)]() mutable {
+      serve_or_materialize(rel, src, ask, std::move(done), false);  // finds the copy, or copies rel
+    });
+    return true;
+  }
+  link_inflight_.emplace(key, Inflight{rel, {}});
+  ask.early_ok = false;  // the others wait for a whole copy
+  done = [this, key, rel, inner = std::move(done)](Result<OpenFile> r) mutable {
+    std::vector<std::function<void()>> waiters;
+    {
+      std::lock_guard held(links_m_);
+      if (r && !r->from_source && !r->live) link_copy_[key] = rel;
+      if (auto node = link_inflight_.extract(key)) waiters = std::move(node.mapped().waiters);
+    }
+    inner(std::move(r));
+    for (auto& w : waiters) post(std::move(w));
+  };
+  return false;
 }
 
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_) {

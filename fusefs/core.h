@@ -23,6 +23,12 @@
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
+//   - Hard links: the names of one source file (one version of one inode) cost one transfer.
+//     While one name of it is materialized, an open of another name waits for that transfer,
+//     then reads the first name's copy (pinned as that name's). The cache keeps one copy per
+//     name it made (a copy with two links would look planted to its ownership rule), so a
+//     name is copied on its own only when no copy of the same version was made in this mount.
+//     The first open of a file with several links waits for its whole copy (no early reads).
 //   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
 //     verifier threads, once however many opens ask for it: the opens that find it being read
 //     wait for that read. A 50 GB image being checked holds neither the completion pool (other
@@ -276,6 +282,21 @@ class StageFsCore {
   stage::Status read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded);
   void post(std::function<void()> fn);
   void completion_loop();
+  // Hard links (see above). The version of a source file with several names.
+  using InodeKey = std::tuple<uint64_t, uint64_t, int64_t, int64_t, uint64_t>;  // dev, ino, mtime, ctime, size
+  static InodeKey inode_key(const struct stat& st);
+  // If another name of src's version has a copy made in this mount, or is being materialized:
+  // serves this open from that copy (now, or once that transfer ended) and returns true.
+  // Otherwise, rel's open is the one that materializes that version: done is wrapped to
+  // record the copy and release the waiting names, and ask.early_ok is cleared.
+  bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
+  std::mutex links_m_;  // innermost
+  struct Inflight {
+    std::string rel;                             // the name being materialized
+    std::vector<std::function<void()>> waiters;  // other names' opens, run when it ends
+  };
+  std::map<InodeKey, Inflight> link_inflight_;
+  std::map<InodeKey, std::string> link_copy_;  // the name whose copy of that version was made here
 
   struct Node {
     std::string rel;

@@ -1253,6 +1253,12 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
   const uint64_t dir = lookup(StageFsCore::kRootId, "huge");
   EXPECT_EQ(open_and_read(lookup(dir, huge_name(0))), std::string(100, 'b'));
   ASSERT_TRUE(ends.wait_for(10));  // the whole directory, in ten slices
+  // ... and completed (the group counts a batch done after its after_batch hook): an open
+  // that looked into the cache before that would be answered by it and go alone.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (mount.group.epoch() < 10 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(mount.group.epoch(), 10U);
   EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles));
   write_file(path("src/huge/h9999"), "new");
   EXPECT_EQ(open_and_read(lookup(dir, "h9999")), "new");
@@ -1275,6 +1281,31 @@ TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
   const auto s = mount.group.stats();
   EXPECT_EQ(s.walks, 1U);
   EXPECT_EQ(s.prefetch_queued, 2U);
+}
+
+// Forty names of one file (hard links) prefetched at once, as `stagectl prefetch` of their
+// directory asks: one transfer; each name's open then reads that one copy.
+TEST_F(BatchTest, FortyNamesOfOneFileCostOneTransfer) {
+  fs::create_directories(path("src/links"));
+  write_file(path("src/links/" + name(0)), large_);  // not small: a transfer of its own
+  for (int i = 1; i < 40; ++i) fs::create_hard_link(path("src/links/" + name(0)), path("src/links/" + name(i)));
+  Mount mount(*this, *source_, config());
+  make_core(mount.group);
+  const uint64_t d = lookup(StageFsCore::kRootId, "links");
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(lookup(d, name(i)));
+  std::vector<std::promise<stage::Status>> done(40);
+  for (size_t i = 0; i < ids.size(); ++i)
+    core_->prefetch_async(ids[i], Caller{1000, 1000, {}}, [&done, i](stage::Status st) { done[i].set_value(st); });
+  for (auto& p : done) {
+    auto f = p.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const stage::Status st = f.get();
+    EXPECT_TRUE(st.ok()) << st.error().message;
+  }
+  for (uint64_t id : ids) EXPECT_EQ(open_and_read(id), large_);
+  mount.end();
+  EXPECT_EQ(mount.group.stats().transfers, 1U);
 }
 
 }  // namespace
