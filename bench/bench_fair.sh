@@ -9,7 +9,7 @@
 # the daemon's status shows the batch of u/ in flight, user B (uid 1234) opens
 # WORK/src/other/six.txt (6 bytes, uncached): B's wait is timed, and A's. Then, once the mount
 # is idle (every slice of u/ staged), A opens a file just created in u/ and, once its batch
-# is in flight, B opens another uncached file: both timed. The status is polled every 50 ms
+# is in flight (or A's open returned), B opens another uncached file: both timed. The status is polled every 50 ms
 # (a bench, not a test: the poll only decides when B starts).
 #
 # Env: N (20000) RUNS (3) WORK_ROOT BIN RESULTS KEEP=1
@@ -25,13 +25,7 @@ MNT=$WORK/mnt
 CACHE=$WORK/cache
 NAME=bench_fair
 daemon_pid=
-cleanup() {
-  set +e
-  unmount_if "$MNT"
-  [ -n "$daemon_pid" ] && kill_tree "$daemon_pid"
-  [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap standalone_cleanup EXIT
 trap 'exit 130' INT TERM
 
 need_bin stagefs
@@ -56,9 +50,10 @@ timed_cat() {  # seconds of one `cat FILE > /dev/null` as uid $1
   elapsed "$t0" "$t1"
 }
 status() { getfattr --only-values -n user.stagefs.status "$MNT" 2>/dev/null || true; }
-wait_in_flight() {  # until the status names a transfer of $1 (at most 60 s)
+wait_in_flight() {  # until the status names a transfer of $1, or process $2 ended (at most 60 s)
   for _ in $(seq 1200); do
     status | grep -q "\"path\":\"$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 0
     sleep 0.05
   done
   die "no transfer of $1 in flight: $(status)"
@@ -70,6 +65,18 @@ wait_idle() {  # until nothing is in flight and no open waits (at most 600 s)
     sleep 0.05
   done
   die "mount not idle: $(status)"
+}
+
+# A (uid 65534) opens $1; once u/ is in flight, B (uid 1234) opens $2. Seconds of each in
+# A_SECS and B_SECS.
+a_then_b() {
+  local ta=$WORK/a.time a_pid
+  ( timed_cat 65534 "$1" > "$ta" ) &
+  a_pid=$!
+  wait_in_flight u/ "$a_pid"
+  B_SECS=$(timed_cat 1234 "$2")
+  wait "$a_pid"
+  A_SECS=$(cat "$ta")
 }
 
 raw_init "$NAME" "round,variant,n,loadavg,b_wait,a_open,new_a_open,new_b_wait"
@@ -87,23 +94,13 @@ for ((r = 1; r <= RUNS; r++)); do
     daemon_pid=$!
     "$BIN/stagefs" --wait "$MNT" --wait-timeout 60 || die "mount not ready: $(cat "$LOGF")"
     la=$(loadavg)
-    ta=$WORK/a.time
-    ( timed_cat 65534 "$MNT/u/f000100" > "$ta" ) &
-    a_pid=$!
-    wait_in_flight u/
-    b=$(timed_cat 1234 "$MNT/other/six.txt")
-    wait "$a_pid"
-    a=$(cat "$ta")
+    a_then_b "$MNT/u/f000100" "$MNT/other/six.txt"
+    a=$A_SECS b=$B_SECS
     wait_idle
     printf 'new\n' > "$SRC/u/new-$r"
     chmod 644 "$SRC/u/new-$r"
-    ( timed_cat 65534 "$MNT/u/new-$r" > "$ta" ) &
-    a_pid=$!
-    wait_in_flight u/
-    nb=$(timed_cat 1234 "$MNT/other/seven.txt")
-    wait "$a_pid"
-    na=$(cat "$ta")
-    raw "$r,$v,$N,$la,$b,$a,$na,$nb"
+    a_then_b "$MNT/u/new-$r" "$MNT/other/seven.txt"
+    raw "$r,$v,$N,$la,$b,$a,$A_SECS,$B_SECS"
     unmount_if "$MNT"
     kill_tree "$daemon_pid"
     wait "$daemon_pid" 2>/dev/null || true
