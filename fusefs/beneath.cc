@@ -94,9 +94,9 @@ stage::Result<std::vector<std::string>> list_names(int fd, unsigned char type, c
 
 }  // namespace
 
-stage::Result<std::string> for_each_small_file(int dfd, const std::string& dir, uint64_t max_size,
-                                               const stage::SmallFilesSlice& slice,
-                                               const std::function<void(const std::string&, const struct stat&)>& fn) {
+stage::Result<std::string> for_each_small_file(
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    const std::function<void(const std::string&, const struct stat&)>& fn) {
   auto listed = list_names(dfd, DT_REG, dir);
   if (!listed) return listed.error();
   std::vector<std::string> names = std::move(listed.value());
@@ -137,8 +137,9 @@ stage::Result<std::string> for_each_small_file(int dfd, const std::string& dir, 
 }
 
 stage::Result<stage::SmallFiles> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size,
-                                                                  const stage::SmallFilesSlice& slice) {
-  if (has_temp_component(dir)) return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
+                                                                 const stage::SmallFilesSlice& slice) {
+  if (has_temp_component(dir))
+    return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
   auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
   struct stat st {};
@@ -147,10 +148,11 @@ stage::Result<stage::SmallFiles> BeneathSource::scan_small_files(const std::stri
   stage::Manifest& m = out.manifest;
   m.tree = true;
   m.entries.push_back(stage::Entry{"", stage::EntryType::dir, stage::meta_from_stat(st), {}, 0});
-  auto next = for_each_small_file(fd->get(), dir, max_size, slice, [&](const std::string& name, const struct stat& fst) {
-    m.entries.push_back(stage::Entry{name, stage::EntryType::file, stage::meta_from_stat(fst), {},
-                                     stage::allocated_from_stat(fst)});
-  });
+  auto next = for_each_small_file(
+      fd->get(), dir, max_size, slice, [&](const std::string& name, const struct stat& fst) {
+        m.entries.push_back(stage::Entry{
+            name, stage::EntryType::file, stage::meta_from_stat(fst), {}, stage::allocated_from_stat(fst)});
+      });
   if (!next) return next.error();
   out.next = std::move(next.value());
   // The manifest's files by name (a slice that wrapped lists its tail first).

@@ -40,9 +40,9 @@ bool unlink_beneath(int root_fd, const std::string& rel);
 // (fstatat, no symlinks) only the slice's; fn(name, stat) for each file taken. Returns the
 // first name the limits left out ("" none). The batch's scan and the mount's room-making
 // before a batch both use it, so they agree on what a batch holds.
-stage::Result<std::string> for_each_small_file(int dfd, const std::string& dir, uint64_t max_size,
-                                               const stage::SmallFilesSlice& slice,
-                                               const std::function<void(const std::string&, const struct stat&)>& fn);
+stage::Result<std::string> for_each_small_file(
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    const std::function<void(const std::string&, const struct stat&)>& fn);
 
 class BeneathSource final : public stage::SourceReader {
  public:

@@ -57,8 +57,9 @@ std::optional<Coordinator::Key> Coordinator::take_turn(bool batch_only) {
   for (auto t = turns_.begin(); t != turns_.end(); ++t) {
     const uint32_t uid = *t;
     auto& q = by_uid_[uid];
-    auto it = batch_only ? std::find_if(q.begin(), q.end(), [](const Key& k) { return k.first == MsgType::batch; })
-                         : q.begin();
+    auto it = batch_only
+                  ? std::find_if(q.begin(), q.end(), [](const Key& k) { return k.first == MsgType::batch; })
+                  : q.begin();
     if (it == q.end()) continue;
     Key key = std::move(*it);
     q.erase(it);

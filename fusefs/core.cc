@@ -716,7 +716,8 @@ StageFsCore::InodeKey StageFsCore::inode_key(const struct stat& st) {
           stage::to_ns(st.st_ctim), static_cast<uint64_t>(st.st_size)};
 }
 
-bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done) {
+bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask,
+                                        OpenDone& done) {
   const InodeKey key = inode_key(src);
   std::unique_lock lk(links_m_);
   if (auto c = link_copy_.find(key); c != link_copy_.end() && c->second != rel) {
@@ -731,7 +732,8 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
       return true;
     }
     lk.lock();
-    if (auto gone = link_copy_.find(key); gone != link_copy_.end() && gone->second == other) link_copy_.erase(gone);
+    if (auto gone = link_copy_.find(key); gone != link_copy_.end() && gone->second == other)
+      link_copy_.erase(gone);
   }
   if (auto f = link_inflight_.find(key); f != link_inflight_.end()) {
     if (f->second.rel == rel) return false;  // the same name: the materializer merges the two
@@ -755,7 +757,8 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
   return false;
 }
 
-void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_) {
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask,
+                                        OpenDone done_) {
   // Exactly one of `then` and `early` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
   auto then = [this, rel, src, ask, shared](stage::Status outcome) mutable {
@@ -771,7 +774,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         return materialize_then_open(rel, src, alone, std::move(done));
       }
       if (ask.small && outcome.ok()) {
-        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
+        if (auto fd = open_verified(rel, src, true))
+          return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
         // version), or it was not in the batch (grew, appeared after the listing, or the

@@ -266,10 +266,12 @@ class StageFsCore {
   void materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done);
   // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch);
   // background: a prefetch (no open waits for it).
-  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok, bool background = false);
+  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
+                 bool background = false);
   // The part of an open that runs on the completion pool: the cached copy, or a materialization.
   // checked: the copy's CRC read-back (if it needed one) has ended.
-  void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done, bool checked);
+  void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
+                            bool checked);
   // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
   // CRC read-back (or joins the one in progress) and returns queued; then runs on a verifier
   // thread when the read ended (ESHUTDOWN: the core stops first). none: nothing to wait for;
@@ -283,7 +285,8 @@ class StageFsCore {
   void post(std::function<void()> fn);
   void completion_loop();
   // Hard links (see above). The version of a source file with several names.
-  using InodeKey = std::tuple<uint64_t, uint64_t, int64_t, int64_t, uint64_t>;  // dev, ino, mtime, ctime, size
+  using InodeKey =
+      std::tuple<uint64_t, uint64_t, int64_t, int64_t, uint64_t>;  // dev, ino, mtime, ctime, size
   static InodeKey inode_key(const struct stat& st);
   // If another name of src's version has a copy made in this mount, or is being materialized:
   // serves this open from that copy (now, or once that transfer ended) and returns true.

@@ -59,7 +59,8 @@ void GroupService::materialize_async(const std::string& rel, const Want& want, D
   wait_for(request(MsgType::materialize, rel, want), std::move(done));
 }
 
-void GroupService::materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) {
+void GroupService::materialize_small_async(const std::string& rel, uint64_t since, const Want& want,
+                                           Done done) {
   if (cfg_.small_file_size == 0) return materialize_async(rel, want, std::move(done));
   std::string dir = batch_dir_of(rel);
   {
@@ -385,7 +386,8 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     // other users' requests. Only while slices find something to copy on some node.
     // It queues after the requests that arrived during this slice (coordinate()).
     if (prefetch) coord_->prefetch_ran(a.path, report.bytes_total);
-    if (report.nodes_needing > 0 && !report.batch_next.empty()) continuations_.emplace_back(a, report.batch_next);
+    if (report.nodes_needing > 0 && !report.batch_next.empty())
+      continuations_.emplace_back(a, report.batch_next);
   }
   if (cfg_.after_batch) cfg_.after_batch(a.path, published, report.ok, secs);
   {

@@ -70,7 +70,6 @@ namespace stagefs {
 
 using Clock = std::chrono::steady_clock;
 
-
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
   std::string cache_dir;   // CACHE_DIR/data (absolute)
@@ -95,7 +94,8 @@ struct GroupConfig {
   // room by evicting; a batch that does not fit is then refused by the engine's free-space
   // check, on every rank.
   // slice: the part of dir's small files the batch takes (the engine's scan, with the limits).
-  std::function<void(const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict)> before_batch;
+  std::function<void(const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict)>
+      before_batch;
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
       after_batch;
   // The coordinator announces batches nested in a running single-file transfer (needs the
@@ -126,7 +126,8 @@ struct GroupStats {
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
-  uint64_t prefetch_queued = 0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
+  uint64_t prefetch_queued =
+      0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   uint64_t waiting = 0;        // files this node waits for
   uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers

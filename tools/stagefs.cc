@@ -38,8 +38,9 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
-      small_file_size = "1M", batch_max_bytes = "256M", prefetch_max_bytes = "1G", wait_for;
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc",
+              read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
+              small_file_size = "1M", batch_max_bytes = "256M", prefetch_max_bytes = "1G", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{

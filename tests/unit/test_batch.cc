@@ -21,11 +21,11 @@
 
 #include "bcast/comm.h"
 #include "bcast/store.h"
+#include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
-#include "fakes.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -486,7 +486,9 @@ TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
 class ChangeFirst final : public Materializer {
  public:
   ChangeFirst(Materializer& inner, std::string path) : inner_(inner), path_(std::move(path)) {}
-  void materialize_async(const std::string& rel, const Want& want, Done done) override { inner_.materialize_async(rel, want, std::move(done)); }
+  void materialize_async(const std::string& rel, const Want& want, Done done) override {
+    inner_.materialize_async(rel, want, std::move(done));
+  }
   void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override {
     rewrite(path_, "changed");
     inner_.materialize_small_async(rel, since, want, std::move(done));
@@ -806,7 +808,8 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
-    if (!may_evict) g->materialize_small_async(dir + "/f", 0, {}, [&](stage::Status st) { attached.set_value(st); });
+    if (!may_evict)
+      g->materialize_small_async(dir + "/f", 0, {}, [&](stage::Status st) { attached.set_value(st); });
   };
   GroupService group(comm, ctl, *source_, store, cfg);
   g = &group;
@@ -1184,7 +1187,8 @@ class CountingScans final : public stage::SourceReader {
   stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override {
     return real_.list_dirs(dir, max);
   }
-  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
+                                                         const stage::Entry& e) override {
     return real_.open(root, e);
   }
   std::atomic<uint64_t> listed{0};
@@ -1208,7 +1212,8 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
   cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool) {
     order.push_back("batch " + dir);
     if (order.size() == 1)  // another user's open while the first slice runs
-      g->materialize_async("many/large.bin", Want{2000, false}, [&](stage::Status st) { other.set_value(st); });
+      g->materialize_async("many/large.bin", Want{2000, false},
+                           [&](stage::Status st) { other.set_value(st); });
   };
   cfg.before_transfer = [&](const std::string& rel) { order.push_back("file " + rel); };
   BatchEnds ends;
@@ -1288,7 +1293,8 @@ TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
 TEST_F(BatchTest, FortyNamesOfOneFileCostOneTransfer) {
   fs::create_directories(path("src/links"));
   write_file(path("src/links/" + name(0)), large_);  // not small: a transfer of its own
-  for (int i = 1; i < 40; ++i) fs::create_hard_link(path("src/links/" + name(0)), path("src/links/" + name(i)));
+  for (int i = 1; i < 40; ++i)
+    fs::create_hard_link(path("src/links/" + name(0)), path("src/links/" + name(i)));
   Mount mount(*this, *source_, config());
   make_core(mount.group);
   const uint64_t d = lookup(StageFsCore::kRootId, "links");
@@ -1296,7 +1302,8 @@ TEST_F(BatchTest, FortyNamesOfOneFileCostOneTransfer) {
   for (int i = 0; i < 40; ++i) ids.push_back(lookup(d, name(i)));
   std::vector<std::promise<stage::Status>> done(40);
   for (size_t i = 0; i < ids.size(); ++i)
-    core_->prefetch_async(ids[i], Caller{1000, 1000, {}}, [&done, i](stage::Status st) { done[i].set_value(st); });
+    core_->prefetch_async(ids[i], Caller{1000, 1000, {}},
+                          [&done, i](stage::Status st) { done[i].set_value(st); });
   for (auto& p : done) {
     auto f = p.get_future();
     ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);

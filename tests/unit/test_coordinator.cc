@@ -719,8 +719,8 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
 }
 
 // Fairness: the direct Coordinator, one rank. A request of uid `uid`, as a node sends it.
-Message user_req(uint32_t uid, const std::string& path, MsgType type = MsgType::materialize, uint8_t flags = 0,
-                 const std::string& from = {}) {
+Message user_req(uint32_t uid, const std::string& path, MsgType type = MsgType::materialize,
+                 uint8_t flags = 0, const std::string& from = {}) {
   return Message{type, 0, path, uid, flags, from, {}};
 }
 // Announces what the coordinator decides next, runs it at once on its node, and returns it.
@@ -772,7 +772,8 @@ TEST(FairQueueTest, ThreeUsersTakeTurnsAndAMergedRequestKeepsItsPlace) {
 // open of the same file promotes it.
 TEST(FairQueueTest, BackgroundRequestsRunBehindOpensAndAnOpenPromotesOne) {
   Coordinator c;
-  for (int i = 0; i < 5; ++i) c.on_request(user_req(1000, "p" + std::to_string(i), MsgType::materialize, kBackground));
+  for (int i = 0; i < 5; ++i)
+    c.on_request(user_req(1000, "p" + std::to_string(i), MsgType::materialize, kBackground));
   c.on_request(user_req(2000, "open1"));
   c.on_request(user_req(2000, "p3"));  // an open of a prefetched file
   c.on_request(user_req(3000, "open2"));
@@ -857,12 +858,14 @@ TEST(ControlMessageTest, UidsFlagsAndSlicesRoundTripAndBadSlicesAreRefused) {
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(*back, m);
   }
-  for (const Message& bad : {Message{MsgType::batch, 1, "d", 0, 0, "a/b", ""}, Message{MsgType::batch, 1, "d", 0, 0, "..", ""},
-                             Message{MsgType::batch, 1, "d", 0, 0, "", std::string(256, 'x')},
-                             Message{MsgType::materialize, 1, "f", 0, 0, "x", ""},
-                             Message{MsgType::batch, 1, "d", 0, 4, "", ""}}) {
+  for (const Message& bad :
+       {Message{MsgType::batch, 1, "d", 0, 0, "a/b", ""}, Message{MsgType::batch, 1, "d", 0, 0, "..", ""},
+        Message{MsgType::batch, 1, "d", 0, 0, "", std::string(256, 'x')},
+        Message{MsgType::materialize, 1, "f", 0, 0, "x", ""},
+        Message{MsgType::batch, 1, "d", 0, 4, "", ""}}) {
     const std::string bytes = encode_message(bad);
-    EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad.from << bad.until;
+    EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size()))))
+        << bad.from << bad.until;
   }
 }
 

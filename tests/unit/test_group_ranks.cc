@@ -265,7 +265,8 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   Outcomes opens;
   for (int r = 0; r < kRanks; ++r)
     for (int i = r; i < 50; i += kRanks)
-      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, {}, opens.add());
+      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, {},
+                                                                    opens.add());
   start();
   ASSERT_TRUE(opens.wait()) << "opens not answered";
   EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
@@ -319,7 +320,8 @@ TEST_F(GroupRanksTest, ABatchRunsNestedWhileALargeTransferWaitsForItsSource) {
   Outcomes opens;  // rank 3 asks first; every rank waits for its answer (its stats are then final)
   ranks_[3].group->materialize_small_async("many/s3", 0, {}, opens.add());
   for (int r = 0; r < 3; ++r)
-    ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(r), 0, {}, opens.add());
+    ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(r), 0, {},
+                                                                  opens.add());
   ASSERT_TRUE(opens.wait()) << "the batch waited behind the large transfer";
   EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
   for (int r = 0; r < kRanks; ++r) {
@@ -377,7 +379,8 @@ TEST_F(GroupRanksTest, AnOpenDuringItsFilesTransferDoesNotAskAgain) {
 TEST_F(GroupRanksTest, AShutdownRacingWithOpensAnswersEveryOpenOnce) {
   Outcomes opens;
   ranks_[3].group->request_shutdown();
-  for (int r = 0; r < 3; ++r) ranks_[static_cast<size_t>(r)].group->materialize_async("dir/c", {}, opens.add());
+  for (int r = 0; r < 3; ++r)
+    ranks_[static_cast<size_t>(r)].group->materialize_async("dir/c", {}, opens.add());
   EXPECT_EQ(ranks_[3].group->materialize("dir/c").error().to_errno(), ESHUTDOWN);
   start();
   for (auto& k : ranks_) k.service.join();
