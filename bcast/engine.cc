@@ -331,9 +331,18 @@ Status Transfer::share_manifest() {
       r_.skipped.push_back(path + ": " + why);
       spdlog::warn("{}: skipping {}: {}", host_name(), path, why);
     };
-    auto scanned = src_ == nullptr ? Result<Manifest>(stage_error(Errc::unsupported, "no source reader"))
-                   : opt_.small_files_max > 0 ? src_->scan_small_files(ep_.source, opt_.small_files_max)
-                                              : src_->scan(ep_.source, opt_.recursive, skip);
+    Result<Manifest> scanned = stage_error(Errc::unsupported, "no source reader");
+    if (src_ != nullptr && opt_.small_files_max > 0) {
+      auto batch = src_->scan_small_files(ep_.source, opt_.small_files_max, opt_.slice);
+      if (batch) {
+        r_.batch_next = std::move(batch->next);
+        scanned = std::move(batch->manifest);
+      } else {
+        scanned = batch.error();
+      }
+    } else if (src_ != nullptr) {
+      scanned = src_->scan(ep_.source, opt_.recursive, skip);
+    }
     if (scanned)
       bytes = encode(*scanned);
     else

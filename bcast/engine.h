@@ -113,6 +113,8 @@ struct StageOptions {
   // as --recursive packs a tree. One sync for the batch: the data, before any rename (names
   // are not synced: a crash may lose a name, never publish unsynced data).
   uint64_t small_files_max = 0;
+  // A batch: the slice of the directory's small files it stages (source.h).
+  SmallFilesSlice slice;
   int root = 0;
   // Seeding: when some writer's copies of every file any node needs are current (by `pre`),
   // the lowest such rank (the seed) reads its own copies and roots the broadcast instead of
@@ -187,6 +189,8 @@ struct StageReport {
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
   std::vector<std::string> published;  // manifest paths of the files this node published
+  // Root, a batch: the first name of its slice's range that its limits left out ("" none).
+  std::string batch_next;
   // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
   // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then
   // holds this rank's own message, on every rank).

@@ -36,6 +36,25 @@ class SourceFile {
   virtual Result<bool> data_past(uint64_t /*size*/) { return false; }
 };
 
+// A batch's slice of its directory: the names in byte order, circularly, from the first at
+// or after `from` ("" the first name) up to the first at or after `until` (exclusive), or with
+// `until` empty: back to `from` (the whole directory) or, with to_end, to the last name; at
+// most max_files files and max_bytes bytes (0: no limit; the slice's first file is always
+// in, whatever its size).
+struct SmallFilesSlice {
+  std::string from;
+  std::string until;
+  bool to_end = false;
+  uint64_t max_files = 0;
+  uint64_t max_bytes = 0;
+};
+// What a batch's scan found: the manifest, and the first name of the range the limits left
+// out ("" none).
+struct SmallFiles {
+  Manifest manifest;
+  std::string next;
+};
+
 class SourceReader {
  public:
   virtual ~SourceReader() = default;
@@ -43,11 +62,14 @@ class SourceReader {
   using SkipFn = std::function<void(const std::string&, const std::string&)>;
   virtual Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) = 0;
   // A batch (StageOptions::small_files_max): the regular files directly in directory `dir`
-  // (not recursive, symlinks and everything else left out) of at most max_size bytes, as a
-  // tree manifest: the root directory entry, then the files by name. Readers that cannot
-  // list say unsupported.
-  virtual Result<Manifest> scan_small_files(const std::string& dir, uint64_t max_size) {
+  // (not recursive, symlinks and everything else left out) of at most max_size bytes, within
+  // the slice, as a tree manifest: the root directory entry, then the files by name. Only the
+  // slice's names are checked (stat): the rest of a huge directory is only listed. Readers
+  // that cannot list say unsupported.
+  virtual Result<SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
+                                              const SmallFilesSlice& slice) {
     (void)max_size;
+    (void)slice;
     return stage_error(Errc::unsupported, "a batch of small files", dir);
   }
   // The subdirectories directly in `dir` that every user may list and enter (mode o+rx), in

@@ -114,6 +114,15 @@ cg_leave() {
   CG=
 }
 
+# The EXIT trap of a script with one standalone mount: unmounts $MNT, ends $daemon_pid and
+# removes $WORK (kept with KEEP=1).
+standalone_cleanup() {
+  set +e
+  unmount_if "$MNT"
+  [ -n "${daemon_pid:-}" ] && kill_tree "$daemon_pid"
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
+}
+
 # Unmount $1 if it is a mount point in the current namespace.
 unmount_if() {
   mountpoint -q "$1" 2>/dev/null || return 0

@@ -94,33 +94,71 @@ stage::Result<std::vector<std::string>> list_names(int fd, unsigned char type, c
 
 }  // namespace
 
-stage::Result<stage::Manifest> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size) {
-  if (has_temp_component(dir)) return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
-  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
-  if (!fd) return fd.error();
-  struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
-  auto listed = list_names(fd->get(), DT_REG, dir);
+stage::Result<std::string> for_each_small_file(
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    const std::function<void(const std::string&, const struct stat&)>& fn) {
+  auto listed = list_names(dfd, DT_REG, dir);
   if (!listed) return listed.error();
   std::vector<std::string> names = std::move(listed.value());
-  std::sort(names.begin(), names.end());  // the same order on every run
-  stage::Manifest m;
-  m.tree = true;
-  m.entries.push_back(stage::Entry{"", stage::EntryType::dir, stage::meta_from_stat(st), {}, 0});
-  for (const std::string& name : names) {
+  std::sort(names.begin(), names.end());  // the same order on every run; slices by name
+  // The slice: count names circularly from the first at or after `from`. Only its names are
+  // checked (fstatat): the rest of a huge directory is only listed.
+  const size_t n = names.size();
+  const auto at = [&](const std::string& name) {
+    return static_cast<size_t>(std::lower_bound(names.begin(), names.end(), name) - names.begin());
+  };
+  const size_t first = n == 0 ? 0 : at(slice.from) % n;
+  size_t count = n;
+  if (!slice.until.empty())
+    count = (at(slice.until) + n - first) % n;
+  else if (slice.to_end)
+    count = n - first;
+  uint64_t files = 0, bytes = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const std::string& name = names[(first + k) % n];
     struct stat fst {};
     // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
-    if (::fstatat(fd->get(), name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (::fstatat(dfd, name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(fst.st_mode) || static_cast<uint64_t>(fst.st_size) > max_size) continue;
     // Only files every user may read: an open checks its caller's access before it stages a
     // file, and a batch must not copy, on the strength of one user's open, files that user
     // may not read (they are staged alone, at their own open, after its access check).
     if ((fst.st_mode & S_IROTH) == 0) continue;
     if (stage::is_temp_name(name)) continue;  // never cached (has_temp_component)
-    m.entries.push_back(stage::Entry{name, stage::EntryType::file, stage::meta_from_stat(fst), {},
-                                     stage::allocated_from_stat(fst)});
+    const auto size = static_cast<uint64_t>(fst.st_size);
+    if (files > 0 && ((slice.max_files > 0 && files >= slice.max_files) ||
+                      (slice.max_bytes > 0 && bytes + size > slice.max_bytes)))
+      return name;  // the next slice starts here
+    ++files;
+    bytes += size;
+    fn(name, fst);
   }
-  return m;
+  return std::string();
+}
+
+stage::Result<stage::SmallFiles> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size,
+                                                                 const stage::SmallFilesSlice& slice) {
+  if (has_temp_component(dir))
+    return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
+  auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
+  stage::SmallFiles out;
+  stage::Manifest& m = out.manifest;
+  m.tree = true;
+  m.entries.push_back(stage::Entry{"", stage::EntryType::dir, stage::meta_from_stat(st), {}, 0});
+  auto next = for_each_small_file(
+      fd->get(), dir, max_size, slice, [&](const std::string& name, const struct stat& fst) {
+        m.entries.push_back(stage::Entry{
+            name, stage::EntryType::file, stage::meta_from_stat(fst), {}, stage::allocated_from_stat(fst)});
+      });
+  if (!next) return next.error();
+  out.next = std::move(next.value());
+  // The manifest's files by name (a slice that wrapped lists its tail first).
+  std::sort(m.entries.begin() + 1, m.entries.end(),
+            [](const stage::Entry& a, const stage::Entry& b) { return a.path < b.path; });
+  return out;
 }
 
 stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::string& dir, size_t max) {

@@ -8,6 +8,7 @@
 
 #include <sys/stat.h>
 
+#include <functional>
 #include <string>
 
 #include "bcast/fd.h"
@@ -33,6 +34,16 @@ std::string proc_fd_path(int fd);
 // Returns true if it was removed.
 bool unlink_beneath(int root_fd, const std::string& rel);
 
+// The files a batch of directory dfd (named dir) takes, in the slice's order: its small
+// regular files (at most max_size bytes) that every user may read, not named like a temporary
+// file, within the slice and its limits (stage::SmallFilesSlice). Lists every name, checks
+// (fstatat, no symlinks) only the slice's; fn(name, stat) for each file taken. Returns the
+// first name the limits left out ("" none). The batch's scan and the mount's room-making
+// before a batch both use it, so they agree on what a batch holds.
+stage::Result<std::string> for_each_small_file(
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    const std::function<void(const std::string&, const struct stat&)>& fn);
+
 class BeneathSource final : public stage::SourceReader {
  public:
   explicit BeneathSource(int root_fd) : root_fd_(root_fd) {}
@@ -41,7 +52,8 @@ class BeneathSource final : public stage::SourceReader {
   // A directory batch: its small regular files that every user may read (mode o+r; the
   // others are staged alone, after their opener's access check), listed through the
   // directory's fd (fstatat without following symlinks), sorted by name.
-  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max_size) override;
+  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
+                                                    const stage::SmallFilesSlice& slice) override;
   // Listed through the directory's fd; each entry checked with fstatat (no symlinks).
   stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override;
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel,

@@ -27,7 +27,9 @@
 namespace stagefs {
 
 inline constexpr size_t kMaxPath = 4096;
-inline constexpr size_t kMaxMessage = kMaxPath + 32;  // every message fits one fixed buffer
+inline constexpr size_t kMaxName = 255;  // one component (a batch slice's bounds)
+// Every message fits one fixed buffer.
+inline constexpr size_t kMaxMessage = kMaxPath + 2 * kMaxName + 64;
 
 // batch_nested: an announcement only, a batch to run nested in the single-file transfer in
 // progress (bcast/engine.h, Nest), where the source rank puts a mark in its stream (or after
@@ -45,8 +47,22 @@ struct Message {
   MsgType type = MsgType::materialize;
   uint64_t id = 0;   // announcements: transfer id; requests: the last id the node had seen
   std::string path;  // relative to SOURCE_DIR; empty for shutdown (and for a batch of the root)
+  // Requests: the uid of the open that asked (the coordinator's queue takes turns by uid);
+  // announcements: the uid whose request (or walk) it answers.
+  uint32_t uid = 0;
+  // Requests: kBackground marks one no open waits for (stagectl prefetch): it is announced
+  // only when no other request waits.
+  uint8_t flags = 0;
+  // Batches: the slice of the directory's small files, by name in byte order, circularly
+  // (stage::SmallFilesSlice): from `from` up to `until` (exclusive), or with `until` empty
+  // back to `from`, or with flag kToEnd to the last name. A request names the opened file in
+  // `from`, so that file is first in its slice. Plain names only.
+  std::string from{};
+  std::string until{};
   bool operator==(const Message&) const = default;
 };
+inline constexpr uint8_t kBackground = 1;
+inline constexpr uint8_t kToEnd = 2;
 
 // The directory holding rel ("" at the root of the source): a small file's batch key, and
 // the parent of a batch's directory.

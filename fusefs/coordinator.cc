@@ -15,19 +15,71 @@ void Coordinator::on_request(const Message& m) {
     later_set_.clear();
     return;
   }
-  if (m.type == MsgType::batch) note_batch_request(m.path);
+  const bool background = (m.flags & kBackground) != 0;
+  if (m.type == MsgType::batch && !background) note_batch_request(m.path);
   Key key{m.type, m.path};
   if (auto it = announced_id_.find(key); it != announced_id_.end() && m.id < it->second) {
     ++stats_.already_answered;  // sent before its node saw the transfer that answers it
     return;
   }
-  if (!queued_.insert(key).second) {
+  if (queued_.contains(key)) {
     ++stats_.merged;
     return;
   }
+  Pending p;
+  p.uid = m.uid;
+  if (m.type == MsgType::batch) {
+    p.from = m.from;
+    p.until = m.until;
+    p.flags = m.flags & kToEnd;
+  }
+  if (background) {
+    if (!later_set_.emplace(key, std::move(p)).second) {
+      ++stats_.merged;
+      return;
+    }
+    later_.push_back(std::move(key));
+    return;
+  }
   // Promoted: its entry in later_ is skipped when reached (no search of a long queue).
-  if (m.type == MsgType::batch && later_set_.erase(m.path) > 0) ++stats_.promoted;
-  queue_.push_back(std::move(key));
+  if (later_set_.erase(key) > 0) ++stats_.promoted;
+  enqueue(std::move(key), std::move(p));
+}
+
+void Coordinator::enqueue(Key key, Pending p) {
+  auto& q = by_uid_[p.uid];
+  if (q.empty()) turns_.push_back(p.uid);
+  q.push_back(key);
+  queued_.emplace(std::move(key), std::move(p));
+}
+
+std::optional<Coordinator::Key> Coordinator::take_turn(bool batch_only) {
+  for (auto t = turns_.begin(); t != turns_.end(); ++t) {
+    const uint32_t uid = *t;
+    auto& q = by_uid_[uid];
+    auto it = batch_only
+                  ? std::find_if(q.begin(), q.end(), [](const Key& k) { return k.first == MsgType::batch; })
+                  : q.begin();
+    if (it == q.end()) continue;
+    Key key = std::move(*it);
+    q.erase(it);
+    // This uid had its turn: the others go first next time.
+    turns_.erase(t);
+    if (q.empty())
+      by_uid_.erase(uid);
+    else
+      turns_.push_back(uid);
+    return key;
+  }
+  return std::nullopt;
+}
+
+Message Coordinator::announce(MsgType type, const Key& key, const Pending& p) {
+  Message m{type, next_id_++, key.second, p.uid, p.flags, p.from, p.until};
+  announced_id_[key] = m.id;
+  ++stats_.announced;
+  if (is_batch(type)) ++stats_.batches;
+  return m;
 }
 
 void Coordinator::note_batch_request(const std::string& dir) {
@@ -46,17 +98,61 @@ std::vector<std::string> Coordinator::take_walks() {
   return std::exchange(new_walks_, {});
 }
 
-void Coordinator::prefetch(const std::string& dir) {
-  if (shutdown_queued_) return;
+bool Coordinator::prefetch(const std::string& dir) {
+  if (shutdown_queued_) return false;
   Key key{MsgType::batch, dir};
-  if (announced_id_.contains(key) || queued_.contains(key) || !later_set_.insert(dir).second) return;
-  later_.push_back(dir);
+  if (announced_id_.contains(key) || queued_.contains(key) || later_set_.contains(key)) return false;
+  Pending p;
+  p.walk = batch_dir_of(dir);
+  later_set_.emplace(key, std::move(p));
+  later_.push_back(std::move(key));
+  return true;
+}
+
+void Coordinator::continue_batch(const Message& a, const std::string& next) {
+  if (shutdown_queued_ || !is_batch(a.type) || next.empty()) return;
+  // The rest of a's range: from next to where a's range ends (a whole circle from "" ends at
+  // the last name).
+  Pending p;
+  p.uid = a.uid;
+  p.from = next;
+  p.until = a.until;
+  if (a.until.empty() && ((a.flags & kToEnd) != 0 || a.from.empty()))
+    p.flags = kToEnd;
+  else if (a.until.empty())
+    p.until = a.from;
+  Key key{MsgType::batch, a.path};
+  if (queued_.contains(key) || later_set_.contains(key)) return;  // a slice of it is queued already
+  ++stats_.continued;
+  if (a.type == MsgType::batch_prefetch) {
+    auto w = walk_of_.find(a.path);
+    if (w != walk_of_.end()) {
+      if (walk_bytes_ > 0 && walk_spent_[w->second] >= walk_bytes_) return;
+      p.walk = w->second;
+    }
+    later_set_.emplace(key, std::move(p));
+    later_.push_back(std::move(key));
+    return;
+  }
+  enqueue(std::move(key), std::move(p));
+}
+
+void Coordinator::prefetch_ran(const std::string& dir, uint64_t bytes) {
+  auto w = walk_of_.find(dir);
+  if (w == walk_of_.end() || walk_bytes_ == 0) return;
+  const std::string walk = w->second;
+  if ((walk_spent_[walk] += bytes) < walk_bytes_) return;
+  // Over budget: this walk's prefetches still queued go (requests and other walks stay).
+  std::erase_if(later_set_, [&](const auto& kv) {
+    const bool drop = kv.second.walk == walk;
+    if (drop) ++stats_.prefetch_dropped;
+    return drop;
+  });
 }
 
 size_t Coordinator::drop_prefetches() {
-  const size_t n = later_set_.size();
-  later_.clear();
-  later_set_.clear();
+  // Only the walks' prefetches: a background request has an open (stagectl) waiting for it.
+  const size_t n = std::erase_if(later_set_, [](const auto& kv) { return kv.second.walk.has_value(); });
   stats_.prefetch_dropped += n;
   return n;
 }
@@ -67,41 +163,37 @@ std::optional<Message> Coordinator::next_announcement() {
   if (running_) {  // only a batch, nested in a single file's transfer, one at a time
     if (!nesting_ || running_->type != MsgType::materialize || nested_open_ != 0 || shutdown_queued_)
       return std::nullopt;
-    auto it = std::find_if(queue_.begin(), queue_.end(), [](const Key& k) { return k.first == MsgType::batch; });
-    if (it == queue_.end()) return std::nullopt;
-    Key key = std::move(*it);
-    queue_.erase(it);
-    queued_.erase(key);
-    m = Message{MsgType::batch_nested, next_id_++, key.second};
-    announced_id_[std::move(key)] = m.id;
+    auto key = take_turn(/*batch_only=*/true);
+    if (!key) return std::nullopt;
+    auto node = queued_.extract(*key);
+    m = announce(MsgType::batch_nested, *key, node.mapped());
     nested_open_ = m.id;
-    ++stats_.announced;
-    ++stats_.batches;
     ++stats_.nested;
   } else if (shutdown_queued_) {
     m = Message{MsgType::shutdown, next_id_++, {}};
     shutdown_announced_ = true;
-    queue_.clear();
     queued_.clear();
-  } else if (queue_.empty() && !later_set_.empty()) {  // nothing waits: the next prefetched batch
-    while (!later_set_.contains(later_.front())) later_.pop_front();  // promoted meanwhile
-    Key key{MsgType::batch, std::move(later_.front())};
+    by_uid_.clear();
+    turns_.clear();
+  } else if (queued_.empty() && !later_set_.empty()) {  // nothing waits: the next prefetched batch
+    while (!later_set_.contains(later_.front())) later_.pop_front();  // promoted or dropped meanwhile
+    Key key = std::move(later_.front());
     later_.pop_front();
-    later_set_.erase(key.second);
-    m = Message{MsgType::batch_prefetch, next_id_++, key.second};
-    announced_id_[std::move(key)] = m.id;
-    ++stats_.announced;
-    ++stats_.batches;
-    ++stats_.prefetched;
+    auto node = later_set_.extract(key);
+    const Pending& p = node.mapped();
+    if (key.first == MsgType::batch) {
+      if (p.walk)
+        walk_of_[key.second] = *p.walk;
+      else
+        walk_of_.erase(key.second);
+    }
+    m = announce(key.first == MsgType::batch ? MsgType::batch_prefetch : key.first, key, p);
+    if (key.first == MsgType::batch) ++stats_.prefetched;
   } else {
-    if (queue_.empty()) return std::nullopt;
-    Key key = std::move(queue_.front());
-    queue_.pop_front();
-    queued_.erase(key);
-    m = Message{key.first, next_id_++, key.second};
-    announced_id_[std::move(key)] = m.id;
-    ++stats_.announced;
-    if (m.type == MsgType::batch) ++stats_.batches;
+    auto key = take_turn(/*batch_only=*/false);
+    if (!key) return std::nullopt;
+    auto node = queued_.extract(*key);
+    m = announce(key->first, *key, node.mapped());
   }
   outstanding_ = true;
   return m;

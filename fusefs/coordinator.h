@@ -33,6 +33,24 @@
 //     So the source reads and broadcasts the next directories while readers read the last.
 //     It is announced as batch_prefetch (no open asked for it yet), which never evicts a
 //     copy; when one did not fit, the caller drops the rest of the queue (drop_prefetches).
+//   - Turns (fairness between users): requests queue per uid (the requester's, Message::uid),
+//     first come first served within a uid, and the uids take turns: each announcement goes
+//     to the next uid in turn that has something queued. So one user's backlog (a directory
+//     of 100,000 files in slices, a prefetch of thousands of names) delays another user's
+//     open by at most the one transfer or slice in progress and one per other waiting user.
+//   - Slices (bounded batches): a batch stages at most the group's batch limits of files and
+//     bytes, the slice of the directory's names from Message::from (the opened file) on,
+//     round to where it started. When a slice leaves names out, the group's node tells the
+//     coordinator (continue_batch) and the next slice, the rest of the range, queues at the
+//     back of the same uid's queue (a walk's: behind every request), so other requests run
+//     between the slices.
+//     A slice that found nothing to copy on any node ends the sequence (the rest is staged
+//     already, or is staged at its own opens): a new file in a big staged directory costs one
+//     slice, not a check of every name.
+//   - Background requests (Message::flags kBackground, stagectl prefetch): queued with the
+//     walks' prefetches, behind every request; a request for the same key promotes it.
+//   - Walk budget: at most the budget's bytes of small files are listed by one walk's
+//     prefetched slices (prefetch_ran); past it, that walk's queued prefetches are dropped.
 // Ids are 1, 2, 3... in announcement order (shutdown included), so an id orders every
 // announcement a node has seen.
 //
@@ -62,7 +80,8 @@ struct CoordinatorStats {
   uint64_t walks = 0;             // parents found walked (take_walks)
   uint64_t prefetched = 0;        // batches announced from prefetch() (not asked for by then)
   uint64_t promoted = 0;          // prefetch keys a request moved ahead
-  uint64_t prefetch_dropped = 0;  // prefetch keys dropped unannounced (drop_prefetches)
+  uint64_t prefetch_dropped = 0;  // prefetch keys dropped unannounced (drop_prefetches, budget)
+  uint64_t continued = 0;         // next slices queued by continue_batch
 };
 
 class Coordinator {
@@ -81,35 +100,65 @@ class Coordinator {
   // Walks: the parents found walked since the last call (each parent once per coordinator).
   void set_walks(bool on) { walks_on_ = on; }
   std::vector<std::string> take_walks();
-  // Queue the batch of dir behind every request (see Walks above).
-  void prefetch(const std::string& dir);
-  // Forget every prefetch key not yet announced (a prefetched batch found no room without
-  // evicting: the next ones would not either). Returns how many were dropped. Requests and
-  // later walks are unaffected.
+  // Queue the batch of dir behind every request (see Walks above). False: not queued (asked
+  // for, queued or announced already, or a shutdown).
+  bool prefetch(const std::string& dir);
+  // Batch announcement a ran on the coordinator's node, found something to copy, and its
+  // slice left out the names from `next` on ("" none): queue the directory's next slice (see
+  // Slices above).
+  void continue_batch(const Message& a, const std::string& next);
+  // Walk budget: the bytes of small files one walk's prefetched slices may list (0: none).
+  void set_walk_bytes(uint64_t max) { walk_bytes_ = max; }
+  // A prefetched slice of dir listed `bytes` of small files (counted against its walk).
+  void prefetch_ran(const std::string& dir, uint64_t bytes);
+  // Forget every walk's prefetch key not yet announced (a prefetched batch found no room
+  // without evicting: the next ones would not either). Returns how many were dropped.
+  // Requests (background ones included) and later walks are unaffected.
   size_t drop_prefetches();
 
   [[nodiscard]] bool outstanding() const { return outstanding_; }
   [[nodiscard]] bool shut_down() const { return shutdown_announced_; }
   [[nodiscard]] size_t queued() const {
-    return queue_.size() + later_set_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
+    return queued_.size() + later_set_.size() + (shutdown_queued_ && !shutdown_announced_ ? 1 : 0);
   }
   [[nodiscard]] const CoordinatorStats& stats() const { return stats_; }
 
  private:
   void note_batch_request(const std::string& dir);
   using Key = std::pair<MsgType, std::string>;
-  std::deque<Key> queue_;  // keys decided but not yet announced, in request order
-  std::set<Key> queued_;
-  // Prefetched batch directories, behind queue_: later_set_ holds the ones still queued,
-  // later_ their order (a promoted one stays in later_ until reached, then is skipped).
-  std::deque<std::string> later_;
-  std::set<std::string> later_set_;
+  // What a queued key is announced with.
+  struct Pending {
+    uint32_t uid = 0;
+    std::string from, until;          // batches: the slice ...
+    uint8_t flags = 0;                // ... and its kToEnd
+    std::optional<std::string> walk;  // a walk's prefetch: the walked parent
+  };
+  void enqueue(Key key, Pending p);
+  // Removes and returns the key to announce next: the first of the uid whose turn it is, or
+  // with batch_only the first batch in turn order (a nested one).
+  std::optional<Key> take_turn(bool batch_only);
+  Message announce(MsgType type, const Key& key, const Pending& p);
+  // Requests: per uid in arrival order; turns_ holds each uid with a non-empty queue once,
+  // the one whose turn comes next first.
+  std::map<Key, Pending> queued_;
+  std::map<uint32_t, std::deque<Key>> by_uid_;
+  std::deque<uint32_t> turns_;
+  // Prefetched batches and background requests, behind every request: later_set_ holds the
+  // ones still queued, later_ their order (a promoted one stays in later_ until reached, then
+  // is skipped).
+  std::deque<Key> later_;
+  std::map<Key, Pending> later_set_;
   bool walks_on_ = false;
   // Walks: per parent, the first directory asked for as a batch (until a second one makes it
   // a walk, then the parent goes to walked_).
   std::map<std::string, std::string> first_child_;
   std::set<std::string> walked_;
   std::vector<std::string> new_walks_;
+  // Walk budget: bytes listed by each walk's prefetched slices; the walk of each prefetched
+  // directory announced (its continuation belongs to the same walk).
+  uint64_t walk_bytes_ = 0;
+  std::map<std::string, uint64_t> walk_spent_;
+  std::map<std::string, std::string> walk_of_;
   // The id of the latest announcement of each key.
   std::map<Key, uint64_t> announced_id_;
   bool shutdown_queued_ = false;

@@ -63,10 +63,10 @@ std::tuple<uint64_t, uint64_t, int64_t> copy_key(const struct stat& st) {
 }
 }  // namespace
 
-stage::Status Materializer::materialize(const std::string& rel) {
+stage::Status Materializer::materialize(const std::string& rel, const Want& want) {
   auto p = std::make_shared<std::promise<stage::Status>>();
   auto f = p->get_future();
-  materialize_async(rel, [p](stage::Status st) { p->set_value(std::move(st)); });
+  materialize_async(rel, want, [p](stage::Status st) { p->set_value(std::move(st)); });
   return f.get();
 }
 
@@ -633,14 +633,15 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
   open_impl(id, flags, who, std::move(done), cfg_.read_during_copy);
 }
 
-void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok) {
+void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
+                            bool background) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
   auto pinned = std::make_shared<std::string>();
   OpenDone done = [this, pinned, done_ = std::move(done_)](Result<OpenFile> r) {
     if (r && !r->from_source && !pinned->empty()) {
-      r->pinned = *pinned;
-      cache_.pin(*pinned);
+      if (r->pinned.empty()) r->pinned = *pinned;  // set: another name's copy (hard links)
+      cache_.pin(r->pinned);
     }
     done_(std::move(r));
   };
@@ -693,17 +694,21 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
       return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
     }
   }
-  post([this, rel, src = st, early_ok, done = std::move(done)]() mutable {
-    serve_or_materialize(rel, src, early_ok, std::move(done), false);
+  Ask ask;
+  ask.want = Want{who.uid, background};
+  ask.early_ok = early_ok;
+  post([this, rel, src = st, ask, done = std::move(done)]() mutable {
+    serve_or_materialize(rel, src, ask, std::move(done), false);
   });
 }
 
-void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
-  const uint64_t since = mat_.epoch();  // before the look into the cache
+  ask.since = mat_.epoch();  // before the look into the cache
   // Batches hold only files every user may read (BeneathSource::scan_small_files).
-  const bool small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
-                     (src.st_mode & S_IROTH) != 0;
+  ask.small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
+              (src.st_mode & S_IROTH) != 0;
+  const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
   // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
   const bool publishing = small && mat_.batch_running(rel);
@@ -711,13 +716,13 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     // A copy from an earlier mount: its CRC is read back on a verifier thread; this open goes on
     // from here when that read ended (its own, or another open's of the same copy).
     if (!checked) {
-      const Check c = check_later(rel, src, [this, rel, src, early_ok, done](stage::Status outcome) mutable {
-        post([this, rel, src, early_ok, outcome = std::move(outcome), done = std::move(done)]() mutable {
+      const Check c = check_later(rel, src, [this, rel, src, ask, done](stage::Status outcome) mutable {
+        post([this, rel, src, ask, outcome = std::move(outcome), done = std::move(done)]() mutable {
           if (!outcome && outcome.error().to_errno() == ESHUTDOWN) {
             ++counters_.open_errors;
             return done(outcome.error());
           }
-          serve_or_materialize(rel, src, early_ok, std::move(done), true);
+          serve_or_materialize(rel, src, ask, std::move(done), true);
         });
       });
       if (c == Check::queued) return;
@@ -739,44 +744,97 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     spdlog::error("{}", alive.error().message);
     return done(alive.error());
   }
+  // Batches copy every name of a small file as their own: only larger files are shared.
+  if (src.st_nlink > 1 && !ask.small && serve_from_other_name(rel, src, ask, done)) return;
   ++counters_.materializations;
-  materialize_then_open(rel, src, small, since, std::move(done), early_ok);
+  materialize_then_open(rel, src, ask, std::move(done));
 }
 
-void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                                        OpenDone done_, bool early_ok, Clock::time_point space_deadline) {
+StageFsCore::InodeKey StageFsCore::inode_key(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim),
+          stage::to_ns(st.st_ctim), static_cast<uint64_t>(st.st_size)};
+}
+
+bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask,
+                                        OpenDone& done) {
+  const InodeKey key = inode_key(src);
+  std::unique_lock lk(links_m_);
+  if (auto c = link_copy_.find(key); c != link_copy_.end() && c->second != rel) {
+    const std::string other = c->second;
+    lk.unlock();
+    // That name's copy, if it is still the same version (its path may name another file now)
+    // and was checked in this mount.
+    if (auto fd = open_verified(other, src, false, /*may_read_back=*/false)) {
+      ++counters_.cache_hits;
+      cache_.touch(other, fd->get());
+      done(OpenFile{std::move(fd.value()), true, false, other, {}});
+      return true;
+    }
+    lk.lock();
+    if (auto gone = link_copy_.find(key); gone != link_copy_.end() && gone->second == other)
+      link_copy_.erase(gone);
+  }
+  if (auto f = link_inflight_.find(key); f != link_inflight_.end()) {
+    if (f->second.rel == rel) return false;  // the same name: the materializer merges the two
+    f->second.waiters.push_back([this, rel, src, ask, done = std::move(done)]() mutable {
+      serve_or_materialize(rel, src, ask, std::move(done), false);  // finds the copy, or copies rel
+    });
+    return true;
+  }
+  link_inflight_.emplace(key, Inflight{rel, {}});
+  ask.early_ok = false;  // the others wait for a whole copy
+  done = [this, key, rel, inner = std::move(done)](Result<OpenFile> r) mutable {
+    std::vector<std::function<void()>> waiters;
+    {
+      std::lock_guard held(links_m_);
+      if (r && !r->from_source && !r->live) link_copy_[key] = rel;
+      if (auto node = link_inflight_.extract(key)) waiters = std::move(node.mapped().waiters);
+    }
+    inner(std::move(r));
+    for (auto& w : waiters) post(std::move(w));
+  };
+  return false;
+}
+
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_,
+                                        Clock::time_point space_deadline) {
   const uint64_t space_epoch = cache_.space_epoch();  // before the transfer decides on room
   // Exactly one of `then` and `early` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
-  auto then = [this, rel, src, small, shared, early_ok, space_deadline, space_epoch](stage::Status outcome) mutable {
-    post([this, rel, src, small, early_ok, space_deadline, space_epoch, outcome = std::move(outcome),
+  auto then = [this, rel, src, ask, shared, space_deadline, space_epoch](stage::Status outcome) mutable {
+    post([this, rel, src, ask, space_deadline, space_epoch, outcome = std::move(outcome),
           done = std::move(*shared)]() mutable {
-      if (!small && !outcome.ok() && outcome.error().to_errno() == ENOSPC)
-        return no_room(rel, src, early_ok, std::move(done), space_deadline, space_epoch, outcome.error());
-      if (small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
+      if (!ask.small && !outcome.ok() && outcome.error().to_errno() == ENOSPC)
+        return no_room(rel, src, ask, std::move(done), space_deadline, space_epoch, outcome.error());
+      Ask alone = ask;
+      alone.small = false;
+      alone.since = 0;
+      if (ask.small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
           outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
         // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
         // fails the whole stream. This file alone then: it gets its own outcome, as before.
-        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
+        return materialize_then_open(rel, src, alone, std::move(done));
       }
-      if (small && outcome.ok()) {
-        if (auto fd = open_verified(rel, src, true)) return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
+      if (ask.small && outcome.ok()) {
+        if (auto fd = open_verified(rel, src, true))
+          return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
-        // version), or it was not in the batch (grew, appeared after the listing): alone.
+        // version), or it was not in the batch (grew, appeared after the listing, or the
+        // slice of its directory that answered this open began with another file): alone.
         if (auto now = stat_rel(rel); now && stage::meta_from_stat(*now) != stage::meta_from_stat(src)) {
           ++counters_.stale_opens;
           ++counters_.open_errors;
           return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
         }
-        return materialize_then_open(rel, src, false, 0, std::move(done), early_ok);
+        return materialize_then_open(rel, src, alone, std::move(done));
       }
       done(finish_open(rel, src, outcome));
     });
   };
-  if (small) return mat_.materialize_small_async(rel, since, std::move(then));
-  if (!early_ok) return mat_.materialize_async(rel, std::move(then));
+  if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
+  if (!ask.early_ok) return mat_.materialize_async(rel, ask.want, std::move(then));
   auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
@@ -798,7 +856,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       done(std::move(f));
     });
   };
-  mat_.materialize_live_async(rel, std::move(then), std::move(early));
+  mat_.materialize_live_async(rel, ask.want, std::move(then), std::move(early));
 }
 
 namespace {
@@ -808,7 +866,7 @@ uint64_t copy_need(const NodeCache& cache, const struct stat& src) {
 }
 }  // namespace
 
-void StageFsCore::no_room(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+void StageFsCore::no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                           Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why) {
   const auto now = Clock::now();
   const bool first = deadline == Clock::time_point{};
@@ -830,7 +888,7 @@ void StageFsCore::no_room(const std::string& rel, const struct stat& src, bool e
                      stage::host_name(), rel, std::chrono::duration<double>(cfg_.space_wait).count(), room.pinned,
                      room.pinned_files);
       }
-      space_q_.push_back(RoomWait{rel, src, early_ok, std::move(done), deadline, space_epoch});
+      space_q_.push_back(RoomWait{rel, src, ask, std::move(done), deadline, space_epoch});
       space_->queued = space_q_.size();
       space_->cv.notify_all();
       return;
@@ -883,10 +941,10 @@ void StageFsCore::space_loop() {
     lk.unlock();
     for (auto& w : retry)
       post([this, w = std::move(w)]() mutable {
-        materialize_then_open(w.rel, w.src, false, 0, std::move(w.done), w.early_ok, w.deadline);
+        materialize_then_open(w.rel, w.src, w.ask, std::move(w.done), w.deadline);
       });
     for (auto& w : expired)  // past the deadline: no_room fails it with the cause
-      no_room(w.rel, w.src, w.early_ok, std::move(w.done), w.deadline, w.epoch,
+      no_room(w.rel, w.src, w.ask, std::move(w.done), w.deadline, w.epoch,
               stage::sys_error(ENOSPC, "no room in the cache", w.rel));
     lk.lock();
   }
@@ -942,11 +1000,14 @@ void StageFsCore::release(const std::string& pinned) {
 void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
   ++counters_.prefetches;
   // Done when the copy is complete (not when it starts, as an open may be).
-  open_impl(id, O_RDONLY, who, [this, done = std::move(done)](Result<OpenFile> r) {
-    if (!r) return done(r.error());
-    release(r->pinned);
-    done({});
-  }, false);
+  open_impl(
+      id, O_RDONLY, who,
+      [this, done = std::move(done)](Result<OpenFile> r) {
+        if (!r) return done(r.error());
+        release(r->pinned);
+        done({});
+      },
+      false, /*background=*/true);
 }
 
 stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {

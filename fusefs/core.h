@@ -29,6 +29,12 @@
 //     on this node waits for room without holding a thread (a queue entry, woken by the
 //     cache when a copy's last pin goes or a copy is removed, or by its deadline), then asks
 //     for the copy again; past CoreConfig::space_wait it fails with ENOSPC.
+//   - Hard links: the names of one source file (one version of one inode) cost one transfer.
+//     While one name of it is materialized, an open of another name waits for that transfer,
+//     then reads the first name's copy (pinned as that name's). The cache keeps one copy per
+//     name it made (a copy with two links would look planted to its ownership rule), so a
+//     name is copied on its own only when no copy of the same version was made in this mount.
+//     The first open of a file with several links waits for its whole copy (no early reads).
 //   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
 //     verifier threads, once however many opens ask for it: the opens that find it being read
 //     wait for that read. A 50 GB image being checked holds neither the completion pool (other
@@ -68,22 +74,32 @@ class NodeCache;
 class LiveFile;
 using Clock = std::chrono::steady_clock;
 
+// Whom a materialization is for: the uid of the open that asked (the group's queue takes
+// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch: queued
+// behind every open).
+struct Want {
+  uint32_t uid = 0;
+  bool background = false;
+};
+
 class Materializer {
  public:
   using Done = std::function<void(stage::Status)>;
   virtual ~Materializer() = default;
   // Calls done once a transfer of rel finished on this node (or failed, timed out, or the
   // group shut down), from whichever thread learned it: done must be quick.
-  virtual void materialize_async(const std::string& rel, Done done) = 0;
+  virtual void materialize_async(const std::string& rel, const Want& want, Done done) = 0;
   // rel is a small file (CoreConfig::small_file_size): the materializer may stage it with
   // the other small files of its directory (one transfer for the batch). done as above; the
   // batch may leave rel out (it changed or grew meanwhile): the core then asks for it alone.
   // `since` is epoch() read before the caller looked for rel in the cache: a batch of rel's
   // directory completed after that answers at once (the caller looks again) rather than
   // costing a new transfer.
-  virtual void materialize_small_async(const std::string& rel, uint64_t since, Done done) {
+  // The batch stages a slice of the directory (bounded in files and bytes) that begins with
+  // rel.
+  virtual void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) {
     (void)since;
-    materialize_async(rel, std::move(done));
+    materialize_async(rel, want, std::move(done));
   }
   // Reads before the copy ends: as materialize_async(), but once the transfer of
   // rel runs on this node with its temporary file open (LiveFile), early(live) is called
@@ -91,9 +107,9 @@ class Materializer {
   // If that never happens (the transfer failed first, or this materializer cannot), done
   // as above.
   using Early = std::function<void(std::shared_ptr<LiveFile>)>;
-  virtual void materialize_live_async(const std::string& rel, Done done, Early early) {
+  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
     (void)early;
-    materialize_async(rel, std::move(done));
+    materialize_async(rel, want, std::move(done));
   }
   // A counter of completed transfers (0 if the materializer has none).
   [[nodiscard]] virtual uint64_t epoch() const { return 0; }
@@ -105,7 +121,7 @@ class Materializer {
     return false;
   }
   // Blocking form.
-  stage::Status materialize(const std::string& rel);
+  stage::Status materialize(const std::string& rel, const Want& want = {});
 };
 
 enum class StallPolicy { eio, source };
@@ -269,20 +285,30 @@ class StageFsCore {
   stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
                                          bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+  // How an open asks the materializer: small (its directory's slice; `since` as
+  // materialize_small_async's), early_ok (answer during the copy).
+  struct Ask {
+    Want want;
+    bool small = false;
+    bool early_ok = false;
+    uint64_t since = 0;
+  };
   // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
-  void materialize_then_open(const std::string& rel, const struct stat& src, bool small, uint64_t since,
-                             OpenDone done, bool early_ok, Clock::time_point space_deadline = {});
+  void materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
+                             Clock::time_point space_deadline = {});
   // rel's copy found no room (ENOSPC, `why`): waits for room (space_loop) when copies held
   // open on this node stand in the way and the deadline has not passed; else fails.
   // space_epoch: the cache's NodeCache::space_epoch() read before the copy was asked for.
-  void no_room(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+  void no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
   void space_loop();
-  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch).
-  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok);
+  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch);
+  // background: a prefetch (no open waits for it).
+  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
+                 bool background = false);
   // The part of an open that runs on the completion pool: the cached copy, or a materialization.
   // checked: the copy's CRC read-back (if it needed one) has ended.
-  void serve_or_materialize(const std::string& rel, const struct stat& src, bool early_ok, OpenDone done,
+  void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                             bool checked);
   // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
   // CRC read-back (or joins the one in progress) and returns queued; then runs on a verifier
@@ -296,6 +322,22 @@ class StageFsCore {
   stage::Status read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded);
   void post(std::function<void()> fn);
   void completion_loop();
+  // Hard links (see above). The version of a source file with several names.
+  using InodeKey =
+      std::tuple<uint64_t, uint64_t, int64_t, int64_t, uint64_t>;  // dev, ino, mtime, ctime, size
+  static InodeKey inode_key(const struct stat& st);
+  // If another name of src's version has a copy made in this mount, or is being materialized:
+  // serves this open from that copy (now, or once that transfer ended) and returns true.
+  // Otherwise, rel's open is the one that materializes that version: done is wrapped to
+  // record the copy and release the waiting names, and ask.early_ok is cleared.
+  bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
+  std::mutex links_m_;  // innermost
+  struct Inflight {
+    std::string rel;                             // the name being materialized
+    std::vector<std::function<void()>> waiters;  // other names' opens, run when it ends
+  };
+  std::map<InodeKey, Inflight> link_inflight_;
+  std::map<InodeKey, std::string> link_copy_;  // the name whose copy of that version was made here
 
   struct Node {
     std::string rel;
@@ -346,7 +388,7 @@ class StageFsCore {
   struct RoomWait {
     std::string rel;
     struct stat src {};
-    bool early_ok = false;
+    Ask ask;
     OpenDone done;
     Clock::time_point deadline;
     uint64_t epoch = 0;  // the cache's space_epoch() when it last found no room for it

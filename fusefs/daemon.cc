@@ -223,31 +223,24 @@ std::string Daemon::setup_local() {
   g.read_during_copy = cfg_.read_during_copy;
   g.nest_batches = cfg_.nested_batches;
   g.prefetch_siblings = cfg_.prefetch_siblings;
-  g.before_batch = [this](const std::string& dir, bool may_evict) {
+  g.batch_max_files = cfg_.batch_max_files;
+  g.batch_max_bytes = cfg_.batch_max_bytes;
+  g.walk_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
+  g.walk_max_bytes = cfg_.prefetch_max_bytes;
+  g.before_batch = [this](const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict) {
     auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
     if (!dfd) return;
-    const int lfd = ::dup(dfd->get());
-    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
-    if (d == nullptr) {
-      if (lfd >= 0) ::close(lfd);
-      return;
-    }
-    std::vector<std::string> names;
-    while (const dirent* de = ::readdir(d))
-      if (de->d_type == DT_REG || de->d_type == DT_UNKNOWN) names.emplace_back(de->d_name);
-    ::closedir(d);
     uint64_t need = 0, files = 0;
     const bool cached_dir = cache_->has_dir(dir);  // if not, no copy to look for (a first batch)
-    for (const auto& name : names) {
-      struct stat st {};
-      if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-          static_cast<uint64_t>(st.st_size) > cfg_.small_file_size || (st.st_mode & S_IROTH) == 0)
-        continue;
-      if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st)) {
-        need += stage::allocated_from_stat(st) + cache_->copy_overhead();
-        ++files;
-      }
-    }
+    // The files of this slice only (what the engine's scan takes): a slice of a huge directory
+    // does not look at every name.
+    (void)for_each_small_file(dfd->get(), dir, cfg_.small_file_size, slice,
+                              [&](const std::string& name, const struct stat& st) {
+                                if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st)) {
+                                  need += stage::allocated_from_stat(st) + cache_->copy_overhead();
+                                  ++files;
+                                }
+                              });
     cache_->set_pending_overhead(files * cache_->copy_overhead());
     // A prefetch (no open asked for it) does not evict: the engine's free-space check refuses
     // it on every node when it does not fit in what the limit and the filesystem leave.

@@ -32,6 +32,7 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
     coord_.emplace();
     coord_->set_nesting(cfg_.nest_batches && nested_ != nullptr);
     coord_->set_walks(cfg_.prefetch_siblings && cfg_.small_file_size > 0);
+    coord_->set_walk_bytes(cfg_.walk_max_bytes);
   }
   watchdog_ = std::thread([this] { watchdog(); });
 }
@@ -48,26 +49,35 @@ GroupService::~GroupService() {
   run_ready(ready);
 }
 
-void GroupService::materialize_async(const std::string& rel, Done done) {
-  wait_for(Key{MsgType::materialize, rel}, std::move(done));
+namespace {
+Message request(MsgType type, std::string path, const Want& want) {
+  return Message{type, 0, std::move(path), want.uid, want.background ? kBackground : uint8_t{0}, {}, {}};
+}
+}  // namespace
+
+void GroupService::materialize_async(const std::string& rel, const Want& want, Done done) {
+  wait_for(request(MsgType::materialize, rel, want), std::move(done));
 }
 
-void GroupService::materialize_small_async(const std::string& rel, uint64_t since, Done done) {
-  if (cfg_.small_file_size == 0) return materialize_async(rel, std::move(done));
+void GroupService::materialize_small_async(const std::string& rel, uint64_t since, const Want& want,
+                                           Done done) {
+  if (cfg_.small_file_size == 0) return materialize_async(rel, want, std::move(done));
   std::string dir = batch_dir_of(rel);
   {
     std::unique_lock lk(m_);
     if (batch_failed_.contains(dir)) {
       lk.unlock();
-      return materialize_async(rel, std::move(done));
+      return materialize_async(rel, want, std::move(done));
     }
   }
-  wait_for(Key{MsgType::batch, std::move(dir)}, std::move(done), since);
+  Message ask = request(MsgType::batch, std::move(dir), want);
+  ask.from = rel.substr(rel.rfind('/') + 1);  // npos + 1 = 0: a file at the root
+  wait_for(std::move(ask), std::move(done), since);
 }
 
-void GroupService::materialize_live_async(const std::string& rel, Done done, Early early) {
-  if (!cfg_.read_during_copy) return materialize_async(rel, std::move(done));
-  wait_for(Key{MsgType::materialize, rel}, std::move(done), UINT64_MAX, std::move(early));
+void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
+  if (!cfg_.read_during_copy) return materialize_async(rel, want, std::move(done));
+  wait_for(request(MsgType::materialize, rel, want), std::move(done), UINT64_MAX, std::move(early));
 }
 
 // The transfer of rel runs here, its temporary file open: the opens waiting for it go on.
@@ -95,7 +105,8 @@ bool GroupService::batch_running(const std::string& rel) const {
   return batch_running_.contains(dir);
 }
 
-void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
+void GroupService::wait_for(Message ask, Done done, uint64_t since, Early early) {
+  const Key key{ask.type, ask.path};
   std::unique_lock lk(m_);
   const std::string& rel = key.second;
   if (early) {  // the copy is in progress here: no new request, go on with it
@@ -125,7 +136,8 @@ void GroupService::wait_for(Key key, Done done, uint64_t since, Early early) {
   if (!slot) {  // first open of this file (batch) on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
     slot->requested = Clock::now();
-    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) ask_locked(key);
+    slot->ask = std::move(ask);
+    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) ask_locked(slot->ask);
     watchdog_cv_.notify_all();
   }
   if (early)
@@ -216,8 +228,8 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
-void GroupService::ask_locked(const Key& key) {
-  outbox_.push_back(key);
+void GroupService::ask_locked(const Message& ask) {
+  outbox_.push_back(ask);
   ++stats_.requests_sent;
   service_cv_.notify_one();
 }
@@ -328,6 +340,8 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   opt.pre = stage::Validate::origin;
   opt.recursive = false;
   opt.small_files_max = std::max<uint64_t>(cfg_.small_file_size, 1);  // > 0 marks a batch on every rank
+  opt.slice = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
+                                     cfg_.batch_max_bytes};
   opt.root = 0;
   opt.cancelled = cfg_.cancelled;
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
@@ -359,7 +373,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   // not run twice: it is only a head start.
   const bool prefetch = a.type == MsgType::batch_prefetch;
   for (; runs < 2; ++runs) {
-    if (cfg_.before_batch) cfg_.before_batch(a.path, !prefetch);
+    if (cfg_.before_batch) cfg_.before_batch(a.path, opt.slice, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     streamed += report.bytes_streamed;
     published.insert(published.end(), report.published.begin(), report.published.end());
@@ -371,6 +385,14 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
                    report.errors.empty() ? "transfer failed" : report.errors.front());
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (coord_ && report.ok) {
+    // The source rank's scan knows what the slice left out: the next slice queues behind the
+    // other users' requests. Only while slices find something to copy on some node.
+    // It queues after the requests that arrived during this slice (coordinate()).
+    if (prefetch) coord_->prefetch_ran(a.path, report.bytes_total);
+    if (report.nodes_needing > 0 && !report.batch_next.empty())
+      continuations_.emplace_back(a, report.batch_next);
+  }
   if (cfg_.after_batch) cfg_.after_batch(a.path, published, report.ok, secs);
   {
     std::lock_guard lk(m_);
@@ -413,7 +435,10 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
     std::lock_guard lk(m_);
     batch_running_.erase(a.path);
-    if (waits_.contains(key)) ask_locked(key);
+    if (auto w = waits_.find(key); w != waits_.end()) {
+      w->second->ask.flags = 0;  // an ordinary batch now, one that may evict
+      ask_locked(w->second->ask);
+    }
   } else {
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {
@@ -442,26 +467,27 @@ stage::Status GroupService::control_failed(const stage::Error& e, const char* wh
 // This node's new first opens (and its shutdown) go to the coordinator: through the control
 // plane, or straight into the Coordinator on its own node.
 stage::Result<bool> GroupService::forward_local() {
-  std::deque<Key> out;
+  std::vector<Message> msgs;
   bool want_shutdown = false;
   {
     std::lock_guard lk(m_);
-    std::deque<Key> keep;
-    for (auto& key : outbox_) {
+    std::deque<Message> keep;
+    for (auto& ask : outbox_) {
+      const Key key{ask.type, ask.path};
       if (!waits_.contains(key)) continue;  // a transfer answered it already
       // A transfer of that key runs here now (this is the engine's copy loop calling): it
       // answers the open when it ends. A request now would carry that transfer's id, which
       // the coordinator cannot tell from a need that came after it (a second transfer).
-      if (std::find(running_.begin(), running_.end(), key) != running_.end())
-        keep.push_back(std::move(key));
-      else
-        out.push_back(std::move(key));
+      if (std::find(running_.begin(), running_.end(), key) != running_.end()) {
+        keep.push_back(std::move(ask));
+      } else {
+        ask.id = last_seen_id_;
+        msgs.push_back(std::move(ask));
+      }
     }
     outbox_ = std::move(keep);
     want_shutdown = shutdown_requested_ && !shutdown_sent_;
   }
-  std::vector<Message> msgs;
-  for (auto& key : out) msgs.push_back(Message{key.first, last_seen_id_, std::move(key.second)});
   if (want_shutdown) msgs.push_back(Message{MsgType::shutdown, 0, {}});
   for (const auto& m : msgs) {
     if (coord_)
@@ -486,6 +512,7 @@ stage::Result<bool> GroupService::coordinate() {
     busy = true;
     coord_->on_request(**r);
   }
+  for (auto& [a, next] : std::exchange(continuations_, {})) coord_->continue_batch(a, next);
   expand_walks();
   if (auto next = coord_->next_announcement()) {
     if (auto st = ctl_.announce(*next); !st) return st.error();
@@ -501,14 +528,22 @@ void GroupService::expand_walks() {
     stats_.walks += walks.size();
   }
   for (const std::string& parent : walks) {
-    auto dirs = src_.list_dirs(parent, kMaxWalkDirs);
+    // The budget counts the directories queued: the two asked for may be among those listed.
+    const size_t budget = cfg_.walk_max_dirs > 0 ? cfg_.walk_max_dirs : SIZE_MAX;
+    auto dirs = src_.list_dirs(parent, budget > SIZE_MAX - 2 ? budget : budget + 2);
     if (!dirs) {
       spdlog::debug("walk of {}/: {}", parent, dirs.error().message);
       continue;
     }
-    for (const std::string& name : *dirs) coord_->prefetch(stage::join_path(parent, name));
-    spdlog::info("readers walk {}/: staging the small files of its {} subdirectories in the background",
-                 parent, dirs->size());
+    size_t queued = 0;
+    for (const std::string& name : *dirs)
+      if (queued < budget && coord_->prefetch(stage::join_path(parent, name))) ++queued;
+    {
+      std::lock_guard lk(m_);
+      stats_.prefetch_queued += queued;
+    }
+    spdlog::info("readers walk {}/: staging the small files of {} of its subdirectories in the background",
+                 parent, queued);
   }
 }
 

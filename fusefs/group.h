@@ -69,10 +69,6 @@
 namespace stagefs {
 
 
-// Walks: at most this many subdirectories of one parent are prefetched (the rest wait for
-// their opens).
-inline constexpr size_t kMaxWalkDirs = 100000;
-
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
   std::string cache_dir;   // CACHE_DIR/data (absolute)
@@ -99,7 +95,9 @@ struct GroupConfig {
   // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
   // room by evicting; a batch that does not fit is then refused by the engine's free-space
   // check, on every rank.
-  std::function<void(const std::string& dir, bool may_evict)> before_batch;
+  // slice: the part of dir's small files the batch takes (the engine's scan, with the limits).
+  std::function<void(const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict)>
+      before_batch;
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
       after_batch;
   // The coordinator announces batches nested in a running single-file transfer (needs the
@@ -109,6 +107,15 @@ struct GroupConfig {
   // subdirectories of their parent are staged in the background, behind every request
   // (source readers without list_dirs() never do; only the coordinator's setting counts).
   bool prefetch_siblings = true;
+  // Bounded batches (coordinator.h, Slices): one batch stages at most this many small files
+  // and bytes (0: no limit); a larger directory goes in several slices, other requests
+  // between them. The source rank's (coordinator's) settings count.
+  uint64_t batch_max_files = 4096;
+  uint64_t batch_max_bytes = uint64_t{256} << 20;
+  // Walk budget: at most this many subdirectories of one walked parent are prefetched, and
+  // their prefetched slices list at most this many bytes of small files (0: no limit).
+  size_t walk_max_dirs = 64;
+  uint64_t walk_max_bytes = uint64_t{1} << 30;
 };
 
 struct GroupStats {
@@ -121,6 +128,8 @@ struct GroupStats {
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
+  uint64_t prefetch_queued =
+      0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   uint64_t waiting = 0;        // files this node waits for
   uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers
@@ -142,10 +151,11 @@ class GroupService final : public Materializer {
 
   // Calls done when a transfer of `rel` finished on this node (the caller then opens and
   // checks the cache) or failed, timed out, or the group shut down.
-  void materialize_async(const std::string& rel, Done done) override;
-  // rel is small: one batch for its directory (or alone when batches are off).
-  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override;
-  void materialize_live_async(const std::string& rel, Done done, Early early) override;
+  void materialize_async(const std::string& rel, const Want& want, Done done) override;
+  // rel is small: one batch for its directory, a slice that begins with rel (or alone when
+  // batches are off).
+  void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override;
+  void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) override;
   [[nodiscard]] uint64_t epoch() const override;
   [[nodiscard]] bool batch_running(const std::string& rel) const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
@@ -160,13 +170,15 @@ class GroupService final : public Materializer {
  private:
   struct Waiter {
     Clock::time_point requested;
+    Message ask;  // the request it sent (sent again if a prefetch it attached to was skipped)
     std::vector<Done> callbacks;
     std::vector<std::pair<Early, Done>> early;  // answered by early() once the copy runs here
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
-  void wait_for(Key key, Done done, uint64_t since = UINT64_MAX, Early early = {});
+  // ask: the request to send if this is the node's first wait for its key.
+  void wait_for(Message ask, Done done, uint64_t since = UINT64_MAX, Early early = {});
   void live_started(const std::string& rel);  // MPI thread, from the LiveFile
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
@@ -190,9 +202,9 @@ class GroupService final : public Materializer {
   void expand_walks();                  // coordinator's node: walks into prefetched batches
   stage::Status control_failed(const stage::Error& e, const char* what = "control plane");
   void complete(const Key& key, const stage::Status& st);
-  // Queues this node's request for key (m_ held): a first open, or opens whose batch was
-  // skipped asking again.
-  void ask_locked(const Key& key);
+  // Queues this node's request (m_ held): a first open, or opens whose batch was skipped
+  // asking again.
+  void ask_locked(const Message& ask);
   Ready fail_all_locked(const stage::Error& e);
   static void run_ready(Ready& r);
   void watchdog();
@@ -208,7 +220,7 @@ class GroupService final : public Materializer {
   mutable std::mutex m_;
   std::condition_variable service_cv_;
   std::map<Key, std::shared_ptr<Waiter>> waits_;
-  std::deque<Key> outbox_;  // requests not yet handed to the control plane
+  std::deque<Message> outbox_;  // requests not yet handed to the control plane
   uint64_t epoch_ = 0;      // completed transfers
   // The epoch at which each directory's latest batch succeeded on this node.
   std::map<std::string, uint64_t> batch_done_;
@@ -238,6 +250,9 @@ class GroupService final : public Materializer {
   std::deque<Message> deferred_;
   std::vector<Key> running_;  // the keys of the transfers running here (outer, nested)
   uint64_t marked_ = 0;  // source rank: the latest nested batch it put a mark in the stream for
+  // Coordinator's node: slices that left names out (announcement, first name left out), for
+  // the Coordinator once the requests that arrived meanwhile are in (coordinate()).
+  std::vector<std::pair<Message, std::string>> continuations_;
 };
 
 }  // namespace stagefs

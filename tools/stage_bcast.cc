@@ -23,6 +23,7 @@
 #include "bcast/mpi_start.h"
 #include "bcast/paths.h"
 #include "tools/report.h"
+#include "tools/help_format.h"
 
 namespace {
 
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
       "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
       "that reads longer than its size fails the copy (1); nothing is published.",
       "stage-bcast"};
+  stagetools::use_help_format(app);
   app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
   app.add_option("--source", c.source,
                  "file (or directory, with --recursive) on shared storage; not on /proc, /sys or "

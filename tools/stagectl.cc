@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bcast/text.h"
+#include "tools/help_format.h"
 
 namespace {
 
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
       "read, evict what they own (root: anything), and the cache stays private.\n"
       "Exit status: 0 done, 1 a request failed (or no stagefs mounted there), 2 usage.",
       "stagectl"};
+  stagetools::use_help_format(app);
   app.set_version_flag("--version", std::string("stagectl ") + STAGEFS_VERSION);
   bool as_json = false, no_wait = false;
   std::string mnt;

@@ -12,6 +12,7 @@
 #include "bcast/pipeline.h"
 #include "fusefs/daemon.h"
 #include "fusefs/log.h"
+#include "tools/help_format.h"
 
 namespace {
 
@@ -38,8 +39,9 @@ CLI::Validator seconds(double lo, double hi) {
 
 int main(int argc, char** argv) {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc", read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
-      small_file_size = "1M", wait_for;
+  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc",
+              read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
+              small_file_size = "1M", batch_max_bytes = "256M", prefetch_max_bytes = "1G", wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false, debug_fuse = false;
   CLI::App app{
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
       "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
       "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).",
       "stagefs"};
+  stagetools::use_help_format(app);
   app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
@@ -139,6 +142,22 @@ int main(int argc, char** argv) {
                  "rank 0 counts). off: only what opens ask for")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--batch-max-files", cfg.batch_max_files,
+                 "a batch stages at most this many small files: a larger directory goes in several "
+                 "batches, the opened file's first, and other users' opens are served between them "
+                 "(only the setting of rank 0 counts). 0: no limit")
+      ->capture_default_str();
+  app.add_option("--batch-max-bytes", batch_max_bytes,
+                 "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit")
+      ->capture_default_str();
+  app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
+                 "--prefetch-siblings stages at most this many subdirectories of a walked parent "
+                 "(rank 0's setting). 0: no limit")
+      ->capture_default_str();
+  app.add_option("--prefetch-max-bytes", prefetch_max_bytes,
+                 "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
+                 "walked parent; what is left waits for its opens (rank 0's setting). 0: no limit")
+      ->capture_default_str();
   app.add_option("--small-file-size", small_file_size,
                  "files of at most this size (bytes with K/M/G) are staged by directory: the first "
                  "open of one copies every small file of its directory (not subdirectories) in one "
@@ -212,6 +231,12 @@ int main(int argc, char** argv) {
   if (!small) return usage("--small-file-size: not a size: '" + small_file_size + "'");
   if (*small > (1ULL << 30)) return usage("--small-file-size: at most 1G: '" + small_file_size + "'");
   cfg.small_file_size = *small;
+  const auto bmb = stage::parse_size(batch_max_bytes);
+  if (!bmb) return usage("--batch-max-bytes: not a size: '" + batch_max_bytes + "'");
+  cfg.batch_max_bytes = *bmb;
+  const auto pmb = stage::parse_size(prefetch_max_bytes);
+  if (!pmb) return usage("--prefetch-max-bytes: not a size: '" + prefetch_max_bytes + "'");
+  cfg.prefetch_max_bytes = *pmb;
   cfg.bcast_algorithm = *stage::parse_bcast_algorithm(bcast_algorithm);  // checked by CLI11 above
   cfg.direct_io = direct_io == "auto";
   cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;

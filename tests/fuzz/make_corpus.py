@@ -6,9 +6,9 @@ import os, struct, sys
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
 
-def msg(t, ident, path):
-    p = path.encode()
-    return struct.pack("<IBQI", 0x53544643, t, ident, len(p)) + p
+def msg(t, ident, path, uid=0, flags=0, frm="", until=""):
+    p, f, u = path.encode(), frm.encode(), until.encode()
+    return struct.pack("<IBQIIBHH", 0x53544643, t, ident, len(p), uid, flags, len(f), len(u)) + p + f + u
 
 def entry(path, typ, size, target=b""):
     p = path.encode()
@@ -21,6 +21,7 @@ def manifest(tree, entries):
 seeds = {
     "req": msg(1, 0, "images/pytorch.sqsh"),
     "shutdown": msg(2, 7, ""),
+    "batch_slice": msg(3, 4, "data/train", uid=1000, flags=1, frm="f00017", until="f04113"),
     "single": manifest(False, [entry("", 1, 123)]),
     "tree": manifest(True, [entry("", 2, 0), entry("a", 2, 0), entry("a/f", 1, 10), entry("l", 3, 0, b"a/f")]),
 }

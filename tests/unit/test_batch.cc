@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
@@ -21,11 +22,11 @@
 
 #include "bcast/comm.h"
 #include "bcast/store.h"
+#include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
-#include "fakes.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -51,9 +52,10 @@ class ChangingSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return real_.scan(p, rec, skip);
   }
-  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max) override {
+  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
+                                                    const stage::SmallFilesSlice& slice) override {
     ++scans;
-    return real_.scan_small_files(dir, max);
+    return real_.scan_small_files(dir, max, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
     auto f = real_.open(root, e);
@@ -530,10 +532,12 @@ TEST_F(BatchTest, AFileThatFailsEveryCopyDoesNotFailItsNeighbours) {
 class ChangeFirst final : public Materializer {
  public:
   ChangeFirst(Materializer& inner, std::string path) : inner_(inner), path_(std::move(path)) {}
-  void materialize_async(const std::string& rel, Done done) override { inner_.materialize_async(rel, std::move(done)); }
-  void materialize_small_async(const std::string& rel, uint64_t since, Done done) override {
+  void materialize_async(const std::string& rel, const Want& want, Done done) override {
+    inner_.materialize_async(rel, want, std::move(done));
+  }
+  void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override {
     rewrite(path_, "changed");
-    inner_.materialize_small_async(rel, since, std::move(done));
+    inner_.materialize_small_async(rel, since, want, std::move(done));
   }
 
  private:
@@ -615,7 +619,7 @@ TEST_F(BatchTest, ABatchThatCompletedAfterTheCacheLookAnswersWithoutANewTransfer
   auto ask = [&](const std::string& rel, uint64_t since) {
     std::promise<stage::Status> p;
     auto f = p.get_future();
-    group.materialize_small_async(rel, since, [&p](stage::Status st) { p.set_value(std::move(st)); });
+    group.materialize_small_async(rel, since, {}, [&p](stage::Status st) { p.set_value(std::move(st)); });
     return f.get();
   };
   ASSERT_TRUE(ask("many/" + name(1), before).ok());
@@ -795,7 +799,7 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::mutex m;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, bool may_evict) {
+  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
@@ -847,10 +851,11 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   std::promise<stage::Status> attached;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, bool may_evict) {
+  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
-    if (!may_evict) g->materialize_small_async(dir + "/f", 0, [&](stage::Status st) { attached.set_value(st); });
+    if (!may_evict)
+      g->materialize_small_async(dir + "/f", 0, {}, [&](stage::Status st) { attached.set_value(st); });
   };
   GroupService group(comm, ctl, *source_, store, cfg);
   g = &group;
@@ -896,11 +901,11 @@ TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
 // waits for the batch, instead of reading it back for its CRC as a copy from an earlier mount.
 class Publishing final : public Materializer {
  public:
-  void materialize_async(const std::string& rel, Done done) override {
+  void materialize_async(const std::string& rel, const Want&, Done done) override {
     ADD_FAILURE() << "a transfer of " << rel << " alone";
     done(stage::sys_error(EIO, "unexpected"));
   }
-  void materialize_small_async(const std::string& rel, uint64_t, Done done) override {
+  void materialize_small_async(const std::string& rel, uint64_t, const Want&, Done done) override {
     asked = rel;
     pending = std::move(done);
     called.set_value();  // publishes asked and pending to the test's thread
@@ -984,7 +989,7 @@ TEST_F(BatchTest, AnOldIdKeepsTheSizeAndTimesOfItsVersion) {
 // before_crc_check hook, so nothing depends on timing.
 class NoCopies final : public Materializer {
  public:
-  void materialize_async(const std::string& rel, Done done) override {
+  void materialize_async(const std::string& rel, const Want&, Done done) override {
     asked.push_back(rel);  // the completion pool's one thread
     done(stage::sys_error(EIO, "no copies in this test", rel));
   }
@@ -1203,6 +1208,160 @@ TEST_F(BatchTest, AnUnreadableCopySendsItsWaitersToANewCopy) {
   EXPECT_EQ(core_->counters().verified.load(), 0U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the unreadable copy was left in the cache";
+}
+
+// Bounded batches and fairness between users. Names that sort as numbers.
+std::string huge_name(int i) {
+  std::string n = std::to_string(i);
+  return "h" + std::string(4 - n.size(), '0') + n;
+}
+
+// The mount's source reader, counting the small files its batch scans listed (checked with
+// a stat): what each batch costs on the source and in every node's decision.
+class CountingScans final : public stage::SourceReader {
+ public:
+  explicit CountingScans(BeneathSource& real) : real_(real) {}
+  stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
+    return real_.scan(p, rec, skip);
+  }
+  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
+                                                    const stage::SmallFilesSlice& slice) override {
+    auto r = real_.scan_small_files(dir, max, slice);
+    if (r) listed += r->manifest.entries.size() - 1;  // the directory's own entry left out
+    return r;
+  }
+  stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override {
+    return real_.list_dirs(dir, max);
+  }
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
+                                                         const stage::Entry& e) override {
+    return real_.open(root, e);
+  }
+  std::atomic<uint64_t> listed{0};
+
+ private:
+  BeneathSource& real_;
+};
+
+// One user's open of a file in a directory of 1,000 small files, with batches of at most 100
+// files: ten slices, the opened file in the first; another user's open that asked during the
+// first slice is served right after it, before the other nine.
+TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBetween) {
+  constexpr int kFiles = 1000;
+  fs::create_directories(path("src/huge"));
+  for (int i = 0; i < kFiles; ++i) write_file(path("src/huge/" + huge_name(i)), std::string(100, 'a'));
+  std::vector<std::string> order;  // the service thread's, read after the mount's end
+  std::promise<stage::Status> other;
+  GroupService* g = nullptr;
+  auto cfg = config();
+  cfg.batch_max_files = 100;
+  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool) {
+    order.push_back("batch " + dir);
+    if (order.size() == 1)  // another user's open while the first slice runs
+      g->materialize_async("many/large.bin", Want{2000, false},
+                           [&](stage::Status st) { other.set_value(st); });
+  };
+  cfg.before_transfer = [&](const std::string& rel) {
+    order.push_back("file " + rel);
+    return stage::Status{};
+  };
+  BatchEnds ends;
+  ends.count_in(cfg);
+  Mount mount(*this, *source_, cfg);
+  g = &mount.group;
+  make_core(mount.group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "huge");
+  auto r = core_->open(lookup(dir, huge_name(567)), O_RDONLY, Caller{1000, 1000, {}});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(read_fd(r->fd.get()), std::string(100, 'a'));
+  core_->release(r->pinned);
+  auto done = other.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_TRUE(done.get().ok());
+  ASSERT_TRUE(ends.wait_for(10));
+  mount.end();
+  ASSERT_EQ(order.size(), 11U);
+  EXPECT_EQ(order[0], "batch huge");
+  EXPECT_EQ(order[1], "file many/large.bin");
+  EXPECT_EQ(std::count(order.begin(), order.end(), "batch huge"), 10);
+  const auto s = mount.group.stats();
+  EXPECT_EQ(s.batches, 10U);
+  EXPECT_EQ(s.batch_files, static_cast<uint64_t>(kFiles));
+  for (int i = 0; i < kFiles; i += 97) EXPECT_TRUE(fs::exists(path("cache/data/huge/" + huge_name(i)))) << i;
+  EXPECT_TRUE(fs::exists(path("cache/data/huge/" + huge_name(kFiles - 1))));
+}
+
+// A new file in a big directory already staged costs a slice around it, and one more that
+// finds nothing to copy: not a check of every name of the directory.
+TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
+  constexpr int kFiles = 1000;
+  fs::create_directories(path("src/huge"));
+  for (int i = 0; i < kFiles; ++i) write_file(path("src/huge/" + huge_name(i)), std::string(100, 'b'));
+  CountingScans counting(*source_);
+  auto cfg = config();
+  cfg.batch_max_files = 100;
+  BatchEnds ends;
+  ends.count_in(cfg);
+  Mount mount(*this, counting, cfg);
+  make_core(mount.group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "huge");
+  EXPECT_EQ(open_and_read(lookup(dir, huge_name(0))), std::string(100, 'b'));
+  ASSERT_TRUE(ends.wait_for(10));  // the whole directory, in ten slices
+  // ... and completed (the group counts a batch done after its after_batch hook): an open
+  // that looked into the cache before that would be answered by it and go alone.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (mount.group.epoch() < 10 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(mount.group.epoch(), 10U);
+  EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles));
+  write_file(path("src/huge/h9999"), "new");
+  EXPECT_EQ(open_and_read(lookup(dir, "h9999")), "new");
+  ASSERT_TRUE(ends.wait_for(12));
+  mount.end();
+  EXPECT_EQ(mount.group.stats().batches, 12U);  // the new file's slice, then one with nothing new
+  EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles) + 200U);
+}
+
+// A walk prefetches at most walk_max_dirs subdirectories of its parent.
+TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e", "w/f"}) small_dir(d, {"f0", "f1"});
+  auto cfg = config();
+  cfg.walk_max_dirs = 2;
+  Mount mount(*this, *source_, cfg);
+  make_core(mount.group);
+  const uint64_t w = lookup(StageFsCore::kRootId, "w");
+  for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), "f1")), small_[1]) << d;
+  mount.end();
+  const auto s = mount.group.stats();
+  EXPECT_EQ(s.walks, 1U);
+  EXPECT_EQ(s.prefetch_queued, 2U);
+}
+
+// Forty names of one file (hard links) prefetched at once, as `stagectl prefetch` of their
+// directory asks: one transfer; each name's open then reads that one copy.
+TEST_F(BatchTest, FortyNamesOfOneFileCostOneTransfer) {
+  fs::create_directories(path("src/links"));
+  write_file(path("src/links/" + name(0)), large_);  // not small: a transfer of its own
+  for (int i = 1; i < 40; ++i)
+    fs::create_hard_link(path("src/links/" + name(0)), path("src/links/" + name(i)));
+  Mount mount(*this, *source_, config());
+  make_core(mount.group);
+  const uint64_t d = lookup(StageFsCore::kRootId, "links");
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(lookup(d, name(i)));
+  std::vector<std::promise<stage::Status>> done(40);
+  for (size_t i = 0; i < ids.size(); ++i)
+    core_->prefetch_async(ids[i], Caller{1000, 1000, {}},
+                          [&done, i](stage::Status st) { done[i].set_value(st); });
+  for (auto& p : done) {
+    auto f = p.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const stage::Status st = f.get();
+    EXPECT_TRUE(st.ok()) << st.error().message;
+  }
+  for (uint64_t id : ids) EXPECT_EQ(open_and_read(id), large_);
+  mount.end();
+  EXPECT_EQ(mount.group.stats().transfers, 1U);
 }
 
 }  // namespace

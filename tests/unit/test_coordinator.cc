@@ -718,5 +718,156 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
   EXPECT_GT(dropped, 5U);
 }
 
+// Fairness: the direct Coordinator, one rank. A request of uid `uid`, as a node sends it.
+Message user_req(uint32_t uid, const std::string& path, MsgType type = MsgType::materialize,
+                 uint8_t flags = 0, const std::string& from = {}) {
+  return Message{type, 0, path, uid, flags, from, {}};
+}
+// Announces what the coordinator decides next, runs it at once on its node, and returns it.
+std::optional<Message> run_next(Coordinator& c) {
+  auto m = c.next_announcement();
+  if (!m) return m;
+  c.on_announced(*m);
+  c.on_started(*m);
+  c.on_finished(*m);
+  return m;
+}
+
+// One user's backlog (a prefetch of hundreds of names) delays another user's open by the one
+// transfer announced before it arrived: the uids take turns, each uid's requests in order.
+TEST(FairQueueTest, AnotherUsersOpenIsServedBeforeTheRestOfOneUsersBacklog) {
+  Coordinator c;
+  for (int i = 0; i < 200; ++i) c.on_request(user_req(1000, "big/f" + std::to_string(i)));
+  auto first = run_next(c);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->path, "big/f0");
+  c.on_request(user_req(2000, "other"));
+  c.on_request(user_req(2000, "other2"));
+  std::vector<std::string> order;
+  while (auto m = run_next(c)) order.push_back(m->path);
+  ASSERT_EQ(order.size(), 201U);
+  EXPECT_EQ(order[0], "big/f1");  // 1000's turn had come before 2000 asked
+  EXPECT_EQ(order[1], "other");
+  EXPECT_EQ(order[2], "big/f2");
+  EXPECT_EQ(order[3], "other2");
+  // Within a uid: first come, first served.
+  for (size_t i = 4; i < order.size(); ++i) EXPECT_EQ(order[i], "big/f" + std::to_string(i - 1));
+}
+
+// The turn order is by uid, not by key: a batch asked for by one user and merged with another
+// user's request keeps its first place; three users alternate.
+TEST(FairQueueTest, ThreeUsersTakeTurnsAndAMergedRequestKeepsItsPlace) {
+  Coordinator c;
+  for (int i = 0; i < 3; ++i) c.on_request(user_req(1, "a" + std::to_string(i)));
+  for (int i = 0; i < 3; ++i) c.on_request(user_req(2, "b" + std::to_string(i)));
+  c.on_request(user_req(3, "c0"));
+  c.on_request(user_req(3, "a2"));  // merged into uid 1's
+  std::vector<std::string> order;
+  while (auto m = run_next(c)) order.push_back(m->path);
+  EXPECT_EQ(order, (std::vector<std::string>{"a0", "b0", "c0", "a1", "b1", "a2", "b2"}));
+  EXPECT_EQ(c.stats().merged, 1U);
+}
+
+// A background request (stagectl prefetch) waits behind every request, whatever its uid; an
+// open of the same file promotes it.
+TEST(FairQueueTest, BackgroundRequestsRunBehindOpensAndAnOpenPromotesOne) {
+  Coordinator c;
+  for (int i = 0; i < 5; ++i)
+    c.on_request(user_req(1000, "p" + std::to_string(i), MsgType::materialize, kBackground));
+  c.on_request(user_req(2000, "open1"));
+  c.on_request(user_req(2000, "p3"));  // an open of a prefetched file
+  c.on_request(user_req(3000, "open2"));
+  std::vector<std::string> order;
+  while (auto m = run_next(c)) order.push_back(m->path);
+  EXPECT_EQ(order, (std::vector<std::string>{"open1", "open2", "p3", "p0", "p1", "p2", "p4"}));
+  EXPECT_EQ(c.stats().promoted, 1U);
+}
+
+// Bounded batches: a slice that left names out queues the rest of its range behind the
+// requests of other users that arrived meanwhile; the ranges chain round the directory back
+// to where the first slice began, and end when a slice leaves nothing out.
+TEST(FairQueueTest, TheNextSliceQueuesBehindOtherUsersAndCoversTheRestOfTheCircle) {
+  Coordinator c;
+  c.on_request(user_req(1000, "huge", MsgType::batch, 0, "f500"));
+  auto s1 = run_next(c);
+  ASSERT_TRUE(s1);
+  EXPECT_EQ(*s1, (Message{MsgType::batch, 1, "huge", 1000, 0, "f500", ""}));
+  c.on_request(user_req(2000, "other"));
+  c.continue_batch(*s1, "f700");
+  auto o = run_next(c);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->path, "other");
+  auto s2 = run_next(c);
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(*s2, (Message{MsgType::batch, 3, "huge", 1000, 0, "f700", "f500"}));  // round to f500
+  c.continue_batch(*s2, "f100");  // wrapped past the last name
+  auto s3 = run_next(c);
+  ASSERT_TRUE(s3);
+  EXPECT_EQ(*s3, (Message{MsgType::batch, 4, "huge", 1000, 0, "f100", "f500"}));
+  c.continue_batch(*s3, "");  // nothing left out: the end
+  EXPECT_FALSE(c.next_announcement());
+  // A directory staged from its first name: the rest runs to the last name, not round again.
+  c.on_request(user_req(1000, "d", MsgType::batch));
+  auto t1 = run_next(c);
+  ASSERT_TRUE(t1);
+  c.continue_batch(*t1, "g");
+  auto t2 = run_next(c);
+  ASSERT_TRUE(t2);
+  EXPECT_EQ(*t2, (Message{MsgType::batch, 6, "d", 1000, kToEnd, "g", ""}));
+  c.continue_batch(*t2, "k");
+  auto t3 = run_next(c);
+  ASSERT_TRUE(t3);
+  EXPECT_EQ(*t3, (Message{MsgType::batch, 7, "d", 1000, kToEnd, "k", ""}));
+  EXPECT_EQ(c.stats().continued, 4U);
+}
+
+// Walk budget: once one walk's prefetched slices listed its bytes, its queued prefetches go;
+// another walk's and the requests stay.
+TEST(FairQueueTest, AWalkOverItsByteBudgetDropsItsOwnPrefetchesOnly) {
+  Coordinator c;
+  c.set_walks(true);
+  c.set_walk_bytes(1000);
+  c.on_request(user_req(1, "w/a", MsgType::batch));
+  c.on_request(user_req(1, "w/b", MsgType::batch));
+  c.on_request(user_req(1, "v/a", MsgType::batch));
+  c.on_request(user_req(1, "v/b", MsgType::batch));
+  ASSERT_EQ(c.take_walks(), (std::vector<std::string>{"w", "v"}));
+  for (const char* d : {"w/c", "w/d", "w/e", "v/c", "v/d"}) c.prefetch(d);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(run_next(c));  // the four asked for
+  auto p = run_next(c);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, (Message{MsgType::batch_prefetch, 5, "w/c"}));
+  c.prefetch_ran("w/c", 600);
+  auto q = run_next(c);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->path, "w/d");
+  c.prefetch_ran("w/d", 600);  // 1200 > 1000: w/e goes
+  c.continue_batch(*q, "n");   // nor is the rest of w/d queued
+  std::vector<std::string> rest;
+  while (auto m = run_next(c)) rest.push_back(m->path);
+  EXPECT_EQ(rest, (std::vector<std::string>{"v/c", "v/d"}));
+  EXPECT_EQ(c.stats().prefetch_dropped, 1U);
+}
+
+TEST(ControlMessageTest, UidsFlagsAndSlicesRoundTripAndBadSlicesAreRefused) {
+  for (const Message& m : {Message{MsgType::batch, 7, "d/e", 1000, kBackground, "f1", "f9"},
+                           Message{MsgType::batch_prefetch, 8, "", 0, kToEnd, "x", ""},
+                           Message{MsgType::materialize, 9, "a/b", 4294967295U, kBackground, "", ""}}) {
+    const std::string bytes = encode_message(m);
+    auto back = decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())));
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(*back, m);
+  }
+  for (const Message& bad :
+       {Message{MsgType::batch, 1, "d", 0, 0, "a/b", ""}, Message{MsgType::batch, 1, "d", 0, 0, "..", ""},
+        Message{MsgType::batch, 1, "d", 0, 0, "", std::string(256, 'x')},
+        Message{MsgType::materialize, 1, "f", 0, 0, "x", ""},
+        Message{MsgType::batch, 1, "d", 0, 4, "", ""}}) {
+    const std::string bytes = encode_message(bad);
+    EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size()))))
+        << bad.from << bad.until;
+  }
+}
+
 }  // namespace
 }  // namespace stagefs

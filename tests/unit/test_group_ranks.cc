@@ -72,8 +72,9 @@ class GatedSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return in_.scan(p, rec, skip);
   }
-  stage::Result<stage::Manifest> scan_small_files(const std::string& dir, uint64_t max_size) override {
-    return in_.scan_small_files(dir, max_size);
+  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
+                                                    const stage::SmallFilesSlice& slice) override {
+    return in_.scan_small_files(dir, max_size, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
     auto f = in_.open(root, e);
@@ -220,7 +221,7 @@ TEST_F(GroupRanksTest, EveryRankGetsEveryFileFromOneTransferEach) {
   Outcomes first;
   for (auto& k : ranks_)
     for (const auto& f : files_)
-      for (int i = 0; i < 2; ++i) k.group->materialize_async(f, first.add());
+      for (int i = 0; i < 2; ++i) k.group->materialize_async(f, {}, first.add());
   start();
   ASSERT_TRUE(first.wait()) << "opens not answered";
   EXPECT_TRUE(first.errors().empty()) << first.errors().front();
@@ -264,7 +265,8 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   Outcomes opens;
   for (int r = 0; r < kRanks; ++r)
     for (int i = r; i < 50; i += kRanks)
-      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, opens.add());
+      ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(i), 0, {},
+                                                                    opens.add());
   start();
   ASSERT_TRUE(opens.wait()) << "opens not answered";
   EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
@@ -285,7 +287,7 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   for (auto& k : ranks_)
     openers.emplace_back([&k] {
       Outcomes again;
-      k.group->materialize_small_async("many/s1", k.group->epoch(), again.add());
+      k.group->materialize_small_async("many/s1", k.group->epoch(), {}, again.add());
       EXPECT_TRUE(again.wait());
       EXPECT_TRUE(again.errors().empty());
     });
@@ -313,12 +315,13 @@ TEST_F(GroupRanksTest, ABatchRunsNestedWhileALargeTransferWaitsForItsSource) {
   gate_.arm(1 << 20);
   start();
   Outcomes large;
-  ranks_[1].group->materialize_async("big", large.add());
+  ranks_[1].group->materialize_async("big", {}, large.add());
   ASSERT_TRUE(gate_.wait_reached()) << "the large transfer never reached the gate";
   Outcomes opens;  // rank 3 asks first; every rank waits for its answer (its stats are then final)
-  ranks_[3].group->materialize_small_async("many/s3", 0, opens.add());
+  ranks_[3].group->materialize_small_async("many/s3", 0, {}, opens.add());
   for (int r = 0; r < 3; ++r)
-    ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(r), 0, opens.add());
+    ranks_[static_cast<size_t>(r)].group->materialize_small_async("many/s" + std::to_string(r), 0, {},
+                                                                  opens.add());
   ASSERT_TRUE(opens.wait()) << "the batch waited behind the large transfer";
   EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
   for (int r = 0; r < kRanks; ++r) {
@@ -356,11 +359,11 @@ TEST_F(GroupRanksTest, AnOpenDuringItsFilesTransferDoesNotAskAgain) {
   gate_.arm(1 << 20);
   start();
   Outcomes first;
-  ranks_[1].group->materialize_async("big", first.add());
+  ranks_[1].group->materialize_async("big", {}, first.add());
   ASSERT_TRUE(gate_.wait_reached()) << "the transfer never reached the gate";
   Outcomes later;
-  ranks_[2].group->materialize_async("big", later.add());
-  ranks_[2].group->materialize_async("a", later.add());
+  ranks_[2].group->materialize_async("big", {}, later.add());
+  ranks_[2].group->materialize_async("a", {}, later.add());
   gate_.release();
   ASSERT_TRUE(first.wait());
   ASSERT_TRUE(later.wait());
@@ -376,7 +379,8 @@ TEST_F(GroupRanksTest, AnOpenDuringItsFilesTransferDoesNotAskAgain) {
 TEST_F(GroupRanksTest, AShutdownRacingWithOpensAnswersEveryOpenOnce) {
   Outcomes opens;
   ranks_[3].group->request_shutdown();
-  for (int r = 0; r < 3; ++r) ranks_[static_cast<size_t>(r)].group->materialize_async("dir/c", opens.add());
+  for (int r = 0; r < 3; ++r)
+    ranks_[static_cast<size_t>(r)].group->materialize_async("dir/c", {}, opens.add());
   EXPECT_EQ(ranks_[3].group->materialize("dir/c").error().to_errno(), ESHUTDOWN);
   start();
   for (auto& k : ranks_) k.service.join();

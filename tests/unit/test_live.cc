@@ -182,10 +182,10 @@ class EarlyMaterializer final : public Materializer {
  public:
   EarlyMaterializer(stage::LocalStore& store, std::string temp, stage::FileMeta meta)
       : store_(store), temp_(std::move(temp)), meta_(meta) {}
-  void materialize_async(const std::string& rel, Done done) override {
+  void materialize_async(const std::string& rel, const Want&, Done done) override {
     done(stage::sys_error(EIO, "not in this test", rel));
   }
-  void materialize_live_async(const std::string& rel, Done done, Early early) override {
+  void materialize_live_async(const std::string& rel, const Want&, Done done, Early early) override {
     auto t = store_.begin(temp_);
     if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
     txn_ = std::move(t.value());

@@ -133,7 +133,7 @@ TEST(XattrCacheTest, ErrorsAndLargeValuesAreNotKept) {
 
 class NoMaterializer final : public Materializer {
  public:
-  void materialize_async(const std::string& rel, Done done) override {
+  void materialize_async(const std::string& rel, const Want&, Done done) override {
     done(stage::sys_error(EIO, "no group in this test", rel));
   }
 };
