@@ -101,10 +101,12 @@ Manifest sample_tree() {
 }
 
 TEST(Manifest, RoundTrip) {
-  const Manifest m = sample_tree();
+  Manifest m = sample_tree();
+  m.chunk_size = 4 * kMiB;
   const std::string wire = encode(m);
   auto back = decode(std::as_bytes(std::span(wire.data(), wire.size())));
   ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->chunk_size, 4 * kMiB);  // the source rank's, for every rank
   ASSERT_EQ(back->entries.size(), m.entries.size());
   EXPECT_EQ(back->entries[2].meta, m.entries[2].meta);
   EXPECT_EQ(back->entries[3].link_target, "a/f");
@@ -119,6 +121,11 @@ TEST(Manifest, RejectsUnsafeOrMalformed) {
     Manifest m = sample_tree();
     m.entries[2].path = bad;
     EXPECT_FALSE(decode_str(encode(m))) << bad;
+  }
+  for (uint64_t chunk : {uint64_t{0}, uint64_t{100}, kMaxChunk + 1}) {
+    Manifest m = sample_tree();
+    m.chunk_size = chunk;
+    EXPECT_FALSE(decode_str(encode(m))) << "chunk size " << chunk;
   }
   Manifest m = sample_tree();
   m.entries.push_back({"link/escape", EntryType::file, {1, 0, 0, 0, 0, 0644}, {}});  // under a symlink
