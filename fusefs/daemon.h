@@ -78,13 +78,15 @@ int run_daemon(DaemonConfig cfg, int* argc, char*** argv);
 // `stagefs --wait MOUNTPOINT`: returns 0 once every node of the group has mounted.
 int wait_ready(const std::string& mountpoint, double timeout_s);
 
-// Checks the configuration before anything is mounted; an explanation, or empty.
-std::string validate_config(DaemonConfig& cfg);
-// The part of validate_config that is a usage error (exit status 2): the three paths made
+// The configuration is checked before anything is mounted, in two steps that each return an
+// explanation, or empty. First the usage errors (exit status 2): the three paths made
 // absolute with symlinks resolved (cfg is updated), then refused when one lies inside another
 // (MOUNTPOINT in SOURCE_DIR or in --cache, --cache in SOURCE_DIR or MOUNTPOINT, SOURCE_DIR in
 // --cache, SOURCE_DIR = MOUNTPOINT) or SOURCE_DIR is on a pseudo filesystem (/proc, /sys...).
 // The message names both paths.
 std::string check_paths(DaemonConfig& cfg);
+// Then, on the paths check_paths made absolute: SOURCE_DIR is a directory, the stall timeout
+// is positive, the mount point can be mounted on (check_mountpoint).
+std::string check_source_and_mount(const DaemonConfig& cfg);
 
 }  // namespace stagefs
