@@ -27,6 +27,11 @@
 
 namespace stagefs {
 
+// The largest --small-file-size: a batch's files share one stream and its buffers.
+inline constexpr uint64_t kMaxSmallFileSize = uint64_t{1} << 30;
+
+// The daemon's settings, one member per stagefs option: the values here are the defaults
+// (tools/stagefs.cc shows them in --help).
 struct DaemonConfig {
   std::string source_dir;
   std::string mountpoint;
@@ -46,7 +51,7 @@ struct DaemonConfig {
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
   // --small-file-size: files of at most this many bytes are staged with every other small
   // file of their directory in one transfer (0: every file alone).
-  uint64_t small_file_size = 1024 * 1024;
+  uint64_t small_file_size = stage::kMiB;  // at most kMaxSmallFileSize
   // --read-during-copy: an open of a file being copied returns once its transfer runs here;
   // reads wait for their chunks only (and ask for them first).
   bool read_during_copy = true;

@@ -44,6 +44,18 @@ TEST(Chunk, Overlap) {
   EXPECT_EQ(overlap(3, 2, 0, 100).length, 2U);
 }
 
+// How --help shows a default size: the largest exact unit, read back to the same bytes.
+TEST(Chunk, SizeTextIsParseSizesInverse) {
+  EXPECT_EQ(size_text(16 * kMiB), "16M");
+  EXPECT_EQ(size_text(uint64_t{256} << 20), "256M");
+  EXPECT_EQ(size_text(1ULL << 30), "1G");
+  EXPECT_EQ(size_text(4096), "4K");
+  EXPECT_EQ(size_text(1000), "1000");
+  EXPECT_EQ(size_text(0), "0");
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, kMiB + 1, uint64_t{3} << 40, 5 * kMiB})
+    EXPECT_EQ(parse_size(size_text(n)), n) << n;
+}
+
 TEST(Chunk, ParseSize) {
   EXPECT_EQ(parse_size("4096"), 4096U);
   EXPECT_EQ(parse_size("16M"), 16U << 20);
