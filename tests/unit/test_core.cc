@@ -10,6 +10,7 @@
 #include "bcast/chunk.h"
 #include "bcast/crc.h"
 #include "bcast/engine.h"
+#include "bcast/job.h"
 #include "bcast/manifest.h"
 #include "bcast/stream.h"
 #include "fusefs/log.h"
@@ -54,6 +55,13 @@ TEST(Chunk, SizeTextIsParseSizesInverse) {
   EXPECT_EQ(size_text(0), "0");
   for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, kMiB + 1, uint64_t{3} << 40, 5 * kMiB})
     EXPECT_EQ(parse_size(size_text(n)), n) << n;
+}
+
+// stage-bcast's --dest pattern, per rank.
+TEST(BcastJob, ExpandsDestPattern) {
+  EXPECT_EQ(expand_dest("/t/node%n/img.%r", 5, 2, "h1"), "/t/node2/img.5");
+  EXPECT_EQ(expand_dest("/t/%h/100%%/%x%", 0, 0, "host"), "/t/host/100%/%x%");
+  EXPECT_EQ(expand_dest("plain", 1, 1, "h"), "plain");
 }
 
 TEST(Chunk, ParseSize) {
