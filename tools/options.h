@@ -24,12 +24,12 @@ inline CLI::Option* add_size(CLI::App& app, const std::string& name, uint64_t& t
   return app
       .add_option_function<std::string>(
           name,
-          [&target, name, check = std::move(check), malformed = std::move(malformed)](const std::string& text) {
+          [t = &target, name, check = std::move(check), malformed = std::move(malformed)](const std::string& text) {
             const auto n = stage::parse_size(text);
             if (!n) throw CLI::ValidationError(name, malformed + ": '" + text + "'");
             if (check)
               if (auto why = check(*n)) throw CLI::ValidationError(name, *why);
-            target = *n;
+            *t = *n;
           },
           desc)
       ->default_str(stage::size_text(target));
@@ -47,9 +47,9 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target, std::
   return app
       .add_option_function<std::string>(
           name,
-          [&target, words = std::move(words)](const std::string& text) {
+          [t = &target, words = std::move(words)](const std::string& text) {
             for (const auto& [word, value] : words)
-              if (word == text) target = value;
+              if (word == text) *t = value;
           },
           desc)
       ->check(CLI::IsMember(names))

@@ -16,29 +16,25 @@
 #include "tools/help_format.h"
 #include "tools/options.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+const char* const kAbout =
+    "Stage a file from shared storage onto every node's local disk: one rank reads the source,\n"
+    "the chunks travel by MPI broadcast, each node writes them to a temporary file, checks every\n"
+    "chunk's CRC-64, fsyncs and renames it into place. Nodes that already hold a valid copy write\n"
+    "nothing. Run one rank per node:  srun --mpi=pmix stage-bcast --source F --dest D\n"
+    "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage,\n"
+    "3 not every rank got through MPI start-up within --startup-timeout.\n"
+    "Refused as usage errors: a --dest that is a device, FIFO or socket (or a directory without\n"
+    "--recursive), a --source on a pseudo filesystem (/proc, /sys, ...: sizes there are not\n"
+    "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
+    "that reads longer than its size fails the copy (1); nothing is published.";
+
+// Declares the options on `job`; returns --source-rank's option (given or not).
+CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   using stage::Validate;
   using stagetools::add_choice;
-  // A reader of stdout or stderr that went away (`| head`, a log pipeline that ended) must not
-  // end this rank mid-broadcast (and with it the whole job's copy): writes then fail with
-  // EPIPE and the exit status stays the transfer's.
-  ::signal(SIGPIPE, SIG_IGN);
-  stage::BcastJob job;
   stage::StageOptions& opt = job.opt;
-  CLI::App app{
-      "Stage a file from shared storage onto every node's local disk: one rank reads the source,\n"
-      "the chunks travel by MPI broadcast, each node writes them to a temporary file, checks every\n"
-      "chunk's CRC-64, fsyncs and renames it into place. Nodes that already hold a valid copy write\n"
-      "nothing. Run one rank per node:  srun --mpi=pmix stage-bcast --source F --dest D\n"
-      "Exit status: 0 staged (or already there), 1 failed on some node (same on every rank), 2 usage,\n"
-      "3 not every rank got through MPI start-up within --startup-timeout.\n"
-      "Refused as usage errors: a --dest that is a device, FIFO or socket (or a directory without\n"
-      "--recursive), a --source on a pseudo filesystem (/proc, /sys, ...: sizes there are not\n"
-      "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
-      "that reads longer than its size fails the copy (1); nothing is published.",
-      "stage-bcast"};
-  stagetools::use_help_format(app);
-  app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
   app.add_option("--source", job.source,
                  "file (or directory, with --recursive) on shared storage; not on /proc, /sys or "
                  "another pseudo filesystem")
@@ -57,7 +53,7 @@ int main(int argc, char** argv) {
              "after writing: size, checksum (re-read each copy from disk and compare with the "
              "source's CRC), or none");
   app.add_flag("--overwrite", opt.overwrite, "copy even where a current copy exists");
-  auto* source_rank =
+  CLI::Option* source_rank =
       app.add_option("--source-rank", opt.root,
                      "rank that reads the source. Without it, when some node already holds a current copy "
                      "(by --pre-validate) of every file a node needs, that node's rank reads its own copy "
@@ -79,7 +75,7 @@ int main(int argc, char** argv) {
   stagetools::add_size(
       app, "--bcast-segment", opt.pipeline.segment,
       "chain/tree message size, 4K..64M (default 60K: under Open MPI's TCP eager limit)",
-      [&](uint64_t n) -> std::optional<std::string> {
+      [segment_range](uint64_t n) -> std::optional<std::string> {
         if (n >= 4096 && n <= 64 * stage::kMiB) return std::nullopt;
         return segment_range + ": '" + stage::size_text(n) + "'";
       },
@@ -89,7 +85,7 @@ int main(int argc, char** argv) {
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
          "--stall-timeout",
-         [&opt](double s) { opt.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
+         [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
       ->check(CLI::Range(0.0, 1e6))
@@ -108,6 +104,21 @@ int main(int argc, char** argv) {
                "treat every rank as its own node (tests; same as STAGE_RANKS_AS_NODES=1)");
   app.add_flag("--json", job.json, "print the report as JSON on stdout");
   app.add_flag("-v,--verbose", job.verbose, "log each node's decisions");
+  return source_rank;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A reader of stdout or stderr that went away (`| head`, a log pipeline that ended) must not
+  // end this rank mid-broadcast (and with it the whole job's copy): writes then fail with
+  // EPIPE and the exit status stays the transfer's.
+  ::signal(SIGPIPE, SIG_IGN);
+  stage::BcastJob job;
+  CLI::App app{kAbout, "stage-bcast"};
+  stagetools::use_help_format(app);
+  app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
+  CLI::Option* source_rank = add_options(app, job);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -122,6 +133,6 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return stage::bcast_usage_error(e.what());
   }
-  opt.seed_from_copies = source_rank->count() == 0;
+  job.opt.seed_from_copies = source_rank->count() == 0;
   return stage::run_bcast_job(std::move(job), &argc, &argv);
 }

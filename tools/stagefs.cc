@@ -54,43 +54,44 @@ void parse_cache_size(const std::string& text, stagefs::DaemonConfig& cfg) {
 
 const std::vector<std::pair<std::string, bool>> kOnOff{{"on", true}, {"off", false}};
 
-}  // namespace
+const char* const kAbout =
+    "stagefs: a read-only FUSE view of SOURCE_DIR at MOUNTPOINT. The first open of a file, on any\n"
+    "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
+    "source); reads are then served from the local copy (kernel passthrough where the kernel and\n"
+    "privileges allow it), and a large file's reads may start before its copy ends.\n"
+    "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
+    "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
+    "  stagefs --wait /stage        # returns once every node has mounted\n"
+    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
+    "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
+    "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
+    "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
+    "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
+    "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
+    "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
+    "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
+    "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).";
 
-int main(int argc, char** argv) {
-  using stagetools::add_choice;
-  using stagetools::add_size;
+// The command line: the daemon's settings, and what only this command uses.
+struct Cli {
   stagefs::DaemonConfig cfg;
   std::string wait_for;
   double wait_timeout = 300;
   bool verbose = false, no_passthrough = false;
-  CLI::App app{
-      "stagefs: a read-only FUSE view of SOURCE_DIR at MOUNTPOINT. The first open of a file, on any\n"
-      "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
-      "source); reads are then served from the local copy (kernel passthrough where the kernel and\n"
-      "privileges allow it), and a large file's reads may start before its copy ends.\n"
-      "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
-      "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
-      "  stagefs --wait /stage        # returns once every node has mounted\n"
-      "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
-      "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
-      "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
-      "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
-      "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
-      "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
-      "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
-      "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
-      "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).",
-      "stagefs"};
-  stagetools::use_help_format(app);
-  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+};
+
+void add_options(CLI::App& app, Cli& cli) {
+  using stagetools::add_choice;
+  using stagetools::add_size;
+  stagefs::DaemonConfig& cfg = cli.cfg;
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
   app.add_option("--cache", cfg.cache_dir,
                  "node-local directory for the copies (created 0700); not inside SOURCE_DIR or "
                  "MOUNTPOINT, nor containing either");
-  app.add_option("--wait", wait_for, "do not mount: wait until the mount at this path is ready on every node")
+  app.add_option("--wait", cli.wait_for, "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
-  app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")
+  app.add_option("--wait-timeout", cli.wait_timeout, "seconds --wait waits")
       ->capture_default_str()
       ->check(seconds(0.001, 1e6));
   add_size(app, "--chunk-size", cfg.chunk_size, "broadcast chunk, 4K..1G", stage::check_chunk_size);
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "
              "and copied again. none: trust size, mtime, ctime and inode");
   app.add_option_function<std::string>(
-      "--cache-size", [&cfg](const std::string& text) { parse_cache_size(text, cfg); },
+      "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
       "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
       "recently used copies not open on the node are evicted to make room (default: no "
       "limit beyond the filesystem's free space)");
@@ -193,10 +194,20 @@ int main(int argc, char** argv) {
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  app.add_flag("--no-passthrough", no_passthrough,
+  app.add_flag("--no-passthrough", cli.no_passthrough,
                "serve reads from the daemon even where passthrough works");
-  app.add_flag("-v,--verbose", verbose, "debug logging");
+  app.add_flag("-v,--verbose", cli.verbose, "debug logging");
   app.add_flag("-d,--debug-fuse", cfg.mount.debug, "log every FUSE request (libfuse -d)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli cli;
+  CLI::App app{kAbout, "stagefs"};
+  stagetools::use_help_format(app);
+  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+  add_options(app, cli);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -209,12 +220,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", e.what());
     return 2;
   }
+  stagefs::DaemonConfig& cfg = cli.cfg;
   if (app.count("--wait") > 0) {
-    if (wait_for.empty()) {
+    if (cli.wait_for.empty()) {
       std::fprintf(stderr, "stagefs: --wait: empty mount point\nTry 'stagefs --help'.\n");
       return 2;
     }
-    return stagefs::wait_ready(wait_for, wait_timeout);
+    return stagefs::wait_ready(cli.wait_for, cli.wait_timeout);
   }
   auto usage = [](const std::string& m) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
@@ -223,10 +235,10 @@ int main(int argc, char** argv) {
   if (cfg.source_dir.empty() || cfg.mountpoint.empty())
     return usage("SOURCE_DIR and MOUNTPOINT are required");
   if (cfg.cache_dir.empty()) return usage("--cache CACHE_DIR is required");
-  cfg.mount.passthrough = !no_passthrough;
+  cfg.mount.passthrough = !cli.no_passthrough;
   // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
   // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("stagefs", stagefs::escaping_sink()));
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  spdlog::set_level(cli.verbose ? spdlog::level::debug : spdlog::level::info);
   return stagefs::run_daemon(cfg, &argc, &argv);
 }
