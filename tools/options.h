@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bcast/chunk.h"
+#include "bcast/pipeline.h"
 
 namespace stagetools {
 
@@ -54,6 +55,15 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target, std::
           desc)
       ->check(CLI::IsMember(names))
       ->default_str(shown);
+}
+
+// --bcast-algorithm's words, for both tools: the names bcast/pipeline.h gives the algorithms.
+inline std::vector<std::pair<std::string, stage::BcastAlgorithm>> bcast_algorithms() {
+  std::vector<std::pair<std::string, stage::BcastAlgorithm>> words;
+  for (auto a : {stage::BcastAlgorithm::automatic, stage::BcastAlgorithm::chain, stage::BcastAlgorithm::tree,
+                 stage::BcastAlgorithm::mpi})
+    words.emplace_back(stage::to_string(a), a);
+  return words;
 }
 
 }  // namespace stagetools

@@ -62,11 +62,7 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   stagetools::add_size(app, "--chunk-size", opt.chunk_size,
                        "broadcast chunk, 4K..1G (K, M, G suffixes); every rank uses the source rank's",
                        stage::check_chunk_size);
-  add_choice(app, "--bcast-algorithm", opt.bcast_algorithm,
-             {{"auto", stage::BcastAlgorithm::automatic},
-              {"chain", stage::BcastAlgorithm::chain},
-              {"tree", stage::BcastAlgorithm::tree},
-              {"mpi", stage::BcastAlgorithm::mpi}},
+  add_choice(app, "--bcast-algorithm", opt.bcast_algorithm, stagetools::bcast_algorithms(),
              "how chunk data travels: chain (every chunk through one pipelined chain of "
              "segments over point-to-point messages: the source sends each byte once, time "
              "nearly flat in the node count), tree (pipelined binary tree), mpi (the MPI "

@@ -95,11 +95,7 @@ void add_options(CLI::App& app, Cli& cli) {
       ->capture_default_str()
       ->check(seconds(0.001, 1e6));
   add_size(app, "--chunk-size", cfg.chunk_size, "broadcast chunk, 4K..1G", stage::check_chunk_size);
-  add_choice(app, "--bcast-algorithm", cfg.bcast_algorithm,
-             {{"auto", stage::BcastAlgorithm::automatic},
-              {"chain", stage::BcastAlgorithm::chain},
-              {"tree", stage::BcastAlgorithm::tree},
-              {"mpi", stage::BcastAlgorithm::mpi}},
+  add_choice(app, "--bcast-algorithm", cfg.bcast_algorithm, stagetools::bcast_algorithms(),
              "how chunk data travels: chain (every chunk through one pipelined chain of "
              "segments, the source sends each byte once; time nearly flat in the node count), "
              "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast, chunk by chunk), "
