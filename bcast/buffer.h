@@ -2,10 +2,10 @@
 // checked, written). Three properties matter, each measured (bench/README.md):
 //   - aligned for O_DIRECT (4 KiB; writers hand the buffer straight to the device);
 //   - never zero-filled: std::vector::resize touched every page before the first chunk
-//     (first-touch faults cost 4-6 s per GiB in a small VM) for bytes that are overwritten;
+//     (first-touch page faults) for bytes that are overwritten;
 //   - transparent huge pages, requested with madvise (honoured under THP "madvise", Debian's
 //     default, and "always"): with 4 KiB pages the CRC and MPI copies were TLB- and
-//     fault-bound; a same-run A/B staged 1 GiB onto 4 ranks 1.4x faster with them.
+//     fault-bound.
 // Not thread-safe; owned by one pipeline stage at a time.
 #pragma once
 

@@ -39,12 +39,11 @@ namespace {
 constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
 // With a Nest: the source rank's chunks in the stream at once (see stream_chunks). 2 keeps
 // the source's link busy across chunk boundaries (the next chunk is queued behind the one
-// leaving) and bounds what a nest mark waits for to two chunks. Measured on 4 and 16 netns
-// nodes at 100 Mbit/s, 16 MiB chunks (bench_hol_scale.sh, MARK_BYTES=16M): a nested batch
-// opened during the image's stream took 5.8-6.1 s with every filled buffer in the stream (4),
-// 2.8-2.9 s with 2, 1.4-1.5 s with 1; the image's time was the same in all three (8.4-8.7 s).
-// 1 would leave the source's link idle for a loop turn at every chunk boundary, which
-// costs little at 100 Mbit/s but a few % where a chunk takes a millisecond.
+// leaving) and bounds what a nest mark waits for to two chunks: a nested batch waits about
+// as many chunk times as there are chunks ahead of its mark, while the large copy's own time
+// does not depend on it (bench/results/bench_hol.md). 1 would leave the source's link idle
+// for a loop turn at every chunk boundary, which costs little on a slow link but more where
+// a chunk takes a millisecond.
 constexpr size_t kNestAheadChunks = 2;
 
 // What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB

@@ -92,9 +92,9 @@ BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes);
 // same chain (or tree) as a 32-byte header message followed by its payload's segments, so
 // chunk i+1's first segments leave the source while chunk i's last ones still travel down
 // the chain: the pipeline fills once per transfer, not once per chunk, and no header
-// broadcast or per-chunk completion round separates the chunks. (With one pipeline per chunk
-// the fill cost (N-1) x (segment/B + hop latency) was paid S/C times: 16 MiB chunks at 1,000
-// nodes projected to 73 s instead of 5.6 s for a 16 GB image, bench/results/bench_scale.md.)
+// broadcast or per-chunk completion round separates the chunks. (One pipeline per chunk would
+// pay the fill cost (N-1) x (segment/B + hop latency) S/C times, which dominates at a
+// thousand nodes: bench/results/bench_scale.md.)
 //
 // Use, on every rank, by the thread that owns the PointToPoint:
 //   submit() a buffer per chunk (the root: the chunk's header and payload, in any order of

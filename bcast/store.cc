@@ -235,7 +235,7 @@ class PosixTxn final : public Txn {
 
   Status write_buffered(uint64_t off, std::span<const std::byte> data) {
     // At most 1 MiB per call: the kernel's page-cache copy then reads from CPU caches rather
-    // than RAM (measured: 16 MiB chunks staged ~20 % faster, bench/try_split_pwrite.sh).
+    // than RAM (bench/try_split_pwrite.sh).
     const Written w = pwrite_all(fd_.get(), data, off, kWritePiece);
     if (w.err != 0) return sys_error(w.err, "write local copy of", dest_);
     return {};

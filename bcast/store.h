@@ -4,10 +4,10 @@
 //                files never holds more than a few descriptors). With direct I/O on, the
 //                aligned part of a write of 64 KiB or more (unit: the filesystem's direct-I/O
 //                alignment from statx, at least 4 KiB) goes through O_DIRECT: the bytes
-//                go from our buffer to the device without a copy into the page cache (on a
-//                small box that copy was the largest CPU cost of staging: 57 % of the profile,
-//                bench/README.md). Unaligned heads and tails, and filesystems that refuse
-//                O_DIRECT (EINVAL), use ordinary buffered writes; the result is the same file.
+//                go from our buffer to the device without a copy into the page cache (that
+//                copy can be the largest CPU cost of staging: bench/README.md). Unaligned
+//                heads and tails, and filesystems that refuse O_DIRECT (EINVAL), use
+//                ordinary buffered writes; the result is the same file.
 //   finish()     sets size (holes stay holes), mode, mtime = source mtime, records the source's
 //                identity and CRC in the xattr "user.stagefs.origin", closes
 //   sync()       fsync (or one sync_filesystem() for many files)

@@ -45,8 +45,8 @@ struct DaemonConfig {
   StallPolicy on_stall = StallPolicy::eio;
   // Cache copies written with O_DIRECT where the filesystem accepts it. Off by default: a copy
   // is made because a process is about to read it, and buffered writes leave it in the page
-  // cache for that read (contended benchmark, disk caches: 8.6 s end to end buffered, 11.1 s
-  // direct, though direct materialized faster and with a sixth of the CPU).
+  // cache for that read, which then costs no disk read; direct writes cost less CPU but
+  // leave that read to the disk (bench/README.md).
   bool direct_io = false;
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
   // --small-file-size: files of at most this many bytes are staged with every other small
@@ -62,7 +62,8 @@ struct DaemonConfig {
   bool prefetch_siblings = true;
   // --batch-max-files, --batch-max-bytes: one batch stages at most this many small files and
   // bytes; a larger directory goes in several batches with other requests between them
-  // (0: no limit). A batch of 4096 files of 100 bytes takes about 3 s on one node here.
+  // (0: no limit). The defaults bound a batch to a few seconds of copying, so other requests
+  // do not wait long behind it.
   uint64_t batch_max_files = 4096;
   uint64_t batch_max_bytes = uint64_t{256} << 20;
   // --prefetch-max-dirs, --prefetch-max-bytes: what one walk (--prefetch-siblings) stages

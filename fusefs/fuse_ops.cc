@@ -1,52 +1,35 @@
 // The FUSE edge (see mount.h): the only file that includes fuse_lowlevel.h. Every callback is
 // a few lines: unpack, one StageFsCore call, reply. Errors map to errno through
 // stage::Error::to_errno(); expected ones (ENOENT, ENODATA, EROFS) are not logged as failures.
+// Below the callbacks, the libfuse session calls of the mount's life cycle (fuse_ops.h).
 #define FUSE_USE_VERSION FUSE_MAKE_VERSION(3, 12)
-#include <dirent.h>
-#include <fcntl.h>
+#include "fusefs/fuse_ops.h"
+
 #include <fuse_lowlevel.h>
 #include <spdlog/spdlog.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
-#include <fstream>
 #include <new>
-#include <optional>
 #include <span>
-#include <sstream>
 
 #include "fusefs/live.h"
 #include "fusefs/log.h"
 #include "fusefs/mount.h"
-#include "fusefs/privilege.h"
+#include "fusefs/read_mode.h"
+#include "fusefs/stagectl_channel.h"
 
 namespace stagefs {
-
-const char* read_path_name(ReadPath p) {
-  switch (p) {
-    case ReadPath::passthrough:
-      return "kernel passthrough";
-    case ReadPath::splice:
-      return "splice from the local copy (keep_cache)";
-    default:
-      return "not yet known";
-  }
-}
 
 namespace {
 
 struct FileHandle {
   stage::Fd fd;
-  std::shared_ptr<LiveFile> live;  // the copy is in progress: reads go through it
-  bool live_counted = false;       // FuseMount::begin_live
+  std::shared_ptr<LiveFile> live;  // read_mode during_copy: reads go through it
   uint64_t node = 0;
-  bool passthrough = false;
-  std::string pinned;  // the cache copy kept from eviction while this handle is open
+  ReadChoice read_mode;  // counted by the mount until release
+  std::string pinned;    // the cache copy kept from eviction while this handle is open
 };
 
 struct DirHandle {
@@ -68,7 +51,8 @@ Caller caller(fuse_req_t req, bool with_groups) {
       g.resize(static_cast<size_t>(n));
       n = fuse_req_getgroups(req, static_cast<int>(g.size()), g.data());
     }
-    for (int i = 0; i < n && i < static_cast<int>(g.size()); ++i) who.groups.push_back(g[static_cast<size_t>(i)]);
+    for (int i = 0; i < n && i < static_cast<int>(g.size()); ++i)
+      who.groups.push_back(g[static_cast<size_t>(i)]);
   }
   return who;
 }
@@ -82,7 +66,8 @@ WarnBudget g_request_warnings(kWarnBurst, kWarnWindow);
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
   uint64_t held_back = 0;
-  if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG || err == ESTALE) {
+  if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG ||
+      err == ESTALE) {
     spdlog::debug("{}", e.message);
   } else if (g_request_warnings.allow(WarnBudget::Clock::now(), held_back)) {
     if (held_back > 0)
@@ -258,50 +243,26 @@ void op_releasedir(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi
 }
 
 // Replies to an open with the core's answer (on the FUSE worker, or later on the core's
-// completion pool: a waiting open holds no worker).
+// completion pool: a waiting open holds no worker), read as the mount's policy decides
+// (read_mode.h).
 void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result<OpenFile> r) {
   auto& m = fm(req);
-  const auto live = m.reply_guard();
-  if (!live) {  // the session is gone: nobody waits for this reply
+  const auto alive = m.reply_guard();
+  if (!alive) {  // the session is gone: nobody waits for this reply
     if (r) m.core().release(r->pinned);
     return;
   }
   if (!r) return reply_err(req, r.error());
   auto h = std::make_unique<FileHandle>();
-  h->fd = std::move(r->fd);
   h->node = ino;
+  h->read_mode = m.open_read_mode(ino, r->fd.get(), {r->live != nullptr, r->from_source, r->cache_hit});
+  h->fd = std::move(r->fd);
   h->pinned = std::move(r->pinned);
-  h->live = std::move(r->live);
-  // A handle opened during the copy is served by the daemon from the copy in progress (a
-  // cached-mode open: mmap works). The kernel refuses to mix cached-mode and passthrough opens
-  // of one inode (EIO to whoever comes second; direct I/O is refused next to passthrough too):
-  // while a node has cached-mode handles, its new opens splice (and count as cached-mode);
-  // if it has passthrough handles, an early open is served through their backing file (the
-  // same version: a node id is one version).
-  if (h->live) h->live_counted = m.begin_live(ino);
-  int id = -1;
-  if (!r->from_source && !(h->live && h->live_counted)) id = m.acquire_backing(ino, h->fd.get());
-  if (id == -EBUSY) h->live_counted = true;  // counted by acquire_backing: a cached-mode handle
-  if (h->live && !h->live_counted) {
-    if (id < 0) {  // the passthrough handles closed in between: the caller retries
-      m.core().release(h->pinned);
-      return reply_err(req, stage::sys_error(EAGAIN, "open (the file changed read mode meanwhile)"));
-    }
-    h->live.reset();
-  }
-  if (h->live) fi.keep_cache = 0;
-  if (id >= 0) {
-    h->passthrough = true;
-    Passthrough::arm_open_reply(id);
-    m.note_read_path(ReadPath::passthrough);
-  } else if (!h->live) {
-    // Keep the page cache only when this open found the copy already there.
-    fi.keep_cache = r->cache_hit ? 1 : 0;
-    // (a stall fallback says so itself; -EBUSY: a handle opened during the copy is open)
-    if (!r->from_source && id != -EBUSY) m.note_read_path(ReadPath::splice);
-  }
+  if (h->read_mode.mode == ReadMode::during_copy) h->live = std::move(r->live);
+  fi.keep_cache = h->read_mode.keep_cache ? 1 : 0;
   fi.fh = reinterpret_cast<uint64_t>(h.get());
   fi.noflush = 1;  // read-only: a close needs no FLUSH round trip (one per file of a dataset)
+  if (h->read_mode.mode == ReadMode::passthrough) Passthrough::arm_open_reply(h->read_mode.backing_id);
   const int rc = fuse_reply_open(req, &fi);
   Passthrough::disarm();
   if (rc == 0) {
@@ -309,8 +270,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
     return;
   }
   // interrupted: the kernel will not send RELEASE
-  if (h->passthrough) m.release_backing(ino);
-  if (h->live_counted) m.end_live(ino);
+  m.close_read_mode(ino, h->read_mode);
   m.core().release(h->pinned);
 }
 
@@ -328,12 +288,13 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
   if (h->live) {  // the copy is in progress: at once if the range is here, else when it is
     FuseMount* m = &fm(req);
     return guarded(req, [&] {
-      m->core().read_live(h->live, h->fd.get(), static_cast<uint64_t>(off), size, [m, req](stage::Result<std::string> r) {
-        const auto alive = m->reply_guard();
-        if (!alive) return;  // the session is gone
-        if (!r) return reply_err(req, r.error());
-        fuse_reply_buf(req, r->data(), r->size());
-      });
+      m->core().read_live(h->live, h->fd.get(), static_cast<uint64_t>(off), size,
+                          [m, req](stage::Result<std::string> r) {
+                            const auto alive = m->reply_guard();
+                            if (!alive) return;  // the session is gone
+                            if (!r) return reply_err(req, r.error());
+                            fuse_reply_buf(req, r->data(), r->size());
+                          });
     });
   }
   fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
@@ -345,8 +306,7 @@ void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct 
 
 void op_release(fuse_req_t req, fuse_ino_t /*ino*/, struct fuse_file_info* fi) {
   auto* h = reinterpret_cast<FileHandle*>(fi->fh);
-  if (h->passthrough) fm(req).release_backing(h->node);
-  if (h->live_counted) fm(req).end_live(h->node);
+  fm(req).close_read_mode(h->node, h->read_mode);
   fm(req).core().release(h->pinned);
   delete h;
   fuse_reply_err(req, 0);
@@ -369,44 +329,19 @@ void reply_xattr_value(fuse_req_t req, const std::string& v, size_t size) {
     fuse_reply_buf(req, v.data(), v.size());
 }
 
-// stagectl's requests on a file: prefetch (answered when the copy is there, or at once with
-// .nowait) and evict. An attribute read is the channel: it reaches the daemon with the
-// caller's credentials through the mount, and nothing else (no socket) has to be secured.
-bool control_request(fuse_req_t req, fuse_ino_t ino, const std::string& name, size_t size) {
-  auto& core = fm(req).core();
-  if (name == "user.stagefs.prefetch" || name == "user.stagefs.prefetch.nowait") {
-    const bool wait = name == "user.stagefs.prefetch";
-    auto reply = [req, size](const stage::Status& st) {
-      guarded(req, [&] {
-        const auto live = fm(req).reply_guard();
-        if (!live) return;
-        if (!st) return reply_err(req, st.error());
-        reply_xattr_value(req, "ok", size);
-      });
-    };
-    if (!wait) {
-      core.prefetch_async(ino, caller(req, true), [](const stage::Status&) {});
-      reply({});
-    } else {
-      core.prefetch_async(ino, caller(req, true), reply);
-    }
-    return true;
-  }
-  if (name == "user.stagefs.evict") {
-    auto st = core.evict(ino, caller(req, false));
-    if (!st) {
-      reply_err(req, st.error());
-    } else {
-      reply_xattr_value(req, "ok", size);
-    }
-    return true;
-  }
-  return false;
-}
-
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   guarded(req, [&] {
-    if (control_request(req, ino, name, size)) return;
+    if (const auto request = parse_stagectl_request(name)) {  // stagectl_channel.h
+      const Caller who = caller(req, needs_caller_groups(*request));
+      return run_stagectl_request(fm(req).core(), ino, *request, who, [req, size](const stage::Status& st) {
+        guarded(req, [&] {
+          const auto alive = fm(req).reply_guard();
+          if (!alive) return;
+          if (!st) return reply_err(req, st.error());
+          reply_xattr_value(req, std::string(kStagectlDone), size);
+        });
+      });
+    }
     // The status attributes on the root name a transfer only to who may read it: the
     // caller's groups count there.
     const bool status = ino == FUSE_ROOT_ID && std::string_view(name).starts_with("user.stagefs.");
@@ -519,226 +454,54 @@ ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t 
   return Passthrough::splice_send_hook(fdin, offin, fdout, offout, len, flags, ud);
 }
 
-struct MountEntry {
-  std::string dev;     // "maj:min"
-  std::string fstype;  // e.g. "fuse.stagefs"
-};
-
-// The filesystem mounted at path (last match in mountinfo), if any.
-std::optional<MountEntry> mount_at(const std::string& path) {
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  std::optional<MountEntry> found;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string id, parent, dev, root, mnt, word;
-    ls >> id >> parent >> dev >> root >> mnt;
-    if (mnt != path) continue;
-    while (ls >> word && word != "-") {
-    }
-    std::string fstype;
-    ls >> fstype;
-    found = MountEntry{dev, fstype};
-  }
-  return found;
-}
-
-std::string mount_device(const std::string& path) {
-  auto m = mount_at(path);
-  return m ? m->dev : std::string();
-}
-
-void write_sysfs(const std::string& path, const std::string& value) {
-  std::ofstream out(path);
-  if (out) out << value;
-}
-
 }  // namespace
 
-std::string check_mountpoint(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOTCONN)
-      return "mount point " + path +
-             " is a stale mount of a stagefs that is no longer running; clear it with: "
-             "fusermount3 -u " +
-             path + "   (or, as root: umount -l " + path + ")";
-    return "mount point " + path + ": " + std::strerror(errno);
-  }
-  if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
-  // Mounting over a plain mount (a tmpfs or bind mount prepared for it) is fine; over a FUSE
-  // filesystem (another stagefs, alive) it is not.
-  if (auto m = mount_at(path); m && m->fstype.rfind("fuse", 0) == 0) {
-    // stat() may be answered from the kernel's attribute cache; statfs always asks the daemon.
-    struct statvfs sv {};
-    if (::statvfs(path.c_str(), &sv) != 0 && errno == ENOTCONN)
-      return "mount point " + path + " is a stale " + m->fstype +
-             " mount (its daemon is gone); clear it with: " + "fusermount3 -u " + path +
-             "   (or, as root: umount -l " + path + ")";
-    return "mount point " + path + " already has a " + m->fstype + " mounted on it (fusermount3 -u " + path +
-           " first)";
-  }
-  stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (DIR* d = dfd.valid() ? ::fdopendir(dfd.get()) : nullptr) {
-    (void)dfd.release();  // the DIR owns it now
-    int n = 0;
-    while (const dirent* de = ::readdir(d))
-      if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) ++n;
-    ::closedir(d);
-    if (n > 0) return "mount point " + path + " is not empty";
-  }
-  return {};
-}
+namespace fuse_edge {
 
-stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, const MountOptions& opt) {
-  if (auto why = check_mountpoint(opt.mountpoint); !why.empty()) return stage::sys_error(EBUSY, why);
-  // What this caller may ask for (privilege.h): allow_other only where fusermount3 grants it,
-  // passthrough only with the capability its backing files need. Whatever blocks the mount
-  // itself is named now, not guessed at after fusermount3 failed.
-  const Privileges priv = probe_privileges();
-  if (auto why = mount_obstacle(opt.mountpoint, priv); !why.empty())
-    return stage::sys_error(EPERM, "cannot mount at " + opt.mountpoint + ": " + why);
-  MountOptions eff = opt;
-  eff.allow_other = opt.allow_other && priv.may_allow_other();
-  eff.passthrough = opt.passthrough && priv.cap_sys_admin;
-  auto m = std::unique_ptr<FuseMount>(new FuseMount(core, eff));
-  // auto_unmount: fusermount3 watches the session and unmounts if the daemon dies (kill -9),
-  // so a crash never leaves a stale mount behind.
-  std::string o = "default_permissions,ro,fsname=stagefs,subtype=stagefs,auto_unmount";
-  if (eff.allow_other) o += ",allow_other";
-  std::vector<const char*> argv{"stagefs", "-o", o.c_str()};
-  if (opt.debug) argv.push_back("-d");
+fuse_session* new_session(FuseMount& m, std::span<const char*> argv) {
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
-  m->se_ = fuse_session_new(&args, &kOps, sizeof kOps, m.get());
-  if (m->se_ == nullptr) return stage::sys_error(EINVAL, "fuse_session_new failed", opt.mountpoint);
-  if (fuse_session_mount(m->se_, opt.mountpoint.c_str()) != 0) {
-    fuse_session_destroy(m->se_);
-    m->se_ = nullptr;
-    std::string why = mount_obstacle(opt.mountpoint, priv);  // changed meanwhile?
-    if (why.empty())
-      why = "fusermount3 refused it (its message is above: mount_max in " + std::string(kFuseConf) +
-            "? a nosuid filesystem?)";
-    return stage::sys_error(EPERM, "mount at " + opt.mountpoint + " failed: " + why);
-  }
-  if (opt.allow_other && !eff.allow_other)
-    spdlog::info(
-        "mounted for uid {} only: other users (root included) cannot enter {}; to share it, add "
-        "user_allow_other to {} or run stagefs as root",
-        priv.uid, opt.mountpoint, kFuseConf);
-  if (opt.passthrough && !eff.passthrough)
-    spdlog::info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",
-                 read_path_name(ReadPath::splice));
-  m->fuse_fd_ = fuse_session_fd(m->se_);
+  return fuse_session_new(&args, &kOps, sizeof kOps, &m);
+}
+
+int mount_session(fuse_session* se, const std::string& mountpoint) {
+  return fuse_session_mount(se, mountpoint.c_str());
+}
+
+bool use_passthrough_io(fuse_session* se) {
   const fuse_custom_io io{io_writev, io_read, nullptr, io_splice_send};
-  if (fuse_session_custom_io(m->se_, &io, m->fuse_fd_) != 0)
-    spdlog::warn("custom io refused: kernel passthrough disabled");
-  // Larger READ requests: raise this mount's read-ahead (best effort, needs root).
-  if (const std::string dev = mount_device(opt.mountpoint); !dev.empty())
-    write_sysfs("/sys/class/bdi/" + dev + "/read_ahead_kb", "1024");
-  return m;
+  return fuse_session_custom_io(se, &io, fuse_session_fd(se)) == 0;
 }
 
-stage::Status FuseMount::loop() {
+int session_fd(fuse_session* se) {
+  return fuse_session_fd(se);
+}
+
+int run_loop(fuse_session* se, unsigned max_threads) {
   fuse_loop_config* cfg = fuse_loop_cfg_create();
-  fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(opt_.max_threads));
+  fuse_loop_cfg_set_max_threads(cfg, max_threads);
   // Workers are kept once started: libfuse ends a worker that finds more than max_idle others
-  // idle, and starts one whenever none is idle. With 4 idle ones kept, parallel readers of
-  // small files (8 threads, 2 ranks) made the daemons start 2,700-3,100 threads per cold pass
-  // of 20,000 files and up to 2,400 per warm pass; kept, 0 once warm (bench/bench_threads.py).
-  // An idle worker costs its stack and a request buffer of which only the pages used are
-  // resident (read-only mount: no large WRITE ever fills one).
-  fuse_loop_cfg_set_idle_threads(cfg, static_cast<unsigned>(opt_.max_threads));
-  const int rc = fuse_session_loop_mt(se_, cfg);
+  // idle and starts one whenever none is idle, so bursts of opens of small files would
+  // otherwise start and end thousands of threads per pass over a dataset
+  // (bench/bench_threads.py). An idle
+  // worker costs its stack and a request buffer of which only the pages used are resident
+  // (read-only mount: no large WRITE ever fills one).
+  fuse_loop_cfg_set_idle_threads(cfg, max_threads);
+  const int rc = fuse_session_loop_mt(se, cfg);
   fuse_loop_cfg_destroy(cfg);
-  {
-    // No late reply (an open answered by the core's completion pool) may write to the
-    // session's fd once it is closed.
-    std::unique_lock lk(reply_m_);
-    loop_done_ = true;
-  }
-  // Only now, with no worker reading /dev/fuse, may the session's fd be closed.
-  fuse_session_unmount(se_);
-  if (rc < 0) return stage::sys_error(-rc, "FUSE session loop", opt_.mountpoint);
-  return {};
+  return rc;
 }
 
-// Thread-safe. Never closes the session's fd (workers may be blocked reading it: libfuse's
-// fuse_session_unmount would close it under them); detaches the mount and aborts the
-// connection instead, which wakes every worker, and loop() finishes the job.
-void FuseMount::unmount() {
-  if (unmounted_.exchange(true) || se_ == nullptr) return;
-  const auto m = mount_at(opt_.mountpoint);
-  fuse_session_exit(se_);
-  if (!m || m->fstype.rfind("fuse", 0) != 0) return;  // already unmounted (fusermount3 -u)
-  if (::umount2(opt_.mountpoint.c_str(), MNT_DETACH) != 0) {
-    // Not root: ask fusermount3 (setuid) for a lazy unmount.
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execlp("fusermount3", "fusermount3", "-u", "-z", "-q", "--", opt_.mountpoint.c_str(), nullptr);
-      ::_exit(127);
-    }
-    if (pid > 0) ::waitpid(pid, nullptr, 0);
-  }
-  // Open files keep a detached connection (and the workers) alive: abort it so the workers
-  // return now; later reads of those files fail with ENOTCONN.
-  if (const size_t colon = m->dev.find(':'); colon != std::string::npos) {
-    const std::string conn = "/sys/fs/fuse/connections/" + m->dev.substr(colon + 1);
-    struct stat st {};
-    if (::stat(conn.c_str(), &st) != 0)  // fusectl not mounted (systemd usually does it)
-      ::mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, nullptr);
-    write_sysfs(conn + "/abort", "1");
-  }
+void leave_loop(fuse_session* se) {
+  fuse_session_exit(se);
 }
 
-FuseMount::~FuseMount() {
-  if (se_ == nullptr) return;
-  unmount();
-  if (!loop_done_) fuse_session_unmount(se_);
-  fuse_session_destroy(se_);
+void unmount_session(fuse_session* se) {
+  fuse_session_unmount(se);
 }
 
-bool FuseMount::begin_live(uint64_t node) {
-  std::lock_guard lk(backing_m_);
-  if (backing_.contains(node)) return false;
-  ++live_opens_[node];
-  return true;
+void destroy_session(fuse_session* se) {
+  fuse_session_destroy(se);
 }
 
-void FuseMount::end_live(uint64_t node) {
-  std::lock_guard lk(backing_m_);
-  if (auto it = live_opens_.find(node); it != live_opens_.end() && --it->second <= 0) live_opens_.erase(it);
-}
-
-int FuseMount::acquire_backing(uint64_t node, int fd) {
-  std::lock_guard lk(backing_m_);
-  if (auto it = live_opens_.find(node); it != live_opens_.end()) {  // splice, a cached-mode handle too
-    ++it->second;
-    return -EBUSY;
-  }
-  if (auto it = backing_.find(node); it != backing_.end()) {
-    ++it->second.second;
-    return it->second.first;
-  }
-  const int id = pt_.open_backing(fuse_fd_, fd);
-  if (id >= 0) backing_[node] = {id, 1};
-  return id;
-}
-
-void FuseMount::release_backing(uint64_t node) {
-  std::lock_guard lk(backing_m_);
-  auto it = backing_.find(node);
-  if (it == backing_.end() || --it->second.second > 0) return;
-  pt_.close_backing(fuse_fd_, it->second.first);
-  backing_.erase(it);
-}
-
-void FuseMount::note_read_path(ReadPath p) {
-  const ReadPath old = read_path_.exchange(p);
-  if (old != p) spdlog::info("reads are served by {}", read_path_name(p));
-  if (p == ReadPath::splice && opt_.passthrough && pt_.active() && !logged_fallback_.exchange(true))
-    spdlog::warn(
-        "kernel passthrough refused for a file (the cache on a stacked filesystem?): falling back to "
-        "splice");
-}
-
+}  // namespace fuse_edge
 }  // namespace stagefs

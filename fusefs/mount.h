@@ -1,7 +1,8 @@
-// The FUSE edge: a mounted session over a StageFsCore. fuse_ops.cc is the only file that
-// includes fuse_lowlevel.h; every callback there unpacks the request, calls one core method
-// and replies (errors through Error::to_errno(), the one errno table). No exception reaches
-// libfuse.
+// The mount: a libfuse session over a StageFsCore, and its life cycle. fuse_ops.cc, the only
+// file that includes fuse_lowlevel.h, holds the callbacks (each unpacks the request, calls one
+// core method and replies; errors through Error::to_errno(), the one errno table; no
+// exception reaches libfuse) and the session calls that mount.cc makes (fuse_ops.h).
+// How an open's reads are served is read_mode.h; stagectl's requests are stagectl_channel.h.
 //
 // Life cycle (thread-safe where noted):
 //   FuseMount::create()  mount at the mount point (fails with a clear message on a stale or
@@ -14,13 +15,12 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <shared_mutex>
 #include <string>
-#include <unordered_map>
 
 #include "fusefs/core.h"
 #include "fusefs/passthrough.h"
+#include "fusefs/read_mode.h"
 
 namespace stagefs {
 
@@ -34,9 +34,6 @@ struct MountOptions {
   int max_threads = 16;
   bool debug = false;
 };
-
-enum class ReadPath { unknown, passthrough, splice };
-const char* read_path_name(ReadPath p);
 
 class FuseMount {
  public:
@@ -54,8 +51,6 @@ class FuseMount {
   // Used by the callbacks (fuse_ops.cc).
   StageFsCore& core() { return core_; }
   Passthrough& passthrough() { return pt_; }
-  int fuse_fd() const { return fuse_fd_; }
-  void note_read_path(ReadPath p);
   // Held while a reply is written from outside the session's workers; empty (false) once the
   // session loop ended.
   std::shared_lock<std::shared_mutex> reply_guard() {
@@ -63,22 +58,14 @@ class FuseMount {
     if (loop_done_) lk.unlock();
     return lk;
   }
-  // The kernel allows one backing file per inode while it is open in passthrough mode: every
-  // open of a node shares one refcounted backing id. Returns the id, or -errno.
-  // Returns -EBUSY while the node has cached-mode handles open (begin_live): the kernel
-  // refuses a passthrough open of an inode that has cached-mode opens (EIO to the caller).
-  // The handle is then a spliced, cached-mode one too, and counted as such (release it with
-  // end_live).
-  int acquire_backing(uint64_t node, int fd);
-  void release_backing(uint64_t node);
-  // A cached-mode handle of a node that may get passthrough opens (one opened during the
-  // copy): counted per node. false if the node has passthrough handles open (the kernel
-  // would refuse the cached-mode open; nothing counted).
-  bool begin_live(uint64_t node);
-  void end_live(uint64_t node);
+  // How an open of node is served (read_mode.h), counted until close_read_mode; file_fd is
+  // what a new backing file registers. Thread-safe.
+  ReadChoice open_read_mode(uint64_t node, int file_fd, const OpenFacts& facts);
+  void close_read_mode(uint64_t node, const ReadChoice& c) { modes_.close(node, c); }
 
  private:
-  FuseMount(StageFsCore& core, const MountOptions& opt) : core_(core), opt_(opt), pt_(opt.passthrough) {}
+  FuseMount(StageFsCore& core, const MountOptions& opt);
+  void note_read_path(ReadPath p);
   StageFsCore& core_;
   MountOptions opt_;
   Passthrough pt_;
@@ -89,9 +76,7 @@ class FuseMount {
   std::shared_mutex reply_m_;  // replies from outside the workers vs. the end of the loop
   std::atomic<ReadPath> read_path_{ReadPath::unknown};
   std::atomic<bool> logged_fallback_{false};
-  std::mutex backing_m_;                                       // guards backing_
-  std::unordered_map<uint64_t, std::pair<int, int>> backing_;  // node -> (backing id, opens)
-  std::unordered_map<uint64_t, int> live_opens_;               // node -> cached-mode live handles
+  NodeReadModes modes_;
 };
 
 // Why a mount point cannot be used (missing, not a directory, not empty, already mounted, a

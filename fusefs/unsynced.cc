@@ -230,11 +230,11 @@ void UnsyncedLog::flush() {
   if (names.empty()) return;
   uint64_t ok = 0;
   std::vector<std::string> failed;
-  // Many copies: one syncfs() (measured on 2 ranks over 20,000 small files: about a ninth
-  // less daemon CPU in a cold pass than 7 syscalls per copy, and no sync left to spill into
-  // the readers' next pass). It reports a writeback error anywhere on the filesystem (Linux
-  // 5.8+); each copy is then synced on its own, which says which ones failed. Few copies:
-  // each on its own, so a small flush does not write out other users' data on that disk.
+  // Many copies: one syncfs() (less daemon CPU than several syscalls per copy, and no sync
+  // left to spill into the readers' next pass; bench/results/bench_smallfiles.md). It
+  // reports a writeback error anywhere on the filesystem (Linux 5.8+); each copy is then
+  // synced on its own, which says which ones failed. Few copies: each on its own, so a small
+  // flush does not write out other users' data on that disk.
   if (names.size() >= kSyncfsFrom && syncfs_(data_fd_) == 0)
     ok = names.size();
   else

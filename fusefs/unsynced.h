@@ -1,7 +1,7 @@
 // UnsyncedLog: the cache's copies that were published before their data reached the disk, and
-// what makes them safe after a crash. Issue 11: a directory batch of small files must not make
-// the open that waits for it wait for the disk as well (a sync per batch was two thirds of a
-// batch's time on 4 nodes), yet a crash must never leave a cached name on wrong bytes.
+// what makes them safe after a crash. A directory batch of small files must not make the open
+// that waits for it wait for the disk as well (a sync per batch would be most of a batch's
+// time), yet a crash must never leave a cached name on wrong bytes.
 //   record(names): before a batch's renames. Appends the copies' names to CACHE/unsynced and
 //     fdatasyncs it; the engine renames the copies into place only after that. One small
 //     write and one fdatasync per batch instead of writing the batch's data out.

@@ -21,8 +21,8 @@ ctest --output-on-failure -L unit -j2
 # Sanitizers: only the targets the sanitized tests use are built, at -O1 -g1 (what the
 # sanitizers recommend; it compiles in 60 % of the time of -O2 -g, and the tests run as fast).
 # The ASan tree builds at the lowest priority while the serial tests run: they keep the CPU
-# busy less than half of the time (387 s wall, 326 s of CPU on 2 cores, measured), mostly
-# waiting on mpirun, FUSE and the disk. Its output goes to a log, printed if it fails.
+# busy less than half of the time, mostly waiting on mpirun, FUSE and the disk. Its output
+# goes to a log, printed if it fails.
 asan=$top/build-asan tsan=$top/build-tsan
 sanflags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")

@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "mount"))
 sys.path.insert(0, HERE)
 import stagefs_harness as h  # noqa: E402
-import test_security8 as s8  # noqa: E402  (UserCase)
+import test_wrong_bytes_and_access as wrong_bytes  # noqa: E402  (UserCase)
 
 MiB = h.MiB
 # What a terminal acts on: C0 controls but the newline, DEL, and C1 controls (as UTF-8).
@@ -89,7 +89,7 @@ def ignored_signals(pid):
     return set()
 
 
-class UserCase(s8.UserCase):  # a second user, created for the test (as_user, user_cmd)
+class UserCase(wrong_bytes.UserCase):  # a second user, created for the test (as_user, user_cmd)
     def held_daemon(self, *args):
         """A daemon whose transfers stop after their second 64 KiB chunk until the hold file
         (returned) is removed (h.Hold)."""

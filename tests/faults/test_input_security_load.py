@@ -592,7 +592,7 @@ class Names(h.MountTestCase):
                 for line in err.splitlines() if "error" in line or "warning" in line))
         s = d.stats()
         self.assertEqual(s["open_errors"], 0, s)
-        # Issue 11: small files are staged by directory: one batch per directory read, which
+        # Small files are staged by directory: one batch per directory read, which
         # copied every file (odd names included). Walks stage some directories before their
         # first open: no open of theirs is a miss.
         self.assertEqual(s["batch_files"], len(files), s)
@@ -946,7 +946,7 @@ class Load(h.MountTestCase):
         s = [g.stats(k) for k in range(g.np)]
         for k in range(g.np):
             with self.subTest(stats_of_node=k):
-                # Issue 11: the small files are staged by directory (20 of them), one batch each.
+                # The small files are staged by directory (20 of them), one batch each.
                 self.assertEqual(s[k]["transfers"], self.NBIG + 20, s[k])
                 self.assertEqual(s[k]["batches"], 20, s[k])
                 self.assertEqual(s[k]["batch_files"], self.NSMALL, s[k])

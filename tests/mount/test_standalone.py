@@ -73,7 +73,7 @@ class Mirror(h.MountTestCase):
         self.files = build_source(self.work.src)
         self.cache = self.work.file("cache")
         # One materialization per file read is what these tests count: no batches of small
-        # files by directory (those: test_smallfiles11.py).
+        # files by directory (those: test_small_file_batches.py).
         self.d = self.daemon(self.cache, "--small-file-size", "0").wait_ready()
         self.src, self.mnt = self.work.src, self.work.mnt
 

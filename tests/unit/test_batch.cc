@@ -1,4 +1,4 @@
-// Issue 11: small files are materialized by directory. StageFsCore over a GroupService of one
+// Small files are materialized by directory. StageFsCore over a GroupService of one
 // rank (SelfComm + LocalControlPlane) and a real cache: the first open of a small file stages
 // every small file of its directory in one transfer; later opens are cache hits; a large file
 // keeps its own transfer; a file that changes during the batch's copy is not served stale.

@@ -16,6 +16,7 @@
 #include "fusefs/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
+#include "fusefs/stagectl_channel.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -85,6 +86,23 @@ class GroupTest : public TmpDirTest {
     EXPECT_TRUE(c);
     return c ? std::move(c.value()) : nullptr;
   }
+  // A group of one rank whose service thread runs while it lives (also when a test fails);
+  // a core made over it must be declared after it (destroyed first).
+  struct Mount {
+    Mount(GroupTest& t, const GroupConfig& cfg) : group(comm, ctl, *t.source_, t.store_, cfg) {
+      service = std::thread([this] { EXPECT_TRUE(group.run().ok()); });
+    }
+    ~Mount() {
+      group.request_shutdown();
+      service.join();
+    }
+    Mount(const Mount&) = delete;
+    Mount& operator=(const Mount&) = delete;
+    stage::SelfComm comm;
+    LocalControlPlane ctl;
+    GroupService group;
+    std::thread service;
+  };
   std::unique_ptr<NodeCache> cache_;
   stage::Fd root_;
   std::unique_ptr<BeneathSource> source_;
@@ -140,6 +158,46 @@ TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
   group.request_shutdown();
   service.join();
   EXPECT_EQ(group.state(), GroupState::shut_down);
+}
+
+// stagectl's requests run without a mount: the attribute names parse to requests, a
+// prefetch answers once the copy is in the cache, an evict removes it, others are refused.
+TEST_F(GroupTest, StagectlRequestsRunOnTheCoreWithoutAMount) {
+  EXPECT_EQ(parse_stagectl_request("user.stagefs.prefetch"), StagectlRequest::prefetch);
+  EXPECT_EQ(parse_stagectl_request("user.stagefs.prefetch.nowait"), StagectlRequest::prefetch_nowait);
+  EXPECT_EQ(parse_stagectl_request("user.stagefs.evict"), StagectlRequest::evict);
+  EXPECT_FALSE(parse_stagectl_request("user.stagefs.status"));
+  EXPECT_FALSE(parse_stagectl_request("user.stagefs.prefetchx"));
+  EXPECT_TRUE(needs_caller_groups(StagectlRequest::prefetch));
+  EXPECT_FALSE(needs_caller_groups(StagectlRequest::evict));
+  const std::string data = random_bytes(200000, 3);
+  write_file(path("src/dir/f"), data);
+  Mount m(*this, config());
+  GroupService& group = m.group;
+  const auto core = this->core(StallPolicy::eio, group);
+  ASSERT_TRUE(core);
+  const uint64_t dir = core->lookup(StageFsCore::kRootId, "dir")->first;
+  const uint64_t f = core->lookup(dir, "f")->first;
+  auto run = [&](uint64_t id, StagectlRequest r, Caller who = {}) {
+    std::promise<stage::Status> answer;
+    run_stagectl_request(*core, id, r, who, [&](const stage::Status& st) { answer.set_value(st); });
+    return answer.get_future().get();
+  };
+  const stage::Status prefetched = run(f, StagectlRequest::prefetch);
+  EXPECT_TRUE(prefetched) << prefetched.error().message;
+  EXPECT_EQ(read_file(path("cache/data/dir/f")), data);
+  EXPECT_EQ(group.stats().transfers, 1U);
+  cache_->added("dir/f");  // what the daemon's admission does after a transfer
+  EXPECT_EQ(run(f, StagectlRequest::evict, Caller{12345, 12345, {}}).error().to_errno(), EPERM);
+  const stage::Status evicted = run(f, StagectlRequest::evict);
+  EXPECT_TRUE(evicted) << evicted.error().message;
+  EXPECT_FALSE(fs::exists(path("cache/data/dir/f")));
+  EXPECT_FALSE(run(dir, StagectlRequest::evict));  // not a regular file
+  // .nowait answers at once; the copy goes on, and a waiting prefetch finds it.
+  EXPECT_TRUE(run(f, StagectlRequest::prefetch_nowait));
+  EXPECT_TRUE(run(f, StagectlRequest::prefetch));
+  EXPECT_EQ(read_file(path("cache/data/dir/f")), data);
+  EXPECT_EQ(group.stats().transfers, 2U);
 }
 
 TEST_F(GroupTest, ReadOnlyAndNothingOutsideTheSource) {
@@ -244,23 +302,6 @@ class RoomTest : public GroupTest {
     EXPECT_TRUE(c);
     return c ? std::move(c.value()) : nullptr;
   }
-  // A group of one rank whose service thread runs while it lives (also when a test fails);
-  // a core made over it must be declared after it (destroyed first).
-  struct Mount {
-    explicit Mount(RoomTest& t) : group(comm, ctl, *t.source_, t.store_, t.room_config()) {
-      service = std::thread([this] { EXPECT_TRUE(group.run().ok()); });
-    }
-    ~Mount() {
-      group.request_shutdown();
-      service.join();
-    }
-    Mount(const Mount&) = delete;
-    Mount& operator=(const Mount&) = delete;
-    stage::SelfComm comm;
-    LocalControlPlane ctl;
-    GroupService group;
-    std::thread service;
-  };
   static stage::Result<OpenFile> open_name(StageFsCore& core, const std::string& name) {
     return core.open(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY);
   }
@@ -281,7 +322,7 @@ class RoomTest : public GroupTest {
 };
 
 TEST_F(RoomTest, AnOpenWaitsForRoomHeldByAnOpenCopyAndGetsItWhenReleased) {
-  Mount m(*this);
+  Mount m(*this, room_config());
   auto core = this->core_with_wait(m.group, std::chrono::minutes(10));  // only a bound
   ASSERT_TRUE(core);
   auto held = open_name(*core, "held");
@@ -298,7 +339,7 @@ TEST_F(RoomTest, AnOpenWaitsForRoomHeldByAnOpenCopyAndGetsItWhenReleased) {
 }
 
 TEST_F(RoomTest, AnOpenThatNeverGetsRoomFailsWithEnospcNamingThePinnedCopies) {
-  Mount m(*this);
+  Mount m(*this, room_config());
   auto core = this->core_with_wait(m.group, std::chrono::milliseconds(200));
   ASSERT_TRUE(core);
   auto held = open_name(*core, "held");
@@ -315,7 +356,7 @@ TEST_F(RoomTest, AnOpenThatNeverGetsRoomFailsWithEnospcNamingThePinnedCopies) {
 }
 
 TEST_F(RoomTest, AStopAnswersTheOpensWaitingForRoom) {
-  Mount m(*this);
+  Mount m(*this, room_config());
   auto core = this->core_with_wait(m.group, std::chrono::minutes(10));
   ASSERT_TRUE(core);
   auto held = open_name(*core, "held");

@@ -252,7 +252,7 @@ TEST_F(GroupRanksTest, EveryRankGetsEveryFileFromOneTransferEach) {
   }
 }
 
-// Issue 11: every rank opens small files of one directory of 50 small files and one large
+// Every rank opens small files of one directory of 50 small files and one large
 // file, each rank different ones, all before the group runs: one batch transfer (one request
 // per rank, merged) gives every rank all 50 small files and not the large one.
 TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
@@ -301,7 +301,7 @@ TEST_F(GroupRanksTest, SmallFilesOnEveryRankCostOneBatchForTheWholeDirectory) {
   }
 }
 
-// Issue 11, item 4: a large file's transfer waits for its source in the middle; meanwhile
+// A large file's transfer waits for its source in the middle; meanwhile
 // every rank opens a small file: their directory's batch runs nested in the transfer on every
 // rank and answers them, while the large transfer is still held. Released, the large file completes.
 TEST_F(GroupRanksTest, ABatchRunsNestedWhileALargeTransferWaitsForItsSource) {

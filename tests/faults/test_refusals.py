@@ -2,7 +2,7 @@
 """Fault tests (ctest label "faults"): what the tools must refuse,
 and mounts by an unprivileged user.
 
-Usage: test_args8.py STAGEFS STAGE_BCAST [MPIRUN ARGS...] [-- UNITTEST ARGS (classes)]
+Usage: test_refusals.py STAGEFS STAGE_BCAST [MPIRUN ARGS...] [-- UNITTEST ARGS (classes)]
 (exits 77 without /dev/fuse, root, fusermount3, unshare, nsenter, mount; Unprivileged also
 without useradd/userdel/setpriv)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Issue 8 (security and wrong bytes) as real-mount tests: each class is one ctest, each test
-one defect of the landed build, asserted so that it fails there and passes now.
+"""Wrong bytes and access as real-mount tests: each class is one ctest, each test one way a
+mount could serve bytes that are not the source's or let a user past the source's permissions.
 
-Usage: test_security8.py STAGEFS [-- UNITTEST ARGS (classes)]
+Usage: test_wrong_bytes_and_access.py STAGEFS [-- UNITTEST ARGS (classes)]
 (exits 77 without /dev/fuse, root, fusermount3, unshare, nsenter, useradd, setpriv, setfacl)
 
   Cache    an attacker's cache directory (owned by a user, a symlink, planted symlinks and

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Issue 10: a node cache that lives across jobs (ctest label "mount").
+"""A node cache that lives across jobs (ctest label "mount").
 
-Usage: test_cache10.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
+Usage: test_node_cache.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
 STAGECTL is found beside STAGEFS (build/tools/).
 
   Capacity   --cache-size: LRU eviction, a file held open is never evicted, the cache never

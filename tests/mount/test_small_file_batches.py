@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Issue 11: datasets of many small files, staged by directory (ctest label "mount").
+"""Datasets of many small files, staged by directory (ctest label "mount").
 
-Usage: test_smallfiles11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
+Usage: test_small_file_batches.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
 
   Standalone  a tree of small files in several directories (and one large file per directory,
               and a nested directory) read whole through a standalone mount: one transfer per
@@ -17,7 +17,7 @@ Usage: test_smallfiles11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (cla
               the walk, and nothing is evicted
   Group       (NP ranks, one mount namespace each) every rank reads the whole tree at once:
               transfers == directories on every rank, every file identical on every rank
-Run as `test_smallfiles11.py compare MNT SRC` inside a node's namespace, it reads every file
+Run as `test_small_file_batches.py compare MNT SRC` inside a node's namespace, it reads every file
 under MNT (8 threads) and compares it with SRC: prints "files N" and one line per mismatch.
 Nothing sleeps to synchronize.
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Issue 11, item 4: a batch of small files does not wait behind a large copy (ctest label
+"""A batch of small files does not wait behind a large copy (ctest label
 "mount").
 
-Usage: test_nested11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
+Usage: test_nested_batches.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
 
 The large copy is held, not slowed by time: STAGE_TEST_HOLD=reader-mid-file with
 STAGE_TEST_HOLD_BLOCK=1 stops the source rank's reader thread after two chunks until the test
@@ -16,7 +16,7 @@ while the hold is there ran nested in it; one that waited behind it could not co
   Group       (NP ranks, one mount namespace each) node 0 opens big; while its copy is held the
               last node reads ds/: its request reaches the coordinator during the transfer and
               every node runs the nested batch; released, big is identical on every node.
-Run as `test_nested11.py compare DIR SRC`, it reads every file of DIR and compares it with SRC
+Run as `test_nested_batches.py compare DIR SRC`, it reads every file of DIR and compares it with SRC
 (prints "files N" and one line per mismatch; exit status 0 iff all match).
 """
 import os

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Issue 11: reads before the copy ends (ctest label "mount").
+"""Reads before the copy ends (ctest label "mount").
 
-Usage: test_live11.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
+Usage: test_reads_during_copy.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
 
 The copy is held at a known point instead of throttled by time: STAGE_TEST_HOLD=mid-file
 with STAGE_TEST_HOLD_BLOCK=1 stops the source rank's transfer thread after its second chunk
@@ -17,7 +17,7 @@ copy is still running" is a fact the test controls, and nothing sleeps to synchr
               nothing is published.
   Group       (NP ranks) the same early open on a node that is not the source: its reads
               of the tail go up the chain as wants and come back with the source's bytes.
-Run as `test_live11.py probe PATH SRC` (on a node), it opens PATH, prints "opened", checks
+Run as `test_reads_during_copy.py probe PATH SRC` (on a node), it opens PATH, prints "opened", checks
 the head, then reads the tail and the written edge in threads, printing "waiting" and then,
 after a line on stdin, the outcome of each read, of 200 random 4 KiB reads and of an mmap
 read, compared with SRC.
