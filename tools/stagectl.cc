@@ -6,13 +6,13 @@
 //   stagectl evict MOUNTPOINT PATH...   drop files' copies from this node's cache
 // --json on every command. Exit 0: done; 1: a request failed (or MOUNTPOINT is not a running
 // stagefs); 2: usage.
-// A thin shell over fusefs/ctl_client.h (the channel, and how names are shown).
+// A thin shell over fusefs/stagectl_client.h (the channel, and how names are shown).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "fusefs/ctl_client.h"
+#include "fusefs/stagectl_client.h"
 #include "tools/help_format.h"
 
 int main(int argc, char** argv) {

@@ -1,5 +1,6 @@
 // The stagectl side of the mount's control channel: inspect and steer a running stagefs mount
-// on this node (tools/stagectl.cc parses the command line and calls these).
+// on this node (tools/stagectl.cc parses the command line and calls these); the daemon side is
+// fusefs/stagectl_channel.h.
 // The channel is the mount itself: each request is a read of an attribute
 // (user.stagefs.status on the root, user.stagefs.prefetch / .evict on a file), so it reaches
 // the daemon with the caller's credentials, a user may prefetch only what the mount lets

@@ -1,4 +1,4 @@
-#include "fusefs/ctl_client.h"
+#include "fusefs/stagectl_client.h"
 
 #include <sys/stat.h>
 #include <sys/xattr.h>
