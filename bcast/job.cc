@@ -155,8 +155,6 @@ int bcast_usage_error(const std::string& msg) {
 
 int run_bcast_job(BcastJob job, int* argc, char*** argv) {
   if (auto why = check_job(job); !why.empty()) return bcast_usage_error(why);
-  if (const char* env = std::getenv("STAGE_RANKS_AS_NODES"); env != nullptr && std::string(env) == "1")
-    job.ranks_as_nodes = true;
   spdlog::set_default_logger(spdlog::stderr_logger_mt("stage-bcast"));
   spdlog::set_pattern("[%l] %v");
   spdlog::set_level(job.verbose ? spdlog::level::info : spdlog::level::warn);

@@ -30,7 +30,7 @@ struct BcastJob {
   }();
   bool direct_io = true;  // --direct-io auto: O_DIRECT where the destination accepts it
   double startup_timeout = kDefaultStartupTimeout;
-  bool ranks_as_nodes = false;  // every rank its own node (tests; STAGE_RANKS_AS_NODES=1 too)
+  bool ranks_as_nodes = false;  // every rank its own node (tests on one machine)
   bool json = false;
   bool verbose = false;
 };

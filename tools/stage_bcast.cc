@@ -97,7 +97,7 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
              "page-cache copy, no cache pollution; unaligned parts go buffered), off: buffered writes");
   app.add_flag("-r,--recursive", opt.recursive, "stage a directory tree (files, directories, symlinks)");
   app.add_flag("--ranks-as-nodes", job.ranks_as_nodes,
-               "treat every rank as its own node (tests; same as STAGE_RANKS_AS_NODES=1)");
+               "treat every rank as its own node (tests on one machine)");
   app.add_flag("--json", job.json, "print the report as JSON on stdout");
   app.add_flag("-v,--verbose", job.verbose, "log each node's decisions");
   return source_rank;
