@@ -1,6 +1,7 @@
 #include "bcast/chunk.h"
 
 #include <cctype>
+#include <utility>
 
 namespace stage {
 
@@ -38,6 +39,13 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   if (i != text.size()) return std::nullopt;
   if (value > UINT64_MAX / mult) return std::nullopt;
   return value * mult;
+}
+
+std::string size_text(uint64_t bytes) {
+  if (bytes == 0) return "0";
+  for (const auto& [suffix, shift] : {std::pair{'T', 40}, {'G', 30}, {'M', 20}, {'K', 10}})
+    if (bytes % (1ULL << shift) == 0) return std::to_string(bytes >> shift) + suffix;
+  return std::to_string(bytes);
 }
 
 std::optional<std::string> check_chunk_size(uint64_t chunk) {

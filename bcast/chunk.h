@@ -50,6 +50,9 @@ constexpr int mpi_piece(uint64_t remaining) noexcept {
 
 // Parses "16M", "1G", "4096", "512K" (binary units). Empty optional on a malformed value.
 std::optional<uint64_t> parse_size(const std::string& text);
+// The inverse, for showing a size: the largest of T, G, M, K that divides it ("16M", "1G"),
+// else plain bytes ("0", "1000"). parse_size(size_text(n)) == n.
+std::string size_text(uint64_t bytes);
 
 // Checks a chunk size is within [kMinChunk, kMaxChunk]; returns an explanation if not.
 std::optional<std::string> check_chunk_size(uint64_t chunk);

@@ -36,19 +36,16 @@ Status check_mpi(int rc, const char* call) {
 Result<std::unique_ptr<MpiEnv>> MpiEnv::init(int* argc, char*** argv, int required) {
   int inited = 0;
   if (auto st = check_mpi(MPI_Initialized(&inited), "MPI_Initialized"); !st) return st.error();
-  int provided = 0;
-  if (inited != 0) {
-    if (auto st = check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread"); !st) return st.error();
-    return std::unique_ptr<MpiEnv>(new MpiEnv(false, provided));
-  }
+  if (inited != 0) return std::unique_ptr<MpiEnv>(new MpiEnv(false));
   // Our ranks mostly wait while other threads of the same process read, check and write: let a
   // waiting MPI call yield the CPU instead of spinning (Open MPI's default spins, which on a
   // node with few cores starves the writer threads: 4 ranks on 2 cores staged 512 MiB in
   // 8.4 s spinning, 4.5 s yielding). A user's own setting wins.
   ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  int provided = 0;
   if (auto st = check_mpi(MPI_Init_thread(argc, argv, required, &provided), "MPI_Init_thread"); !st)
     return st.error();
-  auto env = std::unique_ptr<MpiEnv>(new MpiEnv(true, provided));
+  auto env = std::unique_ptr<MpiEnv>(new MpiEnv(true));
   if (provided < required)
     return stage_error(Errc::comm_failed, "MPI_Init_thread: the MPI library lacks the thread level");
   return env;

@@ -15,7 +15,8 @@
 // bcast/pipeline.h over MpiPointToPoint (below), which waits politely at every size;
 // MpiComm::bcast carries it only with --bcast-algorithm mpi.
 // Thread level: the caller asks for what it uses (FUNNELED: only the thread that initialized
-// MPI calls it) and MpiEnv reports what it got.
+// MPI calls it); MpiEnv::init fails if the library provides less (unless MPI was already
+// initialized: then it neither initializes nor finalizes it).
 #pragma once
 
 #include <mpi.h>
@@ -41,12 +42,10 @@ class MpiEnv {
   MpiEnv(const MpiEnv&) = delete;
   MpiEnv& operator=(const MpiEnv&) = delete;
   ~MpiEnv();
-  [[nodiscard]] int thread_level() const { return provided_; }
 
  private:
-  MpiEnv(bool owns, int provided) : owns_(owns), provided_(provided) {}
+  explicit MpiEnv(bool owns) : owns_(owns) {}
   bool owns_;
-  int provided_;
 };
 
 // Nonblocking point-to-point on an MpiComm's communicator (owned by the MpiComm; same thread

@@ -342,8 +342,10 @@ Status Transfer::share_manifest() {
     } else if (src_ != nullptr) {
       scanned = src_->scan(ep_.source, opt_.recursive, skip);
     }
-    if (scanned)
+    if (scanned) {
+      scanned->chunk_size = opt_.chunk_size;  // every rank follows the source rank's
       bytes = encode(*scanned);
+    }
     else
       err = scanned.error();
   }
@@ -529,10 +531,10 @@ Status Transfer::prepare() {
   uint64_t stream = 0;
   for (size_t i = 0; i < n; ++i)
     if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += m_.entries[i].meta.size;
-  const uint64_t bufsize = std::min<uint64_t>(opt_.chunk_size, std::max<uint64_t>(stream, 1));
+  const uint64_t bufsize = std::min<uint64_t>(m_.chunk_size, std::max<uint64_t>(stream, 1));
   // A stream of one chunk (a batch of small files, a small file) needs one buffer, not
   // pipeline_depth buffers of its whole size (each one freshly mapped and zeroed).
-  const int nbufs = chunk_count(stream, opt_.chunk_size) <= 1 ? 1 : std::max(2, opt_.pipeline_depth);
+  const int nbufs = chunk_count(stream, m_.chunk_size) <= 1 ? 1 : std::max(2, opt_.pipeline_depth);
   for (int k = 0; k < nbufs && !local_err_ && stream > 0; ++k) {
     auto b = std::make_unique<Buffer>();
     b->mem = ChunkBuffer::make(bufsize);
@@ -550,7 +552,7 @@ Status Transfer::prepare() {
 
 void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
                            BlockingQueue<BufPtr>& full_q) {
-  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   std::unique_ptr<SourceFile> file;
   size_t open_seg = SIZE_MAX;
   reader_file_crc_.assign(layout.segments().size(), 0);
@@ -566,7 +568,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
     if (nchunks == 0) return;  // the trailer carries the error
     auto b = free_q.pop();
     if (!b) return;
-    (*b)->hdr = ChunkHeader{0, chunk_range(layout.bytes(), opt_.chunk_size, 0).length, 0, kChunkAbort, 0};
+    (*b)->hdr = ChunkHeader{0, chunk_range(layout.bytes(), m_.chunk_size, 0).length, 0, kChunkAbort, 0};
     full_q.push(std::move(*b));
     return;
   }
@@ -587,7 +589,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
     r_.pipe.read_wait += seconds_between(t_wait, t_read);
     const Accumulate busy(r_.pipe.read, t_read);
     Buffer& buf = **b;
-    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, i);
+    const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, i);
     buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
     if (opt_.cancelled && opt_.cancelled()) {
       source_err_ = stage_error(Errc::cancelled, "transfer abandoned (stopping)", ep_.source);
@@ -649,7 +651,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       if (k + 1 == nchunks) {  // every chunk read: the file's CRC, and is it still the same file?
         for (uint64_t j = 0; j < nchunks; ++j)
           reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
-                                              chunk_range(layout.bytes(), opt_.chunk_size, j).length);
+                                              chunk_range(layout.bytes(), m_.chunk_size, j).length);
         source_err_ = check_input_end(*file, layout.segments()[0].entry);
       }
     }
@@ -675,7 +677,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
     Buffer& buf = **b;
     if (!writer_err_) {
       const bool zero = (buf.hdr.flags & kChunkZero) != 0;
-      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, buf.hdr.index);
+      const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, buf.hdr.index);
       const auto pieces = layout.pieces(range.offset, range.length);
       piece_crc.assign(pieces.size(), 0);
       uint64_t crc = 0;
@@ -711,7 +713,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
           if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
           for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
             file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
-                                                 chunk_range(layout.bytes(), opt_.chunk_size, j).length);
+                                                 chunk_range(layout.bytes(), m_.chunk_size, j).length);
           if (auto st = t.finish(m_.entries[seg.entry].meta, file_crc_[seg.entry]); !st) writer_err_ = st.error();
           finished_[seg.entry] = 1;
           continue;
@@ -732,7 +734,7 @@ void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
 // (Comm::bcast). Used with --bcast-algorithm mpi, one rank, or a stream too small to pipeline.
 // A nest header (kChunkNest) comes between two chunks: every rank runs the nested transfer.
 Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues& q) {
-  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   std::vector<char> seen(nchunks);
   uint64_t done_bytes = 0;
   bool held = false;
@@ -773,7 +775,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
       continue;
     }
     Buffer& buf = **b;
-    const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
+    const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, h.index);
     if ((h.flags & kChunkAbort) != 0) {
       q.free_q.push(std::move(*b));
       return {};  // every rank sees the same header and leaves the loop at the same chunk
@@ -804,7 +806,7 @@ bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t
   if ((h.flags & kChunkAbort) != 0) return true;
   const uint64_t n = seen.size();
   if (adaptive_ ? (h.index >= n || seen[h.index] != 0) : h.index != seq) return false;
-  if (h.length != chunk_range(layout.bytes(), opt_.chunk_size, h.index).length) return false;
+  if (h.length != chunk_range(layout.bytes(), m_.chunk_size, h.index).length) return false;
   seen[h.index] = 1;
   return true;
 }
@@ -814,7 +816,7 @@ bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t
 // the stream with buffers (the root: full ones from the reader; the others: free ones to
 // receive into), hands completed chunks to the writer, and sleeps briefly when nothing moves.
 Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q) {
-  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   std::deque<BufPtr> inflight;  // submitted to the stream, in chunk order (outlives the stream)
   // On a failure, a send or receive MPI could not cancel may still use a submitted buffer
   // after we give up: those buffers are then left allocated, never unmapped or reused (a few
@@ -884,7 +886,7 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
         moved = true;
         continue;
       }
-      const ChunkRange range = chunk_range(layout.bytes(), opt_.chunk_size, h.index);
+      const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, h.index);
       if ((h.flags & kChunkAbort) != 0) {  // every rank sees it at the same chunk
         q.free_q.push(std::move(b));
         ended = true;
@@ -917,13 +919,13 @@ Status Transfer::copy() {
   // The same on every rank: it depends on the manifest and the chunk size only (not on
   // whether this rank has readers: nodes started with different --read-during-copy still
   // agree). At most kMaxAdaptiveChunks (a few bytes of state per chunk and rank).
-  const uint64_t nchunks = chunk_count(layout.bytes(), opt_.chunk_size);
+  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   adaptive_ = !m_.tree && opt_.small_files_max == 0 && layout.segments().size() == 1 && nchunks <= kMaxAdaptiveChunks;
   if (adaptive_) {
     const size_t e = layout.segments()[0].entry;
     writer_chunk_crc_.assign(nchunks, 0);
     if (opt_.live != nullptr && write_here && need_local_[e] != 0 && txn_[e])
-      opt_.live->started(m_.entries[e].meta, opt_.chunk_size, *txn_[e]);
+      opt_.live->started(m_.entries[e].meta, m_.chunk_size, *txn_[e]);
   }
   Queues q;
   for (auto& b : buffers_) q.free_q.push(std::move(b));

@@ -1,7 +1,8 @@
 // The broadcast engine: stage one file or one directory tree from the source rank onto every
 // node's local store, with one read of the source.
 //
-//   1. Metadata   the source rank scans the source and broadcasts the manifest (or its error).
+//   1. Metadata   the source rank scans the source and broadcasts the manifest (or its error)
+//                 with its own chunk size, which every rank then uses.
 //   2. Decide     each writer compares its local copy with the manifest (size+mtime, CRC, or
 //                 always) and creates directories and symlinks; an allreduce tells everyone
 //                 which files any node needs. If none: done, nothing read or sent. With
@@ -102,6 +103,8 @@ class Nest {
 enum class Validate { none, size, checksum, origin };
 
 struct StageOptions {
+  // The source rank's value travels in the manifest: every rank uses it (its own is ignored),
+  // so ranks started with different values still cut the stream the same way.
   uint64_t chunk_size = kDefaultChunk;
   Validate pre = Validate::size;
   Validate post = Validate::none;

@@ -8,7 +8,7 @@
 namespace stage {
 namespace {
 
-constexpr uint32_t kMagic = 0x53544732;  // "STG2": ranks of different versions refuse each other
+constexpr uint32_t kMagic = 0x53544733;  // "STG3": ranks of different versions refuse each other
 constexpr uint64_t kMaxEntries = 1ULL << 26;
 constexpr uint32_t kMaxPath = 4096;
 
@@ -100,6 +100,7 @@ std::string encode(const Manifest& m) {
   Writer w;
   w.u32(kMagic);
   w.u8(m.tree ? 1 : 0);
+  w.u64(m.chunk_size);
   w.u64(m.entries.size());
   for (const Entry& e : m.entries) {
     w.str(e.path);
@@ -123,9 +124,12 @@ Result<Manifest> decode(std::span<const std::byte> bytes) {
   uint64_t count = 0;
   if (!r.u32(magic) || magic != kMagic) return bad("bad magic");
   if (!r.u8(tree) || tree > 1) return bad("bad flags");
+  uint64_t chunk = 0;
+  if (!r.u64(chunk) || check_chunk_size(chunk)) return bad("bad chunk size");
   if (!r.u64(count) || count > kMaxEntries || count > bytes.size()) return bad("bad entry count");
   Manifest m;
   m.tree = tree == 1;
+  m.chunk_size = chunk;
   m.entries.reserve(count);
   std::unordered_set<std::string> dirs;  // a parent must be a directory listed earlier
   for (uint64_t i = 0; i < count; ++i) {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bcast/chunk.h"
 #include "bcast/error.h"
 
 namespace stage {
@@ -55,6 +56,10 @@ struct Entry {
 struct Manifest {
   std::vector<Entry> entries;
   bool tree = false;  // source was a directory (--recursive)
+  // The source rank's chunk size: every rank cuts the stream (and sizes its buffers) by this
+  // one, whatever its own setting, so ranks started with different --chunk-size values agree.
+  // decode() refuses one outside check_chunk_size's range.
+  uint64_t chunk_size = kDefaultChunk;
 };
 
 std::string encode(const Manifest& m);

@@ -125,4 +125,26 @@ Result<NodeRole> node_role(MpiComm& world, bool ranks_as_nodes) {
   return role;
 }
 
+Result<Ranks> start_ranks(int* argc, char*** argv, const RanksOptions& opt) {
+  Ranks r;
+  if (!launched_by_mpi_launcher()) {
+    r.world = std::make_unique<SelfComm>();
+    return r;
+  }
+  auto started = start_mpi(argc, argv, opt.start);
+  if (!started) return started.error();
+  r.env = std::move(started->env);
+  if (opt.node_topology) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto role = node_role(*started->world, opt.ranks_as_nodes);
+    if (!role) return role.error();
+    r.role = *role;
+    r.topology_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    r.role.node = started->world->rank();
+  }
+  r.world = std::move(started->world);
+  return r;
+}
+
 }  // namespace stage

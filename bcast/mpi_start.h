@@ -61,4 +61,24 @@ struct NodeRole {
 };
 Result<NodeRole> node_role(MpiComm& world, bool ranks_as_nodes);
 
+// The ranks of one job step, however the process was started; stage-bcast and the stagefs
+// daemon both begin with start_ranks(). With a launcher (srun, mpirun): MPI started under the
+// watchdog (start_mpi) and, when asked, this rank's place among the nodes (node_role). Without
+// one: a world of one rank (SelfComm) that is its node's writer, and no MPI at all.
+struct Ranks {
+  std::unique_ptr<MpiEnv> env;  // null without a launcher; declared first: finalized last
+  std::unique_ptr<Comm> world;  // MpiComm (a duplicate of MPI_COMM_WORLD) or SelfComm
+  NodeRole role;
+  double topology_s = 0;  // seconds node_role took
+  [[nodiscard]] bool mpi() const { return env != nullptr; }
+};
+struct RanksOptions {
+  MpiStartOptions start;
+  bool node_topology = true;    // compute `role` (collective); false: every rank a writer
+  bool ranks_as_nodes = false;  // node_role's: every rank its own node (tests on one machine)
+};
+// Collective over MPI_COMM_WORLD with a launcher. An error: the caller prints it and exits 1;
+// a start-up deadline passed: does not return (start_mpi).
+Result<Ranks> start_ranks(int* argc, char*** argv, const RanksOptions& opt);
+
 }  // namespace stage

@@ -80,8 +80,7 @@ std::string check_paths(DaemonConfig& cfg) {
   return {};
 }
 
-std::string validate_config(DaemonConfig& cfg) {
-  if (auto why = check_paths(cfg); !why.empty()) return why;
+std::string check_source_and_mount(const DaemonConfig& cfg) {
   struct stat st {};
   if (::stat(cfg.source_dir.c_str(), &st) != 0)
     return "SOURCE_DIR " + cfg.source_dir + ": " + std::strerror(errno);
@@ -158,7 +157,7 @@ std::string Daemon::setup_local() {
     usage_error_ = true;
     return why;
   }
-  if (auto why = validate_config(cfg_); !why.empty()) return why;
+  if (auto why = check_source_and_mount(cfg_); !why.empty()) return why;
   cfg_.mount.mountpoint = cfg_.mountpoint;
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
   // Copies are readable only through the mount.
@@ -400,13 +399,13 @@ int Daemon::run(int* argc, char*** argv) {
   // mpirun forwards to every rank and `srun --signal` / `sbatch --signal` send before a time
   // limit; SIGALRM. Set before MPI_Init: the launcher's own handlers come after.
   for (int s : {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM}) ::signal(s, SIG_IGN);
-  if (stage::launched_by_mpi_launcher()) {
-    auto started = stage::start_mpi(argc, argv, {"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED});
-    if (!started) {
-      spdlog::error("{}", started.error().message);
-      return 1;
-    }
-    env_ = std::move(started->env);
+  // One daemon per node: no node topology (every rank is its node's writer).
+  auto ranks = stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
+  if (!ranks) {
+    spdlog::error("{}", ranks.error().message);
+    return 1;
+  }
+  if (ranks->mpi()) {
     auto c = MpiControlPlane::create(MPI_COMM_WORLD, 0);
     if (!c) {
       spdlog::error("{}", c.error().message);
@@ -417,14 +416,14 @@ int Daemon::run(int* argc, char*** argv) {
       spdlog::error("{}", n.error().message);
       return 1;
     }
-    data_ = std::move(started->world);
     nested_ = std::move(n.value());
     ctl_ = std::move(c.value());
   } else {
-    data_ = std::make_unique<stage::SelfComm>();
     nested_ = std::make_unique<stage::SelfComm>();
     ctl_ = std::make_unique<LocalControlPlane>();
   }
+  env_ = std::move(ranks->env);
+  data_ = std::move(ranks->world);
   spdlog::set_pattern("[stagefs " + stage::host_name() + " r" + std::to_string(data_->rank()) + "] %l: %v");
 
   // Set up locally, then agree: either every node is mounted, or none stays mounted.

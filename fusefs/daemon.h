@@ -27,6 +27,11 @@
 
 namespace stagefs {
 
+// The largest --small-file-size: a batch's files share one stream and its buffers.
+inline constexpr uint64_t kMaxSmallFileSize = uint64_t{1} << 30;
+
+// The daemon's settings, one member per stagefs option: the values here are the defaults
+// (tools/stagefs.cc shows them in --help).
 struct DaemonConfig {
   std::string source_dir;
   std::string mountpoint;
@@ -46,7 +51,7 @@ struct DaemonConfig {
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
   // --small-file-size: files of at most this many bytes are staged with every other small
   // file of their directory in one transfer (0: every file alone).
-  uint64_t small_file_size = 1024 * 1024;
+  uint64_t small_file_size = stage::kMiB;  // at most kMaxSmallFileSize
   // --read-during-copy: an open of a file being copied returns once its transfer runs here;
   // reads wait for their chunks only (and ask for them first).
   bool read_during_copy = true;
@@ -79,13 +84,15 @@ int run_daemon(DaemonConfig cfg, int* argc, char*** argv);
 // `stagefs --wait MOUNTPOINT`: returns 0 once every node of the group has mounted.
 int wait_ready(const std::string& mountpoint, double timeout_s);
 
-// Checks the configuration before anything is mounted; an explanation, or empty.
-std::string validate_config(DaemonConfig& cfg);
-// The part of validate_config that is a usage error (exit status 2): the three paths made
+// The configuration is checked before anything is mounted, in two steps that each return an
+// explanation, or empty. First the usage errors (exit status 2): the three paths made
 // absolute with symlinks resolved (cfg is updated), then refused when one lies inside another
 // (MOUNTPOINT in SOURCE_DIR or in --cache, --cache in SOURCE_DIR or MOUNTPOINT, SOURCE_DIR in
 // --cache, SOURCE_DIR = MOUNTPOINT) or SOURCE_DIR is on a pseudo filesystem (/proc, /sys...).
 // The message names both paths.
 std::string check_paths(DaemonConfig& cfg);
+// Then, on the paths check_paths made absolute: SOURCE_DIR is a directory, the stall timeout
+// is positive, the mount point can be mounted on (check_mountpoint).
+std::string check_source_and_mount(const DaemonConfig& cfg);
 
 }  // namespace stagefs

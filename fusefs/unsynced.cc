@@ -145,9 +145,9 @@ void UnsyncedLog::discard(int root_fd) {
 }
 
 UnsyncedLog::UnsyncedLog(int root_fd, int data_fd, std::chrono::milliseconds delay,
-                         std::function<void(const std::string&)> on_removed)
+                         std::function<void(const std::string&)> on_removed, SyncFs syncfs)
     : root_fd_(root_fd), data_fd_(data_fd), delay_(delay), on_removed_(std::move(on_removed)),
-      header_(kMagic + current_boot_id() + std::string(1, '\0')) {
+      syncfs_(std::move(syncfs)), header_(kMagic + current_boot_id() + std::string(1, '\0')) {
   if (delay_.count() > 0) thread_ = std::thread([this] { run(); });
 }
 

@@ -55,6 +55,10 @@ struct RecoveryCounts {
   bool unreadable = false;  // a log that could not be read: nothing is known to be synced
 };
 
+// The sync of a whole filesystem the log calls: syncfs(fd) (0, or -1 with errno). A seam:
+// tests pass a fake that counts the calls or fails them.
+using SyncFs = std::function<int(int)>;
+
 class UnsyncedLog {
  public:
   inline static const char* const kName = "unsynced";
@@ -62,7 +66,7 @@ class UnsyncedLog {
   // root_fd: CACHE (holds the log); data_fd: CACHE/data (the names are relative to it).
   // on_removed: told of each copy removed because it could not be synced (to update the index).
   UnsyncedLog(int root_fd, int data_fd, std::chrono::milliseconds delay,
-              std::function<void(const std::string&)> on_removed);
+              std::function<void(const std::string&)> on_removed, SyncFs syncfs = ::syncfs);
   ~UnsyncedLog();  // close()
   UnsyncedLog(const UnsyncedLog&) = delete;
   UnsyncedLog& operator=(const UnsyncedLog&) = delete;
@@ -89,8 +93,6 @@ class UnsyncedLog {
   // Waits until at least n copies were synced (by the background thread or flush()), at most
   // timeout. Returns whether they were.
   bool wait_synced(uint64_t n, std::chrono::milliseconds timeout);
-  // Tests: the syncfs() the log calls (fault injection, counting). Set before record().
-  void set_syncfs_for_tests(std::function<int(int)> f) { syncfs_ = std::move(f); }
 
  private:
   void run();
@@ -102,7 +104,7 @@ class UnsyncedLog {
   int data_fd_;
   std::chrono::milliseconds delay_;
   std::function<void(const std::string&)> on_removed_;
-  std::function<int(int)> syncfs_ = [](int fd) { return ::syncfs(fd); };
+  const SyncFs syncfs_;
   const std::string header_;  // the first record: magic and boot id
   mutable std::mutex m_;  // guards everything below
   std::condition_variable cv_;

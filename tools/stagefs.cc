@@ -1,6 +1,7 @@
 // stagefs: mount a read-only view of SOURCE_DIR whose files are copied onto every node's
 // local disk at their first open (one MPI broadcast per file for the whole job step).
-// A thin shell over fusefs/daemon.h: parse options, run the daemon or wait for readiness.
+// A thin shell over fusefs/daemon.h: parse options into DaemonConfig (whose member values are
+// the defaults --help shows), run the daemon or wait for readiness.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include "fusefs/daemon.h"
 #include "fusefs/log.h"
 #include "tools/help_format.h"
+#include "tools/options.h"
 
 namespace {
 
@@ -35,53 +37,69 @@ CLI::Validator seconds(double lo, double hi) {
       "SECONDS");
 }
 
-}  // namespace
+// --cache-size: bytes with K/M/G/T, or N% of the cache filesystem.
+void parse_cache_size(const std::string& text, stagefs::DaemonConfig& cfg) {
+  if (!text.empty() && text.back() == '%') {
+    char* end = nullptr;
+    const double pct = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100))
+      throw CLI::ValidationError("--cache-size", "not a percentage in (0, 100]: '" + text + "'");
+    cfg.cache_size_percent = pct;
+    return;
+  }
+  const auto n = stage::parse_size(text);
+  if (!n || *n == 0) throw CLI::ValidationError("--cache-size", "not a size: '" + text + "'");
+  cfg.cache_size = *n;
+}
 
-int main(int argc, char** argv) {
+const std::vector<std::pair<std::string, bool>> kOnOff{{"on", true}, {"off", false}};
+
+const char* const kAbout =
+    "stagefs: a read-only FUSE view of SOURCE_DIR at MOUNTPOINT. The first open of a file, on any\n"
+    "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
+    "source); reads are then served from the local copy (kernel passthrough where the kernel and\n"
+    "privileges allow it), and a large file's reads may start before its copy ends.\n"
+    "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
+    "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
+    "  stagefs --wait /stage        # returns once every node has mounted\n"
+    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
+    "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
+    "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
+    "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
+    "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
+    "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
+    "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
+    "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
+    "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).";
+
+// The command line: the daemon's settings, and what only this command uses.
+struct Cli {
   stagefs::DaemonConfig cfg;
-  std::string chunk = "16M", bcast_algorithm = "auto", on_stall = "eio", direct_io = "off", verify = "crc",
-              read_during_copy = "on", nested_batches = "on", prefetch_siblings = "on", cache_size,
-              small_file_size = "1M", batch_max_bytes = "256M", prefetch_max_bytes = "1G", wait_for;
+  std::string wait_for;
   double wait_timeout = 300;
-  bool verbose = false, no_passthrough = false, debug_fuse = false;
-  CLI::App app{
-      "stagefs: a read-only FUSE view of SOURCE_DIR at MOUNTPOINT. The first open of a file, on any\n"
-      "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
-      "source); reads are then served from the local copy (kernel passthrough where the kernel and\n"
-      "privileges allow it), and a large file's reads may start before its copy ends.\n"
-      "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
-      "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
-      "  stagefs --wait /stage        # returns once every node has mounted\n"
-      "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
-      "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
-      "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
-      "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
-      "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
-      "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
-      "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
-      "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
-      "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).",
-      "stagefs"};
-  stagetools::use_help_format(app);
-  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+  bool verbose = false, no_passthrough = false;
+};
+
+void add_options(CLI::App& app, Cli& cli) {
+  using stagetools::add_choice;
+  using stagetools::add_size;
+  stagefs::DaemonConfig& cfg = cli.cfg;
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
   app.add_option("--cache", cfg.cache_dir,
                  "node-local directory for the copies (created 0700); not inside SOURCE_DIR or "
                  "MOUNTPOINT, nor containing either");
-  app.add_option("--wait", wait_for, "do not mount: wait until the mount at this path is ready on every node")
+  app.add_option("--wait", cli.wait_for, "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
-  app.add_option("--wait-timeout", wait_timeout, "seconds --wait waits")
+  app.add_option("--wait-timeout", cli.wait_timeout, "seconds --wait waits")
       ->capture_default_str()
       ->check(seconds(0.001, 1e6));
-  app.add_option("--chunk-size", chunk, "broadcast chunk, 4K..1G")->capture_default_str();
-  app.add_option("--bcast-algorithm", bcast_algorithm,
-                 "how chunk data travels: chain (every chunk through one pipelined chain of "
-                 "segments, the source sends each byte once; time nearly flat in the node count), "
-                 "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast, chunk by chunk), "
-                 "auto (chain for transfers over 64 KiB)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "chain", "tree", "mpi"}));
+  add_size(app, "--chunk-size", cfg.chunk_size, "broadcast chunk, 4K..1G", stage::check_chunk_size);
+  add_choice(app, "--bcast-algorithm", cfg.bcast_algorithm, stagetools::bcast_algorithms(),
+             "how chunk data travels: chain (every chunk through one pipelined chain of "
+             "segments, the source sends each byte once; time nearly flat in the node count), "
+             "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast, chunk by chunk), "
+             "auto (chain for transfers over 64 KiB)");
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
       ->capture_default_str()
       ->check(seconds(0, 1e9));
@@ -99,70 +117,62 @@ int main(int argc, char** argv) {
                  "job's time limit); then it says so and exits with status 3. 0 waits forever")
       ->capture_default_str()
       ->check(seconds(0, 1e6));
-  app.add_option("--on-stall", on_stall,
-                 "what a stalled open does: eio (fail) or source (read the shared source directly)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"eio", "source"}));
-  app.add_option("--direct-io", direct_io,
-                 "off: buffered cache writes, so the copy is in the page cache for the read that "
-                 "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
-                 "while materializing, but the first read comes from disk)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "off"}));
-  app.add_option("--verify-cache", verify,
-                 "crc: before a copy found in the cache (made by an earlier mount) is first served, "
-                 "read it once and check the CRC it was recorded with; a corrupted copy is removed "
-                 "and copied again. none: trust size, mtime, ctime and inode")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"crc", "none"}));
-  app.add_option("--cache-size", cache_size,
-                 "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
-                 "recently used copies not open on the node are evicted to make room (default: no "
-                 "limit beyond the filesystem's free space)");
-  app.add_option("--read-during-copy", read_during_copy,
-                 "on: an open of a file being copied returns as soon as its transfer runs on this "
-                 "node; a read waits only for the chunks it needs, and the source sends the chunks "
-                 "readers on any node wait for first (such a handle is served by the daemon, not "
-                 "kernel passthrough). off: an open waits for the whole verified copy")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--nested-batches", nested_batches,
-                 "on: a batch of small files opened while a large file is being copied is copied "
-                 "at once, on a second communicator, nested at the next chunk of the large "
-                 "stream, instead of waiting until the large copy ends (only the setting of rank "
-                 "0 counts). off: one transfer at a time")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--prefetch-siblings", prefetch_siblings,
-                 "on: once opens have staged the small files of two directories with the same "
-                 "parent (a reader walking a tree), the small files of the parent's other "
-                 "subdirectories (those every user may list and enter) are staged too, one "
-                 "directory after another, in the background: only when no open waits, so the "
-                 "source is read while readers read what is already here (only the setting of "
-                 "rank 0 counts). off: only what opens ask for")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
+  add_choice(app, "--on-stall", cfg.on_stall,
+             {{"eio", stagefs::StallPolicy::eio}, {"source", stagefs::StallPolicy::source}},
+             "what a stalled open does: eio (fail) or source (read the shared source directly)");
+  add_choice(app, "--direct-io", cfg.direct_io, {{"auto", true}, {"off", false}},
+             "off: buffered cache writes, so the copy is in the page cache for the read that "
+             "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
+             "while materializing, but the first read comes from disk)");
+  add_choice(app, "--verify-cache", cfg.verify, {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
+             "crc: before a copy found in the cache (made by an earlier mount) is first served, "
+             "read it once and check the CRC it was recorded with; a corrupted copy is removed "
+             "and copied again. none: trust size, mtime, ctime and inode");
+  app.add_option_function<std::string>(
+      "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
+      "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
+      "recently used copies not open on the node are evicted to make room (default: no "
+      "limit beyond the filesystem's free space)");
+  add_choice(app, "--read-during-copy", cfg.read_during_copy, kOnOff,
+             "on: an open of a file being copied returns as soon as its transfer runs on this "
+             "node; a read waits only for the chunks it needs, and the source sends the chunks "
+             "readers on any node wait for first (such a handle is served by the daemon, not "
+             "kernel passthrough). off: an open waits for the whole verified copy");
+  add_choice(app, "--nested-batches", cfg.nested_batches, kOnOff,
+             "on: a batch of small files opened while a large file is being copied is copied "
+             "at once, on a second communicator, nested at the next chunk of the large "
+             "stream, instead of waiting until the large copy ends (only the setting of rank "
+             "0 counts). off: one transfer at a time");
+  add_choice(app, "--prefetch-siblings", cfg.prefetch_siblings, kOnOff,
+             "on: once opens have staged the small files of two directories with the same "
+             "parent (a reader walking a tree), the small files of the parent's other "
+             "subdirectories (those every user may list and enter) are staged too, one "
+             "directory after another, in the background: only when no open waits, so the "
+             "source is read while readers read what is already here (only the setting of "
+             "rank 0 counts). off: only what opens ask for");
   app.add_option("--batch-max-files", cfg.batch_max_files,
                  "a batch stages at most this many small files: a larger directory goes in several "
                  "batches, the opened file's first, and other users' opens are served between them "
                  "(only the setting of rank 0 counts). 0: no limit")
       ->capture_default_str();
-  app.add_option("--batch-max-bytes", batch_max_bytes,
-                 "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit")
-      ->capture_default_str();
+  add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
+           "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit");
   app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
       ->capture_default_str();
-  app.add_option("--prefetch-max-bytes", prefetch_max_bytes,
-                 "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
-                 "walked parent; what is left waits for its opens (rank 0's setting). 0: no limit")
-      ->capture_default_str();
-  app.add_option("--small-file-size", small_file_size,
-                 "files of at most this size (bytes with K/M/G) are staged by directory: the first "
-                 "open of one copies every small file of its directory (not subdirectories) in one "
-                 "transfer; larger files are copied alone. 0: every file alone")
-      ->capture_default_str();
+  add_size(app, "--prefetch-max-bytes", cfg.prefetch_max_bytes,
+           "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
+           "walked parent; what is left waits for its opens (rank 0's setting). 0: no limit");
+  add_size(app, "--small-file-size", cfg.small_file_size,
+           "files of at most this size (bytes with K/M/G) are staged by directory: the first "
+           "open of one copies every small file of its directory (not subdirectories) in one "
+           "transfer; larger files are copied alone. 0: every file alone",
+           [](uint64_t n) -> std::optional<std::string> {
+             if (n > stagefs::kMaxSmallFileSize)
+               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" + stage::size_text(n) + "'";
+             return std::nullopt;
+           });
   app.add_option("--sync-after", cfg.sync_after,
                  "seconds after a batch's copies are published that they are synced to disk in "
                  "the background: the open that waits for a batch never waits for the "
@@ -180,10 +190,20 @@ int main(int argc, char** argv) {
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  app.add_flag("--no-passthrough", no_passthrough,
+  app.add_flag("--no-passthrough", cli.no_passthrough,
                "serve reads from the daemon even where passthrough works");
-  app.add_flag("-v,--verbose", verbose, "debug logging");
-  app.add_flag("-d,--debug-fuse", debug_fuse, "log every FUSE request (libfuse -d)");
+  app.add_flag("-v,--verbose", cli.verbose, "debug logging");
+  app.add_flag("-d,--debug-fuse", cfg.mount.debug, "log every FUSE request (libfuse -d)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli cli;
+  CLI::App app{kAbout, "stagefs"};
+  stagetools::use_help_format(app);
+  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+  add_options(app, cli);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -196,12 +216,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", e.what());
     return 2;
   }
+  stagefs::DaemonConfig& cfg = cli.cfg;
   if (app.count("--wait") > 0) {
-    if (wait_for.empty()) {
+    if (cli.wait_for.empty()) {
       std::fprintf(stderr, "stagefs: --wait: empty mount point\nTry 'stagefs --help'.\n");
       return 2;
     }
-    return stagefs::wait_ready(wait_for, wait_timeout);
+    return stagefs::wait_ready(cli.wait_for, cli.wait_timeout);
   }
   auto usage = [](const std::string& m) {
     std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
@@ -210,45 +231,10 @@ int main(int argc, char** argv) {
   if (cfg.source_dir.empty() || cfg.mountpoint.empty())
     return usage("SOURCE_DIR and MOUNTPOINT are required");
   if (cfg.cache_dir.empty()) return usage("--cache CACHE_DIR is required");
-  const auto c = stage::parse_size(chunk);
-  if (!c) return usage("--chunk-size: not a size: '" + chunk + "'");
-  if (auto why = stage::check_chunk_size(*c)) return usage("--chunk-size: " + *why);
-  cfg.chunk_size = *c;
-  if (!cache_size.empty()) {
-    if (cache_size.back() == '%') {
-      char* end = nullptr;
-      const double pct = std::strtod(cache_size.c_str(), &end);
-      if (end != cache_size.c_str() + cache_size.size() - 1 || !(pct > 0 && pct <= 100))
-        return usage("--cache-size: not a percentage in (0, 100]: '" + cache_size + "'");
-      cfg.cache_size_percent = pct;
-    } else {
-      const auto n = stage::parse_size(cache_size);
-      if (!n || *n == 0) return usage("--cache-size: not a size: '" + cache_size + "'");
-      cfg.cache_size = *n;
-    }
-  }
-  const auto small = stage::parse_size(small_file_size);
-  if (!small) return usage("--small-file-size: not a size: '" + small_file_size + "'");
-  if (*small > (1ULL << 30)) return usage("--small-file-size: at most 1G: '" + small_file_size + "'");
-  cfg.small_file_size = *small;
-  const auto bmb = stage::parse_size(batch_max_bytes);
-  if (!bmb) return usage("--batch-max-bytes: not a size: '" + batch_max_bytes + "'");
-  cfg.batch_max_bytes = *bmb;
-  const auto pmb = stage::parse_size(prefetch_max_bytes);
-  if (!pmb) return usage("--prefetch-max-bytes: not a size: '" + prefetch_max_bytes + "'");
-  cfg.prefetch_max_bytes = *pmb;
-  cfg.bcast_algorithm = *stage::parse_bcast_algorithm(bcast_algorithm);  // checked by CLI11 above
-  cfg.direct_io = direct_io == "auto";
-  cfg.verify = verify == "none" ? stagefs::Verify::none : stagefs::Verify::crc;
-  cfg.read_during_copy = read_during_copy == "on";
-  cfg.nested_batches = nested_batches == "on";
-  cfg.prefetch_siblings = prefetch_siblings == "on";
-  cfg.on_stall = on_stall == "source" ? stagefs::StallPolicy::source : stagefs::StallPolicy::eio;
-  cfg.mount.passthrough = !no_passthrough;
-  cfg.mount.debug = debug_fuse;
+  cfg.mount.passthrough = !cli.no_passthrough;
   // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
   // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("stagefs", stagefs::escaping_sink()));
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  spdlog::set_level(cli.verbose ? spdlog::level::debug : spdlog::level::info);
   return stagefs::run_daemon(cfg, &argc, &argv);
 }

@@ -16,7 +16,8 @@ def entry(path, typ, size, target=b""):
             struct.pack("<QQQQQQI", size, size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target)
 
 def manifest(tree, entries):
-    return struct.pack("<IBQ", 0x53544732, 1 if tree else 0, len(entries)) + b"".join(entries)
+    chunk = 16 << 20
+    return struct.pack("<IBQQ", 0x53544733, 1 if tree else 0, chunk, len(entries)) + b"".join(entries)
 
 seeds = {
     "req": msg(1, 0, "images/pytorch.sqsh"),

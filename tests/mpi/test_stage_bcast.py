@@ -722,11 +722,9 @@ class StageBcastTest(unittest.TestCase):
         self.assertEqual(rep["nodes_written"], 1)
         self.assert_copy(src, os.path.join(self.work, "rank0", "img.bin"))
         self.assertEqual(sorted(os.listdir(self.work)), ["rank0", "shared"], "a relay rank wrote")
-        # STAGE_RANKS_AS_NODES=1 is the same as --ranks-as-nodes.
-        env = mpi_env()
-        env["STAGE_RANKS_AS_NODES"] = "1"
-        r = run(MPIRUN + ["-np", str(NP), "-x", "STAGE_RANKS_AS_NODES", BIN, "--source", src,
-                          "--dest", self.dest_pattern(), "--json"], env=env)
+        # --ranks-as-nodes: every rank is its own node.
+        r = run(MPIRUN + ["-np", str(NP), BIN, "--source", src, "--ranks-as-nodes",
+                          "--dest", self.dest_pattern(), "--json"], env=mpi_env())
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(self.report_of(r)["nodes"], NP)
         for k in range(NP):

@@ -10,6 +10,7 @@
 #include "bcast/chunk.h"
 #include "bcast/crc.h"
 #include "bcast/engine.h"
+#include "bcast/job.h"
 #include "bcast/manifest.h"
 #include "bcast/stream.h"
 #include "fusefs/log.h"
@@ -42,6 +43,25 @@ TEST(Chunk, Overlap) {
   EXPECT_EQ(overlap(0, 10, 5, 10).length, 5U);
   EXPECT_EQ(overlap(0, 10, 10, 10).length, 0U);
   EXPECT_EQ(overlap(3, 2, 0, 100).length, 2U);
+}
+
+// How --help shows a default size: the largest exact unit, read back to the same bytes.
+TEST(Chunk, SizeTextIsParseSizesInverse) {
+  EXPECT_EQ(size_text(16 * kMiB), "16M");
+  EXPECT_EQ(size_text(uint64_t{256} << 20), "256M");
+  EXPECT_EQ(size_text(1ULL << 30), "1G");
+  EXPECT_EQ(size_text(4096), "4K");
+  EXPECT_EQ(size_text(1000), "1000");
+  EXPECT_EQ(size_text(0), "0");
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, kMiB + 1, uint64_t{3} << 40, 5 * kMiB})
+    EXPECT_EQ(parse_size(size_text(n)), n) << n;
+}
+
+// stage-bcast's --dest pattern, per rank.
+TEST(BcastJob, ExpandsDestPattern) {
+  EXPECT_EQ(expand_dest("/t/node%n/img.%r", 5, 2, "h1"), "/t/node2/img.5");
+  EXPECT_EQ(expand_dest("/t/%h/100%%/%x%", 0, 0, "host"), "/t/host/100%/%x%");
+  EXPECT_EQ(expand_dest("plain", 1, 1, "h"), "plain");
 }
 
 TEST(Chunk, ParseSize) {
@@ -101,10 +121,12 @@ Manifest sample_tree() {
 }
 
 TEST(Manifest, RoundTrip) {
-  const Manifest m = sample_tree();
+  Manifest m = sample_tree();
+  m.chunk_size = 4 * kMiB;
   const std::string wire = encode(m);
   auto back = decode(std::as_bytes(std::span(wire.data(), wire.size())));
   ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->chunk_size, 4 * kMiB);  // the source rank's, for every rank
   ASSERT_EQ(back->entries.size(), m.entries.size());
   EXPECT_EQ(back->entries[2].meta, m.entries[2].meta);
   EXPECT_EQ(back->entries[3].link_target, "a/f");
@@ -119,6 +141,11 @@ TEST(Manifest, RejectsUnsafeOrMalformed) {
     Manifest m = sample_tree();
     m.entries[2].path = bad;
     EXPECT_FALSE(decode_str(encode(m))) << bad;
+  }
+  for (uint64_t chunk : {uint64_t{0}, uint64_t{100}, kMaxChunk + 1}) {
+    Manifest m = sample_tree();
+    m.chunk_size = chunk;
+    EXPECT_FALSE(decode_str(encode(m))) << "chunk size " << chunk;
   }
   Manifest m = sample_tree();
   m.entries.push_back({"link/escape", EntryType::file, {1, 0, 0, 0, 0, 0644}, {}});  // under a symlink

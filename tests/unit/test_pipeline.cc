@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -636,6 +637,46 @@ TEST_F(EnginePipelineTest, StagesThroughChainAndTree) {
       EXPECT_EQ(net.bytes_sent(3), data.size() + chunks * hdr);
     else
       EXPECT_EQ(net.bytes_sent(3), 2 * (data.size() + chunks * hdr) + 2);
+  }
+}
+
+// Ranks started with different chunk sizes: every rank cuts the stream by the source rank's
+// (it travels in the manifest), on the chain and the tree (Comm::bcast: tests/mpi).
+TEST_F(EnginePipelineTest, EveryRankFollowsTheSourceRanksChunkSize) {
+  const std::string data = random_bytes(700001, 9);
+  write_file(path("src.bin"), data);
+  PosixSource src;
+  PosixStore store;
+  const std::array<uint64_t, 4> chunk_of_rank{4096, 100000, 65536 * 3, 16 * kMiB};
+  const int root = 1;
+  for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
+    const int n = static_cast<int>(chunk_of_rank.size());
+    World w(n);
+    FakeNet net(n);
+    std::vector<StageReport> reports(n);
+    const std::string dir = "follow-" + std::string(to_string(algo));
+    run_ranks(w, [&](ThreadComm& c) {
+      FakeP2P p(net, c.rank());
+      c.attach(&p);
+      StageOptions opt;
+      opt.chunk_size = chunk_of_rank[static_cast<size_t>(c.rank())];
+      opt.bcast_algorithm = algo;
+      opt.pipeline.segment = 8192;
+      // A rank that cut the stream otherwise would refuse a header and leave the others
+      // waiting: they then give up instead of hanging the test.
+      opt.pipeline.stall_timeout = std::chrono::seconds(10);
+      opt.root = root;
+      opt.pre = Validate::none;
+      StageEndpoint ep{path("src.bin"), path(dir + std::to_string(c.rank()) + "/f"), true};
+      reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, opt, ep);
+    });
+    for (int r = 0; r < n; ++r) {
+      const StageReport& rep = reports[static_cast<size_t>(r)];
+      EXPECT_TRUE(rep.ok) << to_string(algo) << " rank " << r << ": "
+                          << (rep.errors.empty() ? "" : rep.errors.front());
+      EXPECT_TRUE(read_file(path(dir + std::to_string(r) + "/f")) == data) << to_string(algo) << " rank " << r;
+      EXPECT_EQ(rep.chunks, chunk_count(data.size(), chunk_of_rank[root])) << to_string(algo) << " rank " << r;
+    }
   }
 }
 

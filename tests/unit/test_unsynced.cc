@@ -99,7 +99,7 @@ TEST_F(UnsyncedLogTest, TheBackgroundThreadSyncsPublishedCopiesAfterTheDelay) {
 
 // A flush of many copies: one syncfs() instead of a sync per copy; if syncfs() fails, each
 // copy is synced on its own (which names the failed ones); a flush of few copies never calls
-// syncfs(). The hook counts the calls and fails them on demand.
+// syncfs(). A fake syncfs behind the log's SyncFs seam counts the calls and fails them on demand.
 class SyncfsFlushTest : public UnsyncedLogTest {
  protected:
   std::vector<std::string> make_copies(size_t n) {
@@ -111,13 +111,15 @@ class SyncfsFlushTest : public UnsyncedLogTest {
     }
     return names;
   }
-  void flush_all(UnsyncedLog& log, const std::vector<std::string>& names, bool syncfs_fails) {
-    log.set_syncfs_for_tests([this, syncfs_fails](int fd) {
+  SyncFs counting_syncfs(bool fails) {
+    return [this, fails](int fd) {
       ++calls_;
-      if (!syncfs_fails) return ::syncfs(fd);
+      if (!fails) return ::syncfs(fd);
       errno = EIO;
       return -1;
-    });
+    };
+  }
+  static void flush_all(UnsyncedLog& log, const std::vector<std::string>& names) {
     ASSERT_TRUE(log.record(names).ok());
     log.published(names);
     log.flush();
@@ -127,8 +129,8 @@ class SyncfsFlushTest : public UnsyncedLogTest {
 
 TEST_F(SyncfsFlushTest, ManyCopiesAreSyncedByOneSyncfs) {
   const auto names = make_copies(UnsyncedLog::kSyncfsFrom);
-  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr);
-  flush_all(log, names, false);
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr, counting_syncfs(false));
+  flush_all(log, names);
   EXPECT_EQ(calls_, 1);
   EXPECT_EQ(log.synced(), names.size());
   EXPECT_EQ(log.pending(), 0U);
@@ -138,8 +140,9 @@ TEST_F(SyncfsFlushTest, ManyCopiesAreSyncedByOneSyncfs) {
 TEST_F(SyncfsFlushTest, AFailedSyncfsSyncsEachCopyOnItsOwnAndKeepsTheGoodOnes) {
   const auto names = make_copies(UnsyncedLog::kSyncfsFrom + 1);
   std::vector<std::string> removed;
-  UnsyncedLog log(root_.get(), data_.get(), 3600s, [&](const std::string& n) { removed.push_back(n); });
-  flush_all(log, names, true);
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, [&](const std::string& n) { removed.push_back(n); },
+                  counting_syncfs(true));
+  flush_all(log, names);
   EXPECT_EQ(calls_, 1);
   EXPECT_EQ(log.synced(), names.size());  // each fdatasync succeeded
   EXPECT_TRUE(removed.empty());
@@ -149,8 +152,8 @@ TEST_F(SyncfsFlushTest, AFailedSyncfsSyncsEachCopyOnItsOwnAndKeepsTheGoodOnes) {
 
 TEST_F(SyncfsFlushTest, AFewCopiesAreSyncedOnTheirOwn) {
   const auto names = make_copies(UnsyncedLog::kSyncfsFrom - 1);
-  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr);
-  flush_all(log, names, false);
+  UnsyncedLog log(root_.get(), data_.get(), 3600s, nullptr, counting_syncfs(false));
+  flush_all(log, names);
   EXPECT_EQ(calls_, 0);
   EXPECT_EQ(log.synced(), names.size());
 }

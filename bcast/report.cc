@@ -1,4 +1,4 @@
-#include "tools/report.h"
+#include "bcast/report.h"
 
 #include <cstdio>
 

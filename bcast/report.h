@@ -1,5 +1,5 @@
 // Human and machine reports of a transfer (mpi-stage's timing table, JSON), and the progress
-// line shown on a terminal. Used by the tools only; not thread-safe.
+// line shown on a terminal. Used by stage-bcast (bcast/job.h); not thread-safe.
 #pragma once
 
 #include <chrono>

@@ -1,0 +1,69 @@
+// Options bound to the config structs' members, for the three commands: the member's value
+// before parsing is the default --help shows (and the man page, made from --help), so each
+// default is written once, in its struct. Sizes are read with K/M/G/T (stage::parse_size) and
+// shown the same way; a word from a fixed list stands for a value (an enum, on/off). A value
+// that does not parse is a usage error "NAME: why" (CLI::ValidationError, exit status 2).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bcast/chunk.h"
+#include "bcast/pipeline.h"
+
+namespace stagetools {
+
+// An explanation if the size is out of range, or nothing.
+using SizeCheck = std::function<std::optional<std::string>(uint64_t)>;
+
+// `malformed` begins the message for a value that is not a size at all.
+inline CLI::Option* add_size(CLI::App& app, const std::string& name, uint64_t& target, const std::string& desc,
+                             SizeCheck check = {}, std::string malformed = "not a size") {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [t = &target, name, check = std::move(check), malformed = std::move(malformed)](const std::string& text) {
+            const auto n = stage::parse_size(text);
+            if (!n) throw CLI::ValidationError(name, malformed + ": '" + text + "'");
+            if (check)
+              if (auto why = check(*n)) throw CLI::ValidationError(name, *why);
+            *t = *n;
+          },
+          desc)
+      ->default_str(stage::size_text(target));
+}
+
+template <class T>
+CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target, std::vector<std::pair<std::string, T>> words,
+                        const std::string& desc) {
+  std::vector<std::string> names;
+  std::string shown;
+  for (const auto& [word, value] : words) {
+    names.push_back(word);
+    if (shown.empty() && value == target) shown = word;
+  }
+  return app
+      .add_option_function<std::string>(
+          name,
+          [t = &target, words = std::move(words)](const std::string& text) {
+            for (const auto& [word, value] : words)
+              if (word == text) *t = value;
+          },
+          desc)
+      ->check(CLI::IsMember(names))
+      ->default_str(shown);
+}
+
+// --bcast-algorithm's words, for both tools: the names bcast/pipeline.h gives the algorithms.
+inline std::vector<std::pair<std::string, stage::BcastAlgorithm>> bcast_algorithms() {
+  std::vector<std::pair<std::string, stage::BcastAlgorithm>> words;
+  for (auto a : {stage::BcastAlgorithm::automatic, stage::BcastAlgorithm::chain, stage::BcastAlgorithm::tree,
+                 stage::BcastAlgorithm::mpi})
+    words.emplace_back(stage::to_string(a), a);
+  return words;
+}
+
+}  // namespace stagetools
