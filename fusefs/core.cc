@@ -16,6 +16,7 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
+#include "fusefs/cache_rules.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
@@ -705,9 +706,8 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
 void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
   ask.since = mat_.epoch();  // before the look into the cache
-  // Batches hold only files every user may read (BeneathSource::scan_small_files).
-  ask.small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
-              (src.st_mode & S_IROTH) != 0;
+  // The batch's own rule (cache_rules.h), so an open asks for a batch only if it holds rel.
+  ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size);
   const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
   // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.

@@ -11,6 +11,7 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache.h"
+#include "fusefs/cache_rules.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -27,6 +28,25 @@ class NodeCacheTest : public TmpDirTest {
     ::chmod(dir_.c_str(), 0755);
   }
 };
+
+// The one rule every room applies to a batch of small files (the scan, the room-making, the
+// core's choice between a batch and a transfer of one file).
+TEST(BatchRule, TakesSmallRegularFilesEveryUserMayReadExceptTemporaryNames) {
+  struct stat st {};
+  st.st_mode = S_IFREG | 0644;
+  st.st_size = 100;
+  EXPECT_TRUE(batch_eligible(st, "a.txt", 100));
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 99));                 // larger than the limit
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 0));                  // no batches
+  EXPECT_FALSE(batch_eligible(st, ".a.txt.stage-tmp.h.1", 100));  // a copy's temporary name
+  EXPECT_TRUE(batch_eligible(st, "a.txt.stage-tmp.h.1", 100));   // not the store's shape
+  st.st_mode = S_IFREG | 0640;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));  // not readable by every user
+  st.st_mode = S_IFDIR | 0755;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));
+  st.st_mode = S_IFLNK | 0777;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));
+}
 
 TEST_F(NodeCacheTest, CreatesAPrivateCacheAndLocksIt) {
   auto c = NodeCache::open(path("a/b/cache"));
