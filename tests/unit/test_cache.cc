@@ -204,6 +204,69 @@ TEST_F(NodeCacheTest, BatchLookupsAgreeWithTheOneFileCalls) {
   EXPECT_EQ(cache.usage().files, 0U);
 }
 
+// Room-making before a batch counts the files the batch takes (batch_eligible), and only
+// those: a large file named like a copy's temporary file, or one that not every user may read,
+// is never staged by the batch and must not cost this node its cached copies.
+TEST_F(NodeCacheTest, AdmittingABatchMakesRoomForTheFilesTheBatchTakesOnly) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  put(cache, "old", 65536);
+  fs::create_directories(path("src/d"));
+  write_file(path("src/d/a"), std::string(4096, 'a'));
+  write_file(path("src/d/.big.stage-tmp.h.1"), std::string(65536, 't'));  // a temporary name
+  write_file(path("src/d/private"), std::string(65536, 'p'));
+  ASSERT_EQ(::chmod(path("src/d/a").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path("src/d/.big.stage-tmp.h.1").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path("src/d/private").c_str(), 0600), 0);  // not o+r
+  struct stat a {};
+  ASSERT_EQ(::stat(path("src/d/a").c_str(), &a), 0);
+  // Room for "old" and "a", not for one more 64 KiB file.
+  cache.set_limit(cache.usage().bytes + stage::allocated_from_stat(a) + cache.copy_overhead() + 4096);
+  stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  EXPECT_EQ(cache.usage().evictions, 0U);
+  EXPECT_TRUE(fs::exists(path("c/data/old")));
+  (void)cache.batch_done("d", {});
+  // A file the batch does take, and that does not fit: "old" makes room for it.
+  write_file(path("src/d/b"), std::string(65536, 'b'));
+  ASSERT_EQ(::chmod(path("src/d/b").c_str(), 0644), 0);
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/false);
+  EXPECT_EQ(cache.usage().evictions, 0U);  // a prefetch never evicts
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  EXPECT_EQ(cache.usage().evictions, 1U);
+  EXPECT_FALSE(fs::exists(path("c/data/old")));
+  (void)cache.batch_done("d", {});
+}
+
+// Before a transfer of one file, the file's outdated copy goes first (its space counts as
+// free), then room is made; no room under the limit is an error (this node relays the
+// transfer without writing).
+TEST_F(NodeCacheTest, AdmittingATransferRemovesTheOutdatedCopyAndMakesRoom) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  put(cache, "f", 65536);  // recorded as made from another version than src/f
+  put(cache, "other", 65536);
+  write_file(path("src/f"), std::string(65536, 'f'));
+  cache.set_limit(cache.usage().bytes + cache.copy_overhead());  // room once f's old copy went
+  stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  ASSERT_TRUE(cache.admit_transfer(root.get(), "f"));
+  EXPECT_FALSE(fs::exists(path("c/data/f")));     // outdated: removed
+  EXPECT_TRUE(fs::exists(path("c/data/other")));  // the freed space was enough
+  EXPECT_EQ(cache.usage().evictions, 0U);
+  cache.transfer_done("f");
+  cache.pin("other");
+  cache.set_limit(cache.usage().bytes + 4096);
+  auto full = cache.admit_transfer(root.get(), "f");
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().to_errno(), ENOSPC);
+  cache.unpin("other");
+  cache.transfer_done("f");
+}
+
 TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
   auto c = NodeCache::open(path("c"));
   ASSERT_TRUE(c);
