@@ -34,6 +34,10 @@
 //     about sync_after later. open() acts on a log an earlier daemon left (after the sweep):
 //     after a reboot its copies are removed, otherwise synced; an unreadable log empties
 //     the cache.
+//   - Admission (cache_admit.cc): before a transfer or a batch, on every node, a stale copy
+//     goes and room is made; after it, what was published joins the index. What a batch
+//     takes is one rule, batch_eligible() (cache_rules.h). Trust in a copy's bytes (its CRC
+//     checked once per mount) is CopyChecker's (cache_verify.h), which the mount's core owns.
 // Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
 // thread that syncs in the background); the rest only reads the held descriptors.
 #pragma once

@@ -37,12 +37,13 @@ void NodeCache::admit_batch(int source_root, const std::string& dir, uint64_t ma
   if (!dfd) return;
   uint64_t need = 0, files = 0;
   const bool cached_dir = has_dir(dir);  // if not, no copy to look for (a first batch)
-  (void)for_each_small_file(dfd->get(), dir, max_size, slice, [&](const std::string& name, const struct stat& st) {
-    if (!cached_dir || !keep_current(stage::join_path(dir, name), st)) {
-      need += stage::allocated_from_stat(st) + copy_overhead();
-      ++files;
-    }
-  });
+  (void)for_each_small_file(dfd->get(), dir, max_size, slice,
+                            [&](const std::string& name, const struct stat& st) {
+                              if (!cached_dir || !keep_current(stage::join_path(dir, name), st)) {
+                                need += stage::allocated_from_stat(st) + copy_overhead();
+                                ++files;
+                              }
+                            });
   set_pending_overhead(files * copy_overhead());
   // A prefetch (no open asked for it) does not evict: the engine's free-space check refuses
   // it on every node when it does not fit in what the limit and the filesystem leave.
@@ -56,7 +57,8 @@ void NodeCache::transfer_done(const std::string& rel) {
   added(rel);
 }
 
-std::vector<struct stat> NodeCache::batch_done(const std::string& dir, const std::vector<std::string>& published) {
+std::vector<struct stat> NodeCache::batch_done(const std::string& dir,
+                                               const std::vector<std::string>& published) {
   set_pending_overhead(0);
   return added_in(dir, published);
 }

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
 
+#include "bcast/crc.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache.h"
 #include "fusefs/cache_rules.h"
+#include "fusefs/cache_verify.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -265,6 +268,67 @@ TEST_F(NodeCacheTest, AdmittingATransferRemovesTheOutdatedCopyAndMakesRoom) {
   EXPECT_EQ(full.error().to_errno(), ENOSPC);
   cache.unpin("other");
   cache.transfer_done("f");
+}
+
+// A copy of src/<name> in the cache as an earlier mount left it: data, with `crc` recorded.
+void put_from_earlier_mount(NodeCache& c, const std::string& name, const std::string& data, uint64_t crc,
+                            const struct stat& src) {
+  const std::string dest = c.store_root() + "/" + name;
+  auto txn = c.store().begin(dest);
+  ASSERT_TRUE(txn);
+  ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), crc));
+  ASSERT_TRUE((*txn)->commit());
+}
+
+// The question an open asks the cache room: a copy from an earlier mount is read back once
+// (verify, then serve), a corrupted one is removed (verify, then miss), a copy this mount
+// published is served at once; nothing is trusted before it was checked.
+TEST_F(NodeCacheTest, CopyCheckerReadsACopyFromAnEarlierMountBackOnceBeforeServingIt) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  const std::string good = random_bytes(100000, 1), bad = random_bytes(100000, 2);
+  const auto crc = [](const std::string& d) { return stage::crc64(std::as_bytes(std::span(d.data(), d.size()))); };
+  struct stat sg {}, sb {}, sn {};
+  for (const auto& [name, data, st] : {std::tuple{"good", &good, &sg}, std::tuple{"bad", &bad, &sb}, std::tuple{"new", &good, &sn}}) {
+    write_file(path(std::string("src/") + name), *data);
+    ASSERT_EQ(::stat(path(std::string("src/") + name).c_str(), st), 0);
+  }
+  put_from_earlier_mount(cache, "good", good, crc(good), sg);
+  put_from_earlier_mount(cache, "bad", bad, crc(bad) ^ 1, sb);  // recorded CRC does not match
+  put_from_earlier_mount(cache, "new", good, crc(good), sn);
+  CheckCounters counters;
+  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1, nullptr, nullptr}, counters);
+  struct stat copy {};
+  EXPECT_FALSE(checker.open_trusted("good", sg, copy));  // not checked in this mount yet
+  const auto ask_and_wait = [&](const std::string& rel, const struct stat& src) {
+    std::promise<stage::Status> p;
+    auto f = p.get_future();
+    auto a = checker.ask(rel, src, false, [&p](stage::Status st) { p.set_value(std::move(st)); });
+    EXPECT_EQ(a.kind, CopyChecker::Answer::verify);
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    return f.get();
+  };
+  EXPECT_TRUE(ask_and_wait("good", sg));
+  auto served = checker.ask("good", sg, true, [](stage::Status) { ADD_FAILURE() << "read back again"; });
+  EXPECT_EQ(served.kind, CopyChecker::Answer::serve);
+  EXPECT_TRUE(served.fd.valid());
+  EXPECT_TRUE(checker.open_trusted("good", sg, copy));
+  const stage::Status corrupt = ask_and_wait("bad", sb);
+  ASSERT_FALSE(corrupt);
+  EXPECT_EQ(corrupt.error().code, stage::make_error_code(stage::Errc::checksum_mismatch));
+  EXPECT_EQ(checker.ask("bad", sb, true, [](stage::Status) {}).kind, CopyChecker::Answer::miss);
+  EXPECT_FALSE(fs::exists(path("c/data/bad")));
+  EXPECT_EQ(counters.verified.load(), 1U);
+  EXPECT_EQ(counters.corrupt.load(), 1U);
+  // Published by this mount (a batch): trusted without a read-back.
+  ASSERT_EQ(::stat(path("c/data/new").c_str(), &copy), 0);
+  checker.copies_made({copy});
+  EXPECT_TRUE(checker.open_trusted("new", sn, copy));
+  EXPECT_EQ(counters.verified.load(), 1U);
+  checker.stop();
+  EXPECT_EQ(checker.ask("new", sn, false, [](stage::Status) {}).kind, CopyChecker::Answer::serve);
 }
 
 TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
