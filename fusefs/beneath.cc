@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bcast/store.h"
+#include "fusefs/cache_rules.h"
 
 namespace stagefs {
 
@@ -119,12 +120,7 @@ stage::Result<std::string> for_each_small_file(
     struct stat fst {};
     // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
     if (::fstatat(dfd, name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!S_ISREG(fst.st_mode) || static_cast<uint64_t>(fst.st_size) > max_size) continue;
-    // Only files every user may read: an open checks its caller's access before it stages a
-    // file, and a batch must not copy, on the strength of one user's open, files that user
-    // may not read (they are staged alone, at their own open, after its access check).
-    if ((fst.st_mode & S_IROTH) == 0) continue;
-    if (stage::is_temp_name(name)) continue;  // never cached (has_temp_component)
+    if (!batch_eligible(fst, name, max_size)) continue;
     const auto size = static_cast<uint64_t>(fst.st_size);
     if (files > 0 && ((slice.max_files > 0 && files >= slice.max_files) ||
                       (slice.max_bytes > 0 && bytes + size > slice.max_bytes)))

@@ -34,9 +34,10 @@ std::string proc_fd_path(int fd);
 // Returns true if it was removed.
 bool unlink_beneath(int root_fd, const std::string& rel);
 
-// The files a batch of directory dfd (named dir) takes, in the slice's order: its small
-// regular files (at most max_size bytes) that every user may read, not named like a temporary
-// file, within the slice and its limits (stage::SmallFilesSlice). Lists every name, checks
+// The files a batch of directory dfd (named dir) takes, in the slice's order: those the
+// cache's batch rule admits (batch_eligible, cache_rules.h: small regular files every user
+// may read, not named like a temporary file), within the slice and its limits
+// (stage::SmallFilesSlice). Lists every name, checks
 // (fstatat, no symlinks) only the slice's; fn(name, stat) for each file taken. Returns the
 // first name the limits left out ("" none). The batch's scan and the mount's room-making
 // before a batch both use it, so they agree on what a batch holds.

@@ -34,6 +34,10 @@
 //     about sync_after later. open() acts on a log an earlier daemon left (after the sweep):
 //     after a reboot its copies are removed, otherwise synced; an unreadable log empties
 //     the cache.
+//   - Admission (cache_admit.cc): before a transfer or a batch, on every node, a stale copy
+//     goes and room is made; after it, what was published joins the index. What a batch
+//     takes is one rule, batch_eligible() (cache_rules.h). Trust in a copy's bytes (its CRC
+//     checked once per mount) is CopyChecker's (cache_verify.h), which the mount's core owns.
 // Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
 // thread that syncs in the background); the rest only reads the held descriptors.
 #pragma once
@@ -54,6 +58,7 @@
 
 #include "bcast/error.h"
 #include "bcast/fd.h"
+#include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/unsynced.h"
 
@@ -164,6 +169,20 @@ class NodeCache {
   // source: the source file whose owner asked (dev, inode). A copy recorded as made from
   // another file (the path was swapped since the owner check) is left alone: EBUSY.
   stage::Status evict(const std::string& rel, const struct stat& source);
+  // ---- admission (cache_admit.cc): called on every node by the group's service thread,
+  // through GroupConfig's hooks, around each transfer or batch. source_root: SOURCE_DIR's fd.
+  // Before a transfer of rel: removes an outdated copy, then makes room for the new one (an
+  // error, logged: no room under the limit; this node then relays without writing).
+  stage::Status admit_transfer(int source_root, const std::string& rel);
+  // Before a batch of dir's slice (its files as batch_eligible() takes them, at most max_size
+  // bytes each): keeps current copies, removes stale ones, and makes room for the others in
+  // one make_room (none when !may_evict: a prefetch never evicts).
+  void admit_batch(int source_root, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+                   bool may_evict);
+  // After a transfer of rel (whatever its outcome): its copy, if published, joins the index.
+  void transfer_done(const std::string& rel);
+  // After a batch of dir: the copies this node published join the index (added_in's result).
+  std::vector<struct stat> batch_done(const std::string& dir, const std::vector<std::string>& published);
   [[nodiscard]] stage::LocalStore& store() { return *store_; }
   [[nodiscard]] uint64_t fs_free() const;
 

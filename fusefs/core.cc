@@ -16,6 +16,7 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
+#include "fusefs/cache_rules.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
@@ -56,11 +57,6 @@ class AsCaller {
 bool is_hidden_xattr(std::string_view name, const Caller& who) {
   return who.uid != 0 && name.rfind("trusted.", 0) == 0;
 }
-
-// A copy in the cache, as the verifier knows it: (device, inode, mtime).
-std::tuple<uint64_t, uint64_t, int64_t> copy_key(const struct stat& st) {
-  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)};
-}
 }  // namespace
 
 stage::Status Materializer::materialize(const std::string& rel, const Want& want) {
@@ -73,8 +69,9 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
 StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
-  if (cfg_.verify == Verify::crc)
-    for (int i = 0; i < std::max(1, cfg_.verify_threads); ++i) verifiers_.emplace_back([this] { verify_loop(); });
+  checker_ = std::make_unique<CopyChecker>(
+      cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads, cfg_.before_crc_check, cfg_.on_stopping},
+      counters_);
   space_thread_ = std::thread([this] { space_loop(); });
   cache_.set_space_listener([sig = space_] {
     if (sig->queued.load() == 0) return;  // a later waiter compares the cache's space_epoch() itself
@@ -88,16 +85,7 @@ StageFsCore::~StageFsCore() {
 }
 
 void StageFsCore::stop() {
-  bool first = false;
-  {
-    std::lock_guard lk(verify_m_);
-    first = !verify_stop_;
-    verify_stop_ = true;
-  }
-  verify_cv_.notify_all();
-  if (first && cfg_.on_stopping) cfg_.on_stopping();
-  for (auto& t : verifiers_)
-    if (t.joinable()) t.join();
+  checker_->stop();
   // Opens waiting for room: ESHUTDOWN (before the pool stops: a retry in flight still runs).
   std::vector<RoomWait> waiting;
   {
@@ -132,89 +120,6 @@ void StageFsCore::post(std::function<void()> fn) {
     }
   }
   fn();  // stopping: run here (it only replies with an error or a descriptor)
-}
-
-void StageFsCore::verify_loop() {
-  for (;;) {
-    CrcJob job;
-    bool stopping = false;
-    {
-      std::unique_lock lk(verify_m_);
-      verify_cv_.wait(lk, [&] { return verify_stop_ || !verify_q_.empty(); });
-      if (verify_q_.empty()) return;
-      job = std::move(verify_q_.front());
-      verify_q_.pop_front();
-      stopping = verify_stop_;
-    }
-    stage::Status outcome;
-    if (stopping) {
-      // A read not yet started is not started (a 50 GB read would hold the unmount).
-      outcome = stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel);
-    } else {
-      outcome = cfg_.before_crc_check ? cfg_.before_crc_check(job.rel) : stage::Status{};
-      if (outcome) outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
-      if (!outcome && outcome.error().code != stage::make_error_code(stage::Errc::checksum_mismatch)) {
-        // A copy that cannot be read is no use: removed, and the waiting opens copy the file
-        // anew (none reads it back again on the completion pool).
-        spdlog::error("{}: cached copy of {} could not be read back ({}): removed, copying again",
-                      stage::host_name(), job.rel, outcome.error().message);
-        cache_.remove(job.rel, job.copy);
-      }
-    }
-    job.fd.reset();
-    std::vector<std::function<void(stage::Status)>> waiters;
-    {
-      std::lock_guard lk(verify_m_);
-      if (auto node = checking_.extract(copy_key(job.copy))) waiters = std::move(node.mapped());
-    }
-    for (auto& w : waiters) w(outcome);
-  }
-}
-
-stage::Status StageFsCore::read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded) {
-  auto crc = stage::crc_of_fd(fd, rel, false);
-  if (!crc) return crc.error();
-  if (*crc != recorded) {
-    ++counters_.corrupt;
-    spdlog::error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
-                  stage::host_name(), rel, *crc, recorded);
-    cache_.remove(rel, copy);
-    return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
-  }
-  ++counters_.verified;
-  std::lock_guard lk(verified_m_);
-  verified_.insert(copy_key(copy));
-  return {};
-}
-
-StageFsCore::Check StageFsCore::check_later(const std::string& rel, const struct stat& src,
-                                            std::function<void(stage::Status)> then) {
-  if (cfg_.verify == Verify::none) return Check::none;
-  struct stat st {};
-  auto fd = cache_.open_current(rel, src, &st);
-  if (!fd) return Check::none;
-  const auto key = copy_key(st);
-  auto is_verified = [&] {
-    std::lock_guard lk(verified_m_);
-    return verified_.contains(key);
-  };
-  if (is_verified()) return Check::none;
-  const auto origin = stage::origin_of_fd(fd->get());
-  if (!origin || !origin->crc_known) return Check::none;  // nothing to read back (open_verified says what)
-  std::lock_guard lk(verify_m_);  // then verified_m_ (the verifier never holds both)
-  if (verify_stop_) return Check::stopping;
-  // Checked again under verify_m_: a read-back that ended since the look above has already
-  // handed out its waiters, and a second one would read the whole copy again.
-  if (is_verified()) return Check::none;
-  auto [it, first] = checking_.try_emplace(key);
-  it->second.push_back(std::move(then));
-  if (!first) {
-    ++counters_.verify_waits;
-    return Check::queued;
-  }
-  verify_q_.push_back(CrcJob{st, std::move(fd.value()), rel, origin->crc});
-  verify_cv_.notify_one();
-  return Check::queued;
 }
 
 void StageFsCore::completion_loop() {
@@ -587,31 +492,9 @@ bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
   return resolve_as_caller(rel, O_PATH, R_OK, who).ok();
 }
 
-Result<stage::Fd> StageFsCore::open_verified(const std::string& rel, const struct stat& src, bool just_made,
-                                             bool may_read_back) {
-  struct stat st {};
-  auto fd = cache_.open_current(rel, src, &st);
-  if (!fd || cfg_.verify == Verify::none) return fd;
-  const auto key = copy_key(st);
-  {
-    std::lock_guard lk(verified_m_);
-    if (verified_.contains(key)) return fd;
-  }
-  const auto origin = stage::origin_of_fd(fd->get());
-  if (!just_made && origin && origin->crc_known) {
-    if (!may_read_back) return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy (not checked)", rel);
-    // A copy from an earlier mount (or run): read it once and compare with its recorded CRC.
-    if (auto checked = read_back(fd->get(), rel, st, origin->crc); !checked) return checked.error();
-    return fd;
-  }
-  // A copy made in this mount was checked chunk by chunk and as a whole while it was written.
-  std::lock_guard lk(verified_m_);
-  verified_.insert(key);
-  return fd;
-}
-
 Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
-  if (auto fd = open_verified(rel, src, done.ok())) return OpenFile{std::move(fd.value()), false, false, {}, {}};
+  if (auto fd = checker_->open_verified(rel, src, done.ok()))
+    return OpenFile{std::move(fd.value()), false, false, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
@@ -682,17 +565,10 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
   }
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
   struct stat cst {};
-  if (auto fd = cache_.open_current(rel, st, &cst)) {
-    bool verified = cfg_.verify == Verify::none;
-    if (!verified) {
-      std::lock_guard lk(verified_m_);
-      verified = verified_.contains(copy_key(cst));
-    }
-    if (verified) {
-      ++counters_.cache_hits;
-      cache_.touch(rel, fd->get(), &cst);
-      return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
-    }
+  if (auto fd = checker_->open_trusted(rel, st, cst)) {
+    ++counters_.cache_hits;
+    cache_.touch(rel, fd->get(), &cst);
+    return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
   }
   Ask ask;
   ask.want = Want{who.uid, background};
@@ -705,38 +581,34 @@ void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone 
 void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
   ask.since = mat_.epoch();  // before the look into the cache
-  // Batches hold only files every user may read (BeneathSource::scan_small_files).
-  ask.small = cfg_.small_file_size > 0 && static_cast<uint64_t>(src.st_size) <= cfg_.small_file_size &&
-              (src.st_mode & S_IROTH) != 0;
+  // The batch's own rule (cache_rules.h), so an open asks for a batch only if it holds rel.
+  ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size);
   const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
   // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.
   const bool publishing = small && mat_.batch_running(rel);
   if (!publishing) {
-    // A copy from an earlier mount: its CRC is read back on a verifier thread; this open goes on
-    // from here when that read ended (its own, or another open's of the same copy).
-    if (!checked) {
-      const Check c = check_later(rel, src, [this, rel, src, ask, done](stage::Status outcome) mutable {
-        post([this, rel, src, ask, outcome = std::move(outcome), done = std::move(done)]() mutable {
-          if (!outcome && outcome.error().to_errno() == ESHUTDOWN) {
-            ++counters_.open_errors;
-            return done(outcome.error());
-          }
-          serve_or_materialize(rel, src, ask, std::move(done), true);
-        });
+    // The cache room's one question: serve its copy, wait for its CRC read-back (a copy from an
+    // earlier mount; this open goes on from here when that read ended, its own or another
+    // open's of the same copy), or miss.
+    auto a = checker_->ask(rel, src, checked, [this, rel, src, ask, done](stage::Status outcome) mutable {
+      post([this, rel, src, ask, outcome = std::move(outcome), done = std::move(done)]() mutable {
+        if (!outcome && outcome.error().to_errno() == ESHUTDOWN) {
+          ++counters_.open_errors;
+          return done(outcome.error());
+        }
+        serve_or_materialize(rel, src, ask, std::move(done), true);
       });
-      if (c == Check::queued) return;
-      if (c == Check::stopping) {  // no CRC read-back of a whole copy while the mount stops
-        ++counters_.open_errors;
-        return done(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", rel));
-      }
+    });
+    if (a.kind == CopyChecker::Answer::verify) return;
+    if (a.kind == CopyChecker::Answer::stopping) {
+      ++counters_.open_errors;
+      return done(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", rel));
     }
-    // checked: only a copy whose read-back succeeded is served here; anything else (removed as
-    // corrupted or unreadable, replaced since) is copied anew, never read back on this pool.
-    if (auto fd = open_verified(rel, src, false, /*may_read_back=*/!checked)) {
+    if (a.kind == CopyChecker::Answer::serve) {
       ++counters_.cache_hits;
-      cache_.touch(rel, fd->get());
-      return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
+      cache_.touch(rel, a.fd.get());
+      return done(OpenFile{std::move(a.fd), true, false, {}, {}});
     }
   }
   if (auto alive = cache_.alive(); !alive) {
@@ -764,7 +636,7 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
     lk.unlock();
     // That name's copy, if it is still the same version (its path may name another file now)
     // and was checked in this mount.
-    if (auto fd = open_verified(other, src, false, /*may_read_back=*/false)) {
+    if (auto fd = checker_->open_verified(other, src, false, /*may_read_back=*/false)) {
       ++counters_.cache_hits;
       cache_.touch(other, fd->get());
       done(OpenFile{std::move(fd.value()), true, false, other, {}});
@@ -817,7 +689,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         return materialize_then_open(rel, src, alone, std::move(done));
       }
       if (ask.small && outcome.ok()) {
-        if (auto fd = open_verified(rel, src, true))
+        if (auto fd = checker_->open_verified(rel, src, true))
           return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
@@ -986,11 +858,7 @@ void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd
 }
 
 void StageFsCore::copies_made(const std::vector<struct stat>& copies) {
-  if (cfg_.verify == Verify::none) return;
-  std::lock_guard lk(verified_m_);
-  for (const auto& st : copies)
-    verified_.insert(
-        std::tuple{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim)});
+  checker_->copies_made(copies);
 }
 
 void StageFsCore::release(const std::string& pinned) {

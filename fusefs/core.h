@@ -35,10 +35,9 @@
 //     name it made (a copy with two links would look planted to its ownership rule), so a
 //     name is copied on its own only when no copy of the same version was made in this mount.
 //     The first open of a file with several links waits for its whole copy (no early reads).
-//   - A copy from an earlier mount is read back for its CRC (Verify::crc) on the core's own
-//     verifier threads, once however many opens ask for it: the opens that find it being read
-//     wait for that read. A 50 GB image being checked holds neither the completion pool (other
-//     files' misses and hits go on) nor a second reader of the same copy.
+//   - Trust in a copy's bytes is the cache room's CopyChecker (cache_verify.h), which the core
+//     owns for the mount's life and asks once per open: serve this copy, wait for its CRC
+//     read-back (on the checker's threads, once per copy), or miss.
 // Every method is thread-safe (one mutex over the node table; no lock is held while waiting
 // for a materialization). Errors are stage::Error; the edge maps them with Error::to_errno().
 #pragma once
@@ -66,6 +65,7 @@
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
+#include "fusefs/cache_verify.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {
@@ -125,21 +125,15 @@ class Materializer {
 };
 
 enum class StallPolicy { eio, source };
-enum class Verify { none, crc };
 
 struct CoreConfig {
   std::string source_dir;
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
-  // Threads that read copies from earlier mounts back for their CRC (at most this many copies
-  // are read at once; further ones queue).
+  // The CopyChecker's threads and test hooks (CopyChecker::Config says what they do).
   int verify_threads = 2;
-  // Tests: called on a verifier thread before it reads rel's copy back for its CRC. An error
-  // returned stands for the read's (an I/O error on the cache's disk): the copy is not read.
   std::function<stage::Status(const std::string& rel)> before_crc_check = nullptr;
-  // Tests: called by the first stop() once no read-back may start any more (before it waits
-  // for those that run).
   std::function<void()> on_stopping = nullptr;
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files
@@ -184,11 +178,11 @@ struct DirEntry {
 };
 using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
 
-struct CoreCounters {
+// verified, corrupt and verify_waits are the CopyChecker's (CheckCounters).
+struct CoreCounters : CheckCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
-  std::atomic<uint64_t> verified{0}, corrupt{0}, stale_opens{0}, denied{0}, prefetches{0};
+  std::atomic<uint64_t> stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
-  std::atomic<uint64_t> verify_waits{0};  // opens that waited for another open's CRC read-back
   std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room)
 };
 
@@ -280,10 +274,6 @@ class StageFsCore {
   stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
   // open_as_caller() without counting (may_read() is not an open).
   stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
-  // A current copy whose CRC was checked in this mount (Verify::crc), or an error.
-  // may_read_back false: a copy from an earlier mount not yet checked is an error, not read here.
-  stage::Result<stage::Fd> open_verified(const std::string& rel, const struct stat& src, bool just_made,
-                                         bool may_read_back = true);
   stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
   // How an open asks the materializer: small (its directory's slice; `since` as
   // materialize_small_async's), early_ok (answer during the copy).
@@ -310,16 +300,6 @@ class StageFsCore {
   // checked: the copy's CRC read-back (if it needed one) has ended.
   void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                             bool checked);
-  // If rel's current copy is from an earlier mount and not yet checked in this one: queues its
-  // CRC read-back (or joins the one in progress) and returns queued; then runs on a verifier
-  // thread when the read ended (ESHUTDOWN: the core stops first). none: nothing to wait for;
-  // stopping: the core stops (then is not kept).
-  enum class Check { none, queued, stopping };
-  Check check_later(const std::string& rel, const struct stat& src, std::function<void(stage::Status)> then);
-  void verify_loop();
-  // Reads rel's copy (fd; its stat `copy`) back and compares its CRC with the recorded one: a
-  // match is marked checked in this mount; a mismatch removes the copy (that inode only).
-  stage::Status read_back(int fd, const std::string& rel, const struct stat& copy, uint64_t recorded);
   void post(std::function<void()> fn);
   void completion_loop();
   // Hard links (see above). The version of a source file with several names.
@@ -349,9 +329,6 @@ class StageFsCore {
   NodeCache& cache_;
   Materializer& mat_;
   stage::Fd root_;
-  // Copies (dev, inode, mtime) whose CRC matched in this mount.
-  std::mutex verified_m_;
-  std::set<std::tuple<uint64_t, uint64_t, int64_t>> verified_;
   // Directory snapshots by (path, dev, inode, mtime, ctime), while some handle holds them.
   std::mutex dirs_m_;
   std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>, std::weak_ptr<const std::vector<DirEntry>>>
@@ -369,19 +346,8 @@ class StageFsCore {
   std::deque<std::function<void()>> pool_q_;
   bool pool_stop_ = false;
   std::vector<std::thread> pool_;
-  // Verifier: CRC read-backs queued, and the opens waiting for each copy's (by copy key).
-  struct CrcJob {
-    struct stat copy {};  // the copy read (its key; removed if bad only while it is still at rel)
-    stage::Fd fd;
-    std::string rel;
-    uint64_t crc = 0;
-  };
-  std::mutex verify_m_;
-  std::condition_variable verify_cv_;
-  std::deque<CrcJob> verify_q_;
-  std::map<std::tuple<uint64_t, uint64_t, int64_t>, std::vector<std::function<void(stage::Status)>>> checking_;
-  bool verify_stop_ = false;
-  std::vector<std::thread> verifiers_;
+  // Trust in the copies (made after the pool: its callbacks post to it; stopped before it).
+  std::unique_ptr<CopyChecker> checker_;
   // Opens waiting for room in the cache (no_room), answered by space_loop(). Lock order:
   // space_->m before the cache's index lock (space_loop asks the cache for room under it);
   // the cache's listener takes space_->m only, with no cache lock held.

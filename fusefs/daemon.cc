@@ -1,6 +1,5 @@
 #include "fusefs/daemon.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -194,30 +193,13 @@ std::string Daemon::setup_local() {
   if (cfg_.cache_size > 0)
     spdlog::info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size, cache_->usage().files,
                  cache_->usage().bytes);
-  // Before a transfer, on every node: an outdated copy goes (its space counts as free), then
-  // least recently used copies until the new one fits (cache.h).
-  // No room under the limit (copies held open, or a copy larger than the whole limit): this
-  // node relays the transfer without writing (GroupConfig::before_transfer), so one node's
-  // full cache does not fail the copy on the others; a filesystem without room is left to the
-  // engine's collective free-space check.
-  g.before_transfer = [this](const std::string& rel) -> stage::Status {
-    auto fd = open_beneath(source_root_.get(), rel, O_PATH);
-    struct stat st {};
-    if (!fd || ::fstat(fd->get(), &st) != 0) return {};
-    if (cache_->remove_stale(rel, st)) spdlog::debug("removed the outdated cached copy of {}", rel);
-    cache_->set_pending_overhead(cache_->copy_overhead());
-    auto room = cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead());
-    if (!room) spdlog::warn("{}", room.error().message);
-    return room;
-  };
+  // Admission is the cache's (NodeCache::admit_transfer, admit_batch): the group calls it on
+  // every node before a transfer or a batch, and tells it what was published after.
+  g.before_transfer = [this](const std::string& rel) { return cache_->admit_transfer(source_root_.get(), rel); };
   g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
-    cache_->set_pending_overhead(0);
-    cache_->added(rel);
+    cache_->transfer_done(rel);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
-  // Batches of small files: the same, for every small file of the directory,
-  // with one make_room for the batch (none for a prefetched one); afterwards each published
-  // copy joins the index.
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
   g.nest_batches = cfg_.nested_batches;
@@ -227,29 +209,10 @@ std::string Daemon::setup_local() {
   g.walk_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
   g.walk_max_bytes = cfg_.prefetch_max_bytes;
   g.before_batch = [this](const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict) {
-    auto dfd = open_beneath(source_root_.get(), dir, O_RDONLY | O_DIRECTORY);
-    if (!dfd) return;
-    uint64_t need = 0, files = 0;
-    const bool cached_dir = cache_->has_dir(dir);  // if not, no copy to look for (a first batch)
-    // The files of this slice only (what the engine's scan takes): a slice of a huge directory
-    // does not look at every name.
-    (void)for_each_small_file(dfd->get(), dir, cfg_.small_file_size, slice,
-                              [&](const std::string& name, const struct stat& st) {
-                                if (!cached_dir || !cache_->keep_current(stage::join_path(dir, name), st)) {
-                                  need += stage::allocated_from_stat(st) + cache_->copy_overhead();
-                                  ++files;
-                                }
-                              });
-    cache_->set_pending_overhead(files * cache_->copy_overhead());
-    // A prefetch (no open asked for it) does not evict: the engine's free-space check refuses
-    // it on every node when it does not fit in what the limit and the filesystem leave.
-    if (need == 0 || !may_evict) return;
-    if (auto room = cache_->make_room(dir.empty() ? "/" : dir, need); !room)
-      spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
+    cache_->admit_batch(source_root_.get(), dir, cfg_.small_file_size, slice, may_evict);
   };
   g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok, double secs) {
-    cache_->set_pending_overhead(0);
-    const auto copies = cache_->added_in(dir, published);
+    const auto copies = cache_->batch_done(dir, published);
     if (core_) core_->copies_made(copies);
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };

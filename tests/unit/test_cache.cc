@@ -7,10 +7,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
 
+#include "bcast/crc.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache.h"
+#include "fusefs/cache_rules.h"
+#include "fusefs/cache_verify.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -27,6 +31,25 @@ class NodeCacheTest : public TmpDirTest {
     ::chmod(dir_.c_str(), 0755);
   }
 };
+
+// The one rule every room applies to a batch of small files (the scan, the room-making, the
+// core's choice between a batch and a transfer of one file).
+TEST(BatchRule, TakesSmallRegularFilesEveryUserMayReadExceptTemporaryNames) {
+  struct stat st {};
+  st.st_mode = S_IFREG | 0644;
+  st.st_size = 100;
+  EXPECT_TRUE(batch_eligible(st, "a.txt", 100));
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 99));                 // larger than the limit
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 0));                  // no batches
+  EXPECT_FALSE(batch_eligible(st, ".a.txt.stage-tmp.h.1", 100));  // a copy's temporary name
+  EXPECT_TRUE(batch_eligible(st, "a.txt.stage-tmp.h.1", 100));   // not the store's shape
+  st.st_mode = S_IFREG | 0640;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));  // not readable by every user
+  st.st_mode = S_IFDIR | 0755;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));
+  st.st_mode = S_IFLNK | 0777;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));
+}
 
 TEST_F(NodeCacheTest, CreatesAPrivateCacheAndLocksIt) {
   auto c = NodeCache::open(path("a/b/cache"));
@@ -182,6 +205,130 @@ TEST_F(NodeCacheTest, BatchLookupsAgreeWithTheOneFileCalls) {
   ASSERT_TRUE(fs::remove(path("c/data/d/g")));
   EXPECT_TRUE(cache.added_in("d", {"g"}).empty());
   EXPECT_EQ(cache.usage().files, 0U);
+}
+
+// Room-making before a batch counts the files the batch takes (batch_eligible), and only
+// those: a large file named like a copy's temporary file, or one that not every user may read,
+// is never staged by the batch and must not cost this node its cached copies.
+TEST_F(NodeCacheTest, AdmittingABatchMakesRoomForTheFilesTheBatchTakesOnly) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  put(cache, "old", 65536);
+  fs::create_directories(path("src/d"));
+  write_file(path("src/d/a"), std::string(4096, 'a'));
+  write_file(path("src/d/.big.stage-tmp.h.1"), std::string(65536, 't'));  // a temporary name
+  write_file(path("src/d/private"), std::string(65536, 'p'));
+  ASSERT_EQ(::chmod(path("src/d/a").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path("src/d/.big.stage-tmp.h.1").c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(path("src/d/private").c_str(), 0600), 0);  // not o+r
+  struct stat a {};
+  ASSERT_EQ(::stat(path("src/d/a").c_str(), &a), 0);
+  // Room for "old" and "a", not for one more 64 KiB file.
+  cache.set_limit(cache.usage().bytes + stage::allocated_from_stat(a) + cache.copy_overhead() + 4096);
+  stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  EXPECT_EQ(cache.usage().evictions, 0U);
+  EXPECT_TRUE(fs::exists(path("c/data/old")));
+  (void)cache.batch_done("d", {});
+  // A file the batch does take, and that does not fit: "old" makes room for it.
+  write_file(path("src/d/b"), std::string(65536, 'b'));
+  ASSERT_EQ(::chmod(path("src/d/b").c_str(), 0644), 0);
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/false);
+  EXPECT_EQ(cache.usage().evictions, 0U);  // a prefetch never evicts
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  EXPECT_EQ(cache.usage().evictions, 1U);
+  EXPECT_FALSE(fs::exists(path("c/data/old")));
+  (void)cache.batch_done("d", {});
+}
+
+// Before a transfer of one file, the file's outdated copy goes first (its space counts as
+// free), then room is made; no room under the limit is an error (this node relays the
+// transfer without writing).
+TEST_F(NodeCacheTest, AdmittingATransferRemovesTheOutdatedCopyAndMakesRoom) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  put(cache, "f", 65536);  // recorded as made from another version than src/f
+  put(cache, "other", 65536);
+  write_file(path("src/f"), std::string(65536, 'f'));
+  cache.set_limit(cache.usage().bytes + cache.copy_overhead());  // room once f's old copy went
+  stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  ASSERT_TRUE(cache.admit_transfer(root.get(), "f"));
+  EXPECT_FALSE(fs::exists(path("c/data/f")));     // outdated: removed
+  EXPECT_TRUE(fs::exists(path("c/data/other")));  // the freed space was enough
+  EXPECT_EQ(cache.usage().evictions, 0U);
+  cache.transfer_done("f");
+  cache.pin("other");
+  cache.set_limit(cache.usage().bytes + 4096);
+  auto full = cache.admit_transfer(root.get(), "f");
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().to_errno(), ENOSPC);
+  cache.unpin("other");
+  cache.transfer_done("f");
+}
+
+// A copy of src/<name> in the cache as an earlier mount left it: data, with `crc` recorded.
+void put_from_earlier_mount(NodeCache& c, const std::string& name, const std::string& data, uint64_t crc,
+                            const struct stat& src) {
+  const std::string dest = c.store_root() + "/" + name;
+  auto txn = c.store().begin(dest);
+  ASSERT_TRUE(txn);
+  ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), crc));
+  ASSERT_TRUE((*txn)->commit());
+}
+
+// The question an open asks the cache room: a copy from an earlier mount is read back once
+// (verify, then serve), a corrupted one is removed (verify, then miss), a copy this mount
+// published is served at once; nothing is trusted before it was checked.
+TEST_F(NodeCacheTest, CopyCheckerReadsACopyFromAnEarlierMountBackOnceBeforeServingIt) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  const std::string good = random_bytes(100000, 1), bad = random_bytes(100000, 2);
+  const auto crc = [](const std::string& d) { return stage::crc64(std::as_bytes(std::span(d.data(), d.size()))); };
+  struct stat sg {}, sb {}, sn {};
+  for (const auto& [name, data, st] : {std::tuple{"good", &good, &sg}, std::tuple{"bad", &bad, &sb}, std::tuple{"new", &good, &sn}}) {
+    write_file(path(std::string("src/") + name), *data);
+    ASSERT_EQ(::stat(path(std::string("src/") + name).c_str(), st), 0);
+  }
+  put_from_earlier_mount(cache, "good", good, crc(good), sg);
+  put_from_earlier_mount(cache, "bad", bad, crc(bad) ^ 1, sb);  // recorded CRC does not match
+  put_from_earlier_mount(cache, "new", good, crc(good), sn);
+  CheckCounters counters;
+  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1, nullptr, nullptr}, counters);
+  struct stat copy {};
+  EXPECT_FALSE(checker.open_trusted("good", sg, copy));  // not checked in this mount yet
+  const auto ask_and_wait = [&](const std::string& rel, const struct stat& src) {
+    std::promise<stage::Status> p;
+    auto f = p.get_future();
+    auto a = checker.ask(rel, src, false, [&p](stage::Status st) { p.set_value(std::move(st)); });
+    EXPECT_EQ(a.kind, CopyChecker::Answer::verify);
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    return f.get();
+  };
+  EXPECT_TRUE(ask_and_wait("good", sg));
+  auto served = checker.ask("good", sg, true, [](stage::Status) { ADD_FAILURE() << "read back again"; });
+  EXPECT_EQ(served.kind, CopyChecker::Answer::serve);
+  EXPECT_TRUE(served.fd.valid());
+  EXPECT_TRUE(checker.open_trusted("good", sg, copy));
+  const stage::Status corrupt = ask_and_wait("bad", sb);
+  ASSERT_FALSE(corrupt);
+  EXPECT_EQ(corrupt.error().code, stage::make_error_code(stage::Errc::checksum_mismatch));
+  EXPECT_EQ(checker.ask("bad", sb, true, [](stage::Status) {}).kind, CopyChecker::Answer::miss);
+  EXPECT_FALSE(fs::exists(path("c/data/bad")));
+  EXPECT_EQ(counters.verified.load(), 1U);
+  EXPECT_EQ(counters.corrupt.load(), 1U);
+  // Published by this mount (a batch): trusted without a read-back.
+  ASSERT_EQ(::stat(path("c/data/new").c_str(), &copy), 0);
+  checker.copies_made({copy});
+  EXPECT_TRUE(checker.open_trusted("new", sn, copy));
+  EXPECT_EQ(counters.verified.load(), 1U);
+  checker.stop();
+  EXPECT_EQ(checker.ask("new", sn, false, [](stage::Status) {}).kind, CopyChecker::Answer::serve);
 }
 
 TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {

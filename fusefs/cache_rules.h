@@ -1,0 +1,30 @@
+// The node cache's admission rules that other rooms must apply the same way: what a batch of
+// small files takes. The batch's scan (BeneathSource::scan_small_files), the cache's
+// room-making before a batch (NodeCache) and the core's choice between a batch and a
+// transfer of one file (StageFsCore) all ask this one function, so they never disagree on
+// what a batch holds. Pure functions of a stat and a name: thread-safe.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "bcast/store.h"
+
+namespace stagefs {
+
+// True when the file `name` (a plain name, the last component) with stat st goes into its
+// directory's batch when batches take files of at most max_size bytes (0: no batches):
+//   - a regular file no larger than max_size;
+//   - that every user may read (o+r): an open checks its caller's access before it stages a
+//     file, and a batch must not copy, on the strength of one user's open, files that user
+//     may not read (they are staged alone, at their own open, after its access check);
+//   - not named like a copy's temporary file (stage::is_temp_name): never cached
+//     (has_temp_component in beneath.h says why).
+inline bool batch_eligible(const struct stat& st, std::string_view name, uint64_t max_size) {
+  return max_size > 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) <= max_size &&
+         (st.st_mode & S_IROTH) != 0 && !stage::is_temp_name(name);
+}
+
+}  // namespace stagefs
