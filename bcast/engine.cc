@@ -153,7 +153,7 @@ class Transfer {
   Status share_root_status(std::optional<Error>& err, int root);
   Status choose_seed();
   Result<std::unique_ptr<SourceFile>> open_input(size_t entry);
-  std::optional<Error> check_input_end(SourceFile& f, size_t entry) const;
+  std::optional<Error> check_input_end(SourceFile& f, size_t entry, uint64_t crc) const;
   static std::optional<Error> check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
                                         const char* what);
   std::optional<Error> recheck_source(const Layout& layout);
@@ -189,6 +189,9 @@ class Transfer {
   std::vector<uint64_t> src_crc_;     // per entry: the source's CRC (--pre-validate checksum)
   std::vector<int64_t> copy_mtime_;   // per entry: this node's copy's mtime when judged current
   std::vector<FileMeta> seed_before_;  // seed, reader thread: each copy's identity when opened
+  // Per entry, --pre-validate origin: the CRC this node's copy recorded when it was written
+  // (its origin), which a seed's bytes must read back to.
+  std::vector<std::optional<uint64_t>> copy_crc_;
   // Bytes read: from the source (the source rank: pre-validation CRCs, then the reader
   // thread) and from a seed's copies (its reader thread); every rank's after the outcome.
   uint64_t read_source_ = 0;
@@ -285,11 +288,19 @@ std::optional<Error> Transfer::check_end(SourceFile& f, const FileMeta& expect, 
 }
 
 // The reader's end check: the source against the scan, or a seed's copy against its identity
-// when the seed opened it.
-std::optional<Error> Transfer::check_input_end(SourceFile& f, size_t entry) const {
+// when the seed opened it and (the origin rule) its bytes, whose CRC is `crc`, against the CRC
+// the copy recorded when it was written. A copy that reads back otherwise was corrupted on
+// this node's disk: every chunk's CRC is the seed's own, so only this check catches it; the
+// store may then drop it (bad_copy), so that it is not chosen again.
+std::optional<Error> Transfer::check_input_end(SourceFile& f, size_t entry, uint64_t crc) const {
   const Entry& e = m_.entries[entry];
-  if (seeded_) return check_end(f, seed_before_[entry], dest_of(entry), "seed copy");
-  return check_end(f, e.meta, join_path(ep_.source, e.path), "source");
+  if (!seeded_) return check_end(f, e.meta, join_path(ep_.source, e.path), "source");
+  const std::string path = dest_of(entry);
+  if (auto err = check_end(f, seed_before_[entry], path, "seed copy")) return err;
+  if (!copy_crc_[entry] || *copy_crc_[entry] == crc) return std::nullopt;
+  store_.bad_copy(path, seed_before_[entry]);
+  return Error{make_error_code(Errc::checksum_mismatch),
+               "seed copy " + path + " does not match the checksum it recorded when it was written"};
 }
 
 // The reader's file: from the source, or (a seed) this node's copy, which must still be the
@@ -409,6 +420,7 @@ Status Transfer::decide() {
   }
   need_local_.assign(n, 0);
   copy_mtime_.assign(n, 0);
+  copy_crc_.assign(n, std::nullopt);
   if (ep_.writer) {
     if (auto st = store_.make_parents(ep_.dest); !st) fail_local(st.error());
     // Temporary files of killed runs go first, whether or not this node copies anything now.
@@ -457,6 +469,7 @@ Status Transfer::decide() {
         local_crc = *c;
       }
       copy_mtime_[i] = ls->mtime_ns;
+      if (opt_.pre == Validate::origin && ls->origin && ls->origin->crc_known) copy_crc_[i] = ls->origin->crc;
       need_local_[i] =
           needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc.empty() ? 0 : src_crc[i]) ? 1
                                                                                                          : 0;
@@ -561,7 +574,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   for (const Segment& seg : layout.segments()) {
     if (seg.size != 0) continue;
     auto f = open_input(seg.entry);
-    source_err_ = f ? check_input_end(**f, seg.entry) : std::optional<Error>(f.error());
+    source_err_ = f ? check_input_end(**f, seg.entry, 0) : std::optional<Error>(f.error());
     if (source_err_) break;
   }
   if (source_err_) {
@@ -616,6 +629,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       if (file->has_data(p.file_off, p.length)) {
         if (auto st = file->read_at(p.file_off, dst); !st) {
           source_err_ = st.error();
+          if (seeded_) store_.bad_copy(dest_of(seg.entry), seed_before_[seg.entry]);  // unreadable
           break;
         }
         (seeded_ ? read_seed_ : read_source_) += p.length;
@@ -642,7 +656,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
       if (adaptive_) continue;  // one piece per chunk; the file's CRC and end check below
       reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
       if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
-        source_err_ = check_input_end(*file, seg.entry);
+        source_err_ = check_input_end(*file, seg.entry, reader_file_crc_[p.segment]);
         if (source_err_) break;
       }
     }
@@ -652,7 +666,7 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
         for (uint64_t j = 0; j < nchunks; ++j)
           reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
                                               chunk_range(layout.bytes(), m_.chunk_size, j).length);
-        source_err_ = check_input_end(*file, layout.segments()[0].entry);
+        source_err_ = check_input_end(*file, layout.segments()[0].entry, reader_file_crc_[0]);
       }
     }
     if (source_err_) {

@@ -76,6 +76,11 @@ class LocalStore {
   virtual Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) {
     return stage_error(Errc::unsupported, "read local copy", path);
   }
+  // A copy open_copy() opened (its identity then: `seen`) to seed a transfer failed a read,
+  // or read back with a CRC other than the one it recorded when it was written (its origin):
+  // a store that owns its copies may remove it, if it is still that file, so that no later
+  // transfer chooses it again.
+  virtual void bad_copy(const std::string& /*path*/, const FileMeta& /*seen*/) {}
   // Free bytes for an unprivileged writer on the filesystem that holds path's directory.
   virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
   // syncfs() of the filesystem holding path: one call instead of one fsync per small file.

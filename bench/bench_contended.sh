@@ -109,18 +109,6 @@ run_baseline() {
   RES="$(elapsed "$t0" "$t1"),,,"
 }
 
-stop_group() {
-  [ -n "$group_pid" ] || return 0
-  if kill -0 "$group_pid" 2>/dev/null; then
-    on_node 0 fusermount3 -u "$MNT" 2>/dev/null   # one unmount stops the whole group
-    for _ in $(seq 150); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
-    kill_tree "$group_pid"
-  fi
-  wait "$group_pid" 2>/dev/null
-  group_pid=
-}
-
-on_node() { local k=$1; shift; nsenter -t "$(cat "$WORK/pid$k")" -m "$@"; }
 HZ=$(getconf CLK_TCK)
 cpu_ticks() {  # utime+stime of the given pids (all threads), summed
   local p sum=0

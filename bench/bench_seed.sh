@@ -13,7 +13,8 @@
 # Reported: seconds, ratio to the same round's source read, bytes read from the shared source
 # and from seeds (stage-bcast's JSON report), and which rank fed the transfer.
 #
-# Env: SIZE_MB (256) NODES (4) RATE_MBS (10) RUNS (3) CHUNK (16M) WORK_ROOT BIN RESULTS KEEP=1
+# Env: SIZE_MB (256) NODES (4) RATE_MBS (10) RUNS (3) CHUNK (16M) NAME (seed, or seed-RATEmbs)
+#      WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
@@ -26,7 +27,7 @@ CHUNK=${CHUNK:-16M}
 WORK=$WORK_ROOT/seed
 IMG=$WORK/shared.img
 SHARED=$WORK/shared
-NAME=seed
+NAME=${NAME:-seed$([ "$RATE_MBS" = 10 ] || echo "-${RATE_MBS}mbs")}
 
 loopdev=
 cleanup() {
@@ -55,11 +56,10 @@ sync
 cg_enter "$loopdev" "$RATE_MBS"
 log "source $SHARED on $loopdev, reads limited to $RATE_MBS MB/s for cgroup $CG"
 
-evict() { "$PY" -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$1"; }
 
 run_source() {
   local t0 t1
-  evict "$SHARED/image"
+  evict_pages "$SHARED/image"
   t0=$(now)
   dd if="$SHARED/image" of=/dev/null bs=1M status=none
   t1=$(now)
@@ -76,7 +76,7 @@ run_warm() {  # $1: how many nodes (the highest ranks) hold a current copy
     fi
   done
   sync
-  evict "$SHARED/image"
+  evict_pages "$SHARED/image"
   t0=$(now)
   out=$(timeout -k 5 600 mpirun --oversubscribe -np "$NODES" "$BIN/stage-bcast" --ranks-as-nodes --json \
         --chunk-size "$CHUNK" --source "$SHARED/image" --dest "$WORK/node%n/image") || return 1

@@ -45,17 +45,6 @@ head -c 1M /dev/urandom > "$WORK/src/file"
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }   # comm has no spaces here
 pct() { "$PY" -c "import sys; print(f'{int(sys.argv[1]) / $HZ / $DURATION * 100:.3f}')" "$1"; }
 
-on_node() { local k=$1; shift; nsenter -t "$(cat "$WORK/pid$k")" -m "$@"; }
-stop_group() {
-  [ -n "$group_pid" ] || return 0
-  if kill -0 "$group_pid" 2>/dev/null; then
-    on_node 0 fusermount3 -u "$MNT" 2>/dev/null
-    for _ in $(seq 150); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
-    kill_tree "$group_pid"
-  fi
-  wait "$group_pid" 2>/dev/null
-  group_pid=
-}
 
 run_standalone() {
   rm -rf "$WORK/cache"

@@ -86,6 +86,24 @@ kill_tree() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+# A mount group started by a script (mpirun, each rank `echo $$ > $WORK/pid<rank>` then
+# `unshare -m` + stagefs at $MNT): on_node K CMD runs CMD in rank K's mount namespace;
+# stop_group unmounts node 0 (one unmount stops the whole group) and ends $group_pid.
+on_node() { local k=$1; shift; nsenter -t "$(cat "$WORK/pid$k")" -m "$@"; }
+stop_group() {
+  [ -n "${group_pid:-}" ] || return 0
+  if kill -0 "$group_pid" 2>/dev/null; then
+    on_node 0 fusermount3 -u "$MNT" 2>/dev/null
+    for _ in $(seq 150); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
+    kill_tree "$group_pid"
+  fi
+  wait "$group_pid" 2>/dev/null
+  group_pid=
+}
+
+# Drops one file's pages from the page cache (POSIX_FADV_DONTNEED; no global drop_caches).
+evict_pages() { "$PY" -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$1"; }
+
 # cg_enter DEV MBS: this shell and every process it starts from now on read block device DEV
 # at most MBS MB/s in total (a blkio cgroup: v1 blkio.throttle.read_bps_device, or v2 io.max
 # rbps; its path in CG). cg_leave moves everyone back out and removes the cgroup.

@@ -179,6 +179,36 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
   LimitedStore(NodeCache& c, stage::LocalStore& base) : c_(c), base_(base) {}
   Result<stage::LocalState> inspect(const std::string& p) override { return base_.inspect(p); }
   Result<uint64_t> checksum(const std::string& p) override { return base_.checksum(p); }
+  // A copy that seeds a transfer: resolved beneath the cache's data directory, a regular file
+  // this daemon wrote (owned by us, one link, as open_current() requires), pinned while the
+  // engine holds it (never evicted mid-read; an evicted copy would still read through the
+  // descriptor, but its room would count as free while it is not).
+  Result<std::unique_ptr<stage::SourceFile>> open_copy(const std::string& p) override {
+    auto rels = rels_in_cache(std::span(&p, 1));
+    if (!rels) return stage::stage_error(stage::Errc::unsupported, "seed from a copy outside the cache", p);
+    const std::string& rel = rels->front();
+    auto fd = open_beneath(c_.data_.get(), rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | stage::kNoWaitOpen);
+    if (!fd) return fd.error();
+    struct stat st {};
+    if (auto ok = stage::settle_regular(fd->get(), st, p); !ok) return ok.error();
+    if (st.st_uid != c_.euid_ || st.st_nlink != 1)
+      return stage::stage_error(stage::Errc::unsupported, "seed copy (not a copy this daemon wrote)", p);
+    c_.pin(rel);
+    return std::unique_ptr<stage::SourceFile>(
+        new PinnedCopy(stage::posix_source_file(std::move(*fd), p, static_cast<uint64_t>(st.st_size)), c_, rel));
+  }
+  // A seed's copy that failed a read or read back wrong: removed (if it is still that file),
+  // so that the next open chooses another seed or the source.
+  void bad_copy(const std::string& p, const stage::FileMeta& seen) override {
+    auto rels = rels_in_cache(std::span(&p, 1));
+    if (!rels) return;
+    spdlog::warn("cache: {} could not feed a transfer (unreadable, or not the bytes it recorded): removed",
+                 rels->front());
+    struct stat st {};
+    st.st_dev = static_cast<dev_t>(seen.dev);
+    st.st_ino = static_cast<ino_t>(seen.ino);
+    c_.remove(rels->front(), st);
+  }
   Result<uint64_t> free_bytes(const std::string& p) override {
     auto fs_free = base_.free_bytes(p);
     if (!fs_free) return fs_free;
@@ -205,6 +235,24 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
   }
 
  private:
+  // A seed's copy, pinned in the index until the engine closes it.
+  class PinnedCopy final : public stage::SourceFile {
+   public:
+    PinnedCopy(std::unique_ptr<stage::SourceFile> in, NodeCache& c, std::string rel)
+        : in_(std::move(in)), c_(c), rel_(std::move(rel)) {}
+    ~PinnedCopy() override { c_.unpin(rel_); }
+    PinnedCopy(const PinnedCopy&) = delete;
+    PinnedCopy& operator=(const PinnedCopy&) = delete;
+    stage::Status read_at(uint64_t off, std::span<std::byte> buf) override { return in_->read_at(off, buf); }
+    bool has_data(uint64_t off, uint64_t len) override { return in_->has_data(off, len); }
+    Result<stage::FileMeta> stat_now() override { return in_->stat_now(); }
+    Result<bool> data_past(uint64_t size) override { return in_->data_past(size); }
+
+   private:
+    std::unique_ptr<stage::SourceFile> in_;
+    NodeCache& c_;
+    std::string rel_;
+  };
   // The engine's paths (under store_root()) as names relative to CACHE/data; none if any
   // path lies elsewhere.
   std::optional<std::vector<std::string>> rels_in_cache(std::span<const std::string> paths) const {

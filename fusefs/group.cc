@@ -250,15 +250,34 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
   for (auto& cb : cbs) cb(st);
 }
 
-bool GroupService::run_transfer(const Message& a) {
-  const auto t0 = Clock::now();
+stage::StageOptions GroupService::transfer_options() const {
   stage::StageOptions opt = cfg_.bcast;
   opt.pre = stage::Validate::origin;
   opt.recursive = false;
   opt.root = 0;
+  opt.seed_from_copies = cfg_.seed_from_copies;
+  opt.cancelled = cfg_.cancelled;
+  return opt;
+}
+
+void GroupService::count_reads_locked(const stage::StageReport& r) {
+  stats_.bytes_from_source += r.bytes_read_source;
+  stats_.bytes_from_seeds += r.bytes_read_seed;
+  if (r.ok && r.fed_from_copy && r.fed_by == data_.rank()) ++stats_.seeded_here;
+}
+
+std::string GroupService::fed_by(const stage::StageReport& r) const {
+  if (r.fed_by < 0) return "";
+  if (!r.fed_from_copy) return ", fed by the source";
+  return ", fed by rank " + std::to_string(r.fed_by) + "'s cache" +
+         (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string());
+}
+
+bool GroupService::run_transfer(const Message& a) {
+  const auto t0 = Clock::now();
+  stage::StageOptions opt = transfer_options();
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
-  opt.cancelled = cfg_.cancelled;
   NestHook nest(*this);
   if (nested_ != nullptr) opt.nest = &nest;
   std::shared_ptr<LiveFile> live;
@@ -305,6 +324,7 @@ bool GroupService::run_transfer(const Message& a) {
     stats_.current.clear();
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
+    count_reads_locked(report);
     if (report.ok && report.this_node_wrote) ++stats_.local_writes;
     if (!report.ok) ++stats_.failures;
     last_progress_ = Clock::now();
@@ -314,10 +334,11 @@ bool GroupService::run_transfer(const Message& a) {
                  report.nodes_needing);
     complete(Key{MsgType::materialize, a.path}, room);
   } else if (report.ok) {
-    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote, reads via {}",
+    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}, reads via {}",
                  a.path, report.bytes_total, secs,
                  secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
-                 report.nodes_needing, report.writers, cfg_.read_path ? cfg_.read_path() : std::string("-"));
+                 report.nodes_needing, report.writers, fed_by(report),
+                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(Key{MsgType::materialize, a.path}, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
@@ -336,14 +357,10 @@ bool GroupService::run_transfer(const Message& a) {
 bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
-  stage::StageOptions opt = cfg_.bcast;
-  opt.pre = stage::Validate::origin;
-  opt.recursive = false;
+  stage::StageOptions opt = transfer_options();
   opt.small_files_max = std::max<uint64_t>(cfg_.small_file_size, 1);  // > 0 marks a batch on every rank
   opt.slice = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
                                      cfg_.batch_max_bytes};
-  opt.root = 0;
-  opt.cancelled = cfg_.cancelled;
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
   // Nested in a transfer: status shows that transfer again afterwards.
   const bool nested = a.type == MsgType::batch_nested;
@@ -366,6 +383,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     stats_.current_total = total;
   };
   stage::StageReport report;
+  stage::StageReport reads;  // where the runs' bytes were read, summed
   std::vector<std::string> published;
   uint64_t streamed = 0;
   int runs = 0;
@@ -376,6 +394,10 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     if (cfg_.before_batch) cfg_.before_batch(a.path, opt.slice, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     streamed += report.bytes_streamed;
+    reads.bytes_read_source += report.bytes_read_source;
+    reads.bytes_read_seed += report.bytes_read_seed;
+    reads.fed_from_copy = report.fed_from_copy;  // the last run's feeder
+    reads.fed_by = report.fed_by;
     published.insert(published.end(), report.published.begin(), report.published.end());
     if (report.ok || report.comm_broken || prefetch) break;
     // Identical on every rank (the outcome is collective): try once more, e.g. after a file
@@ -384,6 +406,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
       spdlog::warn("batch {} failed ({}): staging it once more", shown,
                    report.errors.empty() ? "transfer failed" : report.errors.front());
   }
+  reads.ok = report.ok;
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (coord_ && report.ok) {
     // The source rank's scan knows what the slice left out: the next slice queues behind the
@@ -408,6 +431,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
     ++stats_.batches;
     stats_.batch_files += published.size();
     stats_.bytes_broadcast += streamed;
+    count_reads_locked(reads);
     if (!published.empty()) ++stats_.local_writes;
     if (!report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
     last_progress_ = Clock::now();
@@ -417,11 +441,11 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   if (report.ok) {
     // One line per batch, whatever the number of files.
     spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
-                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote, reads via {}",
+                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
                  shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
                  a.type == MsgType::batch_nested ? " (nested)" : prefetch ? " (prefetched)" : "",
                  report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
-                 report.writers,
+                 report.writers, fed_by(report),
                  cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
   } else if (prefetch && !report.comm_broken) {
@@ -590,7 +614,8 @@ stage::Status GroupService::nest_poll() {
   return {};
 }
 
-// Source rank (the coordinator's node): a mark for the nested batch announced last, once.
+// The rank that reads (the source rank, or a seed): a mark for the nested batch announced
+// last, once. Every rank receives every announcement, so any rank can place the mark.
 uint32_t GroupService::nest_mark() {
   for (const Message& m : deferred_)
     if (m.type == MsgType::batch_nested && m.id > marked_) {

@@ -116,6 +116,11 @@ struct GroupConfig {
   // their prefetched slices list at most this many bytes of small files (0: no limit).
   size_t walk_max_dirs = 64;
   uint64_t walk_max_bytes = uint64_t{1} << 30;
+  // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
+  // the source's version) of every file a transfer needs, the lowest such rank reads its copy
+  // and roots the broadcast; the source is only scanned (bcast/engine.h). Every rank's
+  // setting must agree.
+  bool seed_from_copies = true;
 };
 
 struct GroupStats {
@@ -125,6 +130,11 @@ struct GroupStats {
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
+  // Where the broadcast bytes were read (every node counts each transfer, as bytes_broadcast):
+  // the shared source, or a node's cached copy (a seed); and the transfers this node fed from
+  // its own cache that succeeded.
+  uint64_t bytes_from_source = 0, bytes_from_seeds = 0;
+  uint64_t seeded_here = 0;
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
@@ -184,6 +194,12 @@ class GroupService final : public Materializer {
   // not be used again, so the group stops transferring.
   bool run_transfer(const Message& a);
   bool run_batch(const Message& a, stage::Comm& comm);
+  // The engine's options for a transfer into the cache (m_ not needed).
+  [[nodiscard]] stage::StageOptions transfer_options() const;
+  // Counts where a transfer's bytes were read (m_ held).
+  void count_reads_locked(const stage::StageReport& r);
+  // ", fed by ..." for the one log line per materialization.
+  [[nodiscard]] std::string fed_by(const stage::StageReport& r) const;
   bool run_announcement(const Message& a);  // a transfer or batch, with the coordinator told
   // The next announcement, if one has arrived (the Coordinator, if here, is told).
   stage::Result<std::optional<Message>> receive();

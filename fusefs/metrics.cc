@@ -37,6 +37,19 @@ struct MetricsFile::Impl {
     transfers = &counter("stagefs_transfers_total", "Collective transfers this node took part in");
     local_writes = &counter("stagefs_local_writes_total", "Transfers in which this node wrote its copy");
     bytes_bcast = &counter("stagefs_bytes_broadcast_total", "Bytes of file data broadcast in transfers");
+    auto& read = pm::BuildCounter()
+                     .Name("stagefs_bytes_read_total")
+                     .Help("Bytes the transfers this node took part in read, by where: source (the shared "
+                           "source) or seed (a node's cached copy)")
+                     .Register(*registry);
+    auto with_from = [&](const char* from) {
+      pm::Labels l = labels;
+      l["from"] = from;
+      return &read.Add(l);
+    };
+    read_source = with_from("source");
+    read_seed = with_from("seed");
+    seeded_here = &counter("stagefs_seeded_transfers_total", "Transfers this node fed from its own cache");
     evictions = &counter("stagefs_evictions_total", "Copies evicted from the cache");
     evicted_bytes = &counter("stagefs_evicted_bytes_total", "Bytes of copies evicted from the cache");
     prefetches = &counter("stagefs_prefetches_total", "stagectl prefetch requests");
@@ -76,6 +89,9 @@ struct MetricsFile::Impl {
     feed(transfers, s.transfers, last.transfers);
     feed(local_writes, s.local_writes, last.local_writes);
     feed(bytes_bcast, s.bytes_broadcast, last.bytes_broadcast);
+    feed(read_source, s.bytes_from_source, last.bytes_from_source);
+    feed(read_seed, s.bytes_from_seeds, last.bytes_from_seeds);
+    feed(seeded_here, s.seeded_here, last.seeded_here);
     feed(evictions, s.cache.evictions, last.cache.evictions);
     feed(evicted_bytes, s.cache.evicted_bytes, last.cache.evicted_bytes);
     feed(prefetches, s.prefetches, last.prefetches);
@@ -93,8 +109,8 @@ struct MetricsFile::Impl {
   }
   std::shared_ptr<pm::Registry> registry;
   pm::Labels labels;
-  pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *evictions, *evicted_bytes,
-      *prefetches;
+  pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *read_source, *read_seed,
+      *seeded_here, *evictions, *evicted_bytes, *prefetches;
   std::map<std::string, pm::Counter*> err;
   pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *up;
   pm::Histogram* transfer_seconds;

@@ -425,9 +425,10 @@ class Daemon:
 
 class Group:
     """An MPI mount group: NP ranks, each a stagefs in its own private mount namespace, over its
-    own cache WORK/node<k>, at the same mount point path WORK/mnt."""
+    own cache WORK/node<k>, at the same mount point path WORK/mnt. wrap: a command that runs
+    each stagefs (its arguments follow), keeping its pid (strace -D...)."""
 
-    def __init__(self, work, np, *args):
+    def __init__(self, work, np, *args, wrap=None):
         self.work = work
         self.np = np
         self.mnt = work.mnt
@@ -439,7 +440,7 @@ class Group:
         self.pids = [None] * np
         self.namespaces = [None] * np
         self.helpers = []  # Popen objects of commands running on nodes
-        stagefs_cmd = " ".join([STAGEFS, self.src, self.mnt, "--cache", work.file("node$OMPI_COMM_WORLD_RANK")] +
+        stagefs_cmd = " ".join(([wrap] if wrap else []) + [STAGEFS, self.src, self.mnt, "--cache", work.file("node$OMPI_COMM_WORLD_RANK")] +
                                [str(a) for a in args])
         wrapper = ("echo $$ > %s/pid$OMPI_COMM_WORLD_RANK; exec unshare -m --propagation private %s"
                    % (work.path, stagefs_cmd))
@@ -612,8 +613,8 @@ class MountTestCase(unittest.TestCase):
         self.daemons.append(d)
         return d
 
-    def group(self, np, *args):
-        g = Group(self.work, np, *args)
+    def group(self, np, *args, wrap=None):
+        g = Group(self.work, np, *args, wrap=wrap)
         self.groups.append(g)
         return g
 

@@ -15,8 +15,12 @@ Usage: test_group.py STAGEFS NP [MPIRUN ARGS...] [-- UNITTEST ARGS (test classes
                bounded exit, the reader gets an error, no partial copy under a final name, temp
                files swept at the next start
   Kill9        kill -9 of one idle daemon: the others exit in bounded time, caches stay valid
+  Seeding      (NP >= 4) two nodes whose caches hold a current copy from an earlier mount: a
+               first open on a cold node is fed from a warm node's cache; no rank reads the
+               source's data (strace)
 """
 import os
+import shutil
 import signal
 import sys
 import time
@@ -29,8 +33,8 @@ MiB = h.MiB
 
 
 class GroupCase(h.MountTestCase):
-    def start(self, *args, np=None):
-        return self.group(np or h.NP, *args).wait_ready()
+    def start(self, *args, np=None, wrap=None):
+        return self.group(np or h.NP, *args, wrap=wrap).wait_ready()
 
     def assert_all_gone(self, g, what):
         # fusermount3's auto_unmount watchers exit on their own once they see their daemon's
@@ -343,6 +347,68 @@ class Kill9(GroupCase):
         self.assert_caches_valid(g)
         for k in range(g.np):
             self.assertEqual(h.temp_files(g.caches[k]), [], "node %d" % k)
+
+
+class Seeding(GroupCase):
+    def test_warm_caches_feed_a_first_open_without_reading_the_source(self):
+        if h.NP < 4:
+            self.skipTest("needs two warm nodes and two cold ones")
+        if shutil.which("strace") is None:
+            self.skipTest("strace not installed")
+        rel = "img.bin"
+        src = os.path.join(self.work.src, rel)
+        size = 12 * MiB + 4099
+        h.write_random(src, size, seed=26)
+        want = h.sha256_file(src)
+        # The earlier mount: every node gets a copy; then nodes 0 and 3 lose theirs.
+        g = self.start()
+        self.assertEqual(g.sha256_on(1, os.path.join(g.mnt, rel))[os.path.join(g.mnt, rel)], (want, size))
+        for k in range(g.np):
+            g.wait_transfers(k, 1)
+        self.assertEqual(g.close(), [])
+        cold = (0, 3)
+        for k in cold:
+            os.unlink(g.cache_file(k, rel))
+        # This mount, every rank under strace (read-family syscalls, fds annotated with paths).
+        trace = self.work.file("trace")
+        os.makedirs(trace)
+        wrap = ('strace -D -ff -y -qq -s 0 --seccomp-bpf '
+                '-e trace=read,pread64,readv,preadv,preadv2,mmap,sendfile,copy_file_range,splice '
+                '-o %s/r$OMPI_COMM_WORLD_RANK' % trace)
+        g = self.start(wrap=wrap)
+        mp = os.path.join(g.mnt, rel)
+        self.assertEqual(g.sha256_on(3, mp)[mp], (want, size))
+        s = [g.wait_transfers(k, 1) for k in range(g.np)]
+        for k in range(g.np):
+            with self.subTest(stats_of_node=k):
+                self.assertEqual((s[k]["transfers"], s[k]["transfer_failures"]), (1, 0), s[k])
+                self.assertEqual((s[k]["bytes_from_source"], s[k]["bytes_from_seeds"]), (0, size), s[k])
+                self.assertEqual(s[k]["seeded_here"], 1 if k == 1 else 0, s[k])  # the lowest warm rank
+                self.assertEqual(s[k]["local_writes"], 1 if k in cold else 0, s[k])
+        seed_copy = g.cache_file(1, rel)
+        self.assertEqual(g.close(), [])
+        self.assertEqual(bytes_read_from(src, trace), 0, "a rank read the shared source's data")
+        self.assertGreaterEqual(bytes_read_from(seed_copy, trace), size, "the trace missed the seed's reads")
+        for k in range(g.np):
+            self.assertTrue(h.files_equal(g.cache_file(k, rel), src), "node %d: copy differs" % k)
+        self.assert_caches_valid(g)
+
+
+def bytes_read_from(path, trace_dir):
+    """Bytes any traced thread read from `path` (a mapping of it counts as its whole size)."""
+    tag = "<%s>" % os.path.realpath(path)
+    total = 0
+    for name in os.listdir(trace_dir):
+        with open(os.path.join(trace_dir, name), errors="replace") as f:
+            for line in f:
+                if tag not in line:
+                    continue
+                ret = line.rsplit("= ", 1)[-1].split()[0]
+                if line.startswith("mmap("):
+                    total += 0 if ret.startswith("-") else os.path.getsize(path)
+                elif ret.lstrip("-").isdigit() and int(ret) > 0:
+                    total += int(ret)
+    return total
 
 
 if __name__ == "__main__":

@@ -239,6 +239,10 @@ class Metrics(h.MountTestCase):
         m = current()
         self.assertEqual(m[("stagefs_cache_misses_total", ())], 1)
         self.assertEqual(m[("stagefs_bytes_broadcast_total", ())], 3 * MiB)
+        # standalone: the one node reads the source, never a seed
+        self.assertEqual(m[("stagefs_bytes_read_total", (("from", "source"),))], 3 * MiB)
+        self.assertEqual(m[("stagefs_bytes_read_total", (("from", "seed"),))], 0)
+        self.assertEqual(m[("stagefs_seeded_transfers_total", ())], 0)
         self.assertEqual(m[("stagefs_cache_limit_bytes", ())], 1 << 30)
         self.assertEqual(m[("stagefs_transfer_seconds_count", ())], 1)
         self.assertEqual(m[("stagefs_errors_total", (("kind", "open"),))], 0)

@@ -16,6 +16,8 @@
 #      (inode, nanosecond mtime and ctime unchanged on every node, content still
 #      identical; stage-bcast gives the copy the source's mtime, so an in-place rewrite
 #      would keep the mtime: ctime is what catches it)
+#   3b. partly warm: two nodes lose their copy; rank 1 (the lowest warm rank) feeds the
+#      broadcast from its copy, 0 bytes are read from the source, every copy matches it
 #   4. a source that does not exist: srun exits 1, every task exits non-zero, no node is
 #      left with a (partial) destination file
 #   5. an unknown option: srun exits 2 (usage error)
@@ -195,6 +197,34 @@ same_stat() {
 }
 check "second run did not rewrite $DEST on any node (inode, mtime and ctime unchanged)" same_stat
 check "content still matches after second run" \
+  all_nodes_equal "$(per_node_sum)" "$SRC_SUM"
+
+# ---------------------------------------------------------------------------------------
+# 3b: partly warm: two nodes keep their current copy, two lose it; the lowest warm rank
+# feeds the broadcast from its copy and the shared source is not read for data
+
+info "partly warm broadcast (the nodes of ranks 0 and 3 lose their copy)"
+# shellcheck disable=SC2016  # expanded by the remote sh
+"${SRUN[@]}" sh -c 'case $SLURM_PROCID in 0 | 3) rm -f "$1" ;; esac' sh "$DEST"
+check "partly warm stage-bcast exits 0" \
+  run_bcast "$WORK/run2b.log" --source "$SRC" --dest "$DEST" --json
+# The report's JSON line: fed by rank 1 from its copy, 0 bytes from the source.
+fed_by_warm_rank() {
+  python3 - "$WORK/run2b.log" <<'PY'
+import json, sys
+for line in open(sys.argv[1], errors="replace"):
+    line = line.strip()
+    if line.startswith("{") and '"fed_from"' in line:
+        r = json.loads(line)
+        print("    fed_by_rank %s fed_from %s bytes_read_source %s bytes_read_seed %s nodes_written %s"
+              % (r["fed_by_rank"], r["fed_from"], r["bytes_read_source"], r["bytes_read_seed"], r["nodes_written"]))
+        sys.exit(0 if (r["fed_by_rank"], r["fed_from"], r["bytes_read_source"], r["nodes_written"]) == (1, "seed", 0, 2) else 1)
+print("    no JSON report in the log")
+sys.exit(1)
+PY
+}
+check "a warm node fed the broadcast and the source was not read for data" fed_by_warm_rank
+check "content matches on every node after the partly warm run" \
   all_nodes_equal "$(per_node_sum)" "$SRC_SUM"
 
 # ---------------------------------------------------------------------------------------

@@ -316,7 +316,7 @@ if wait_mounted "$MNT" "$LOGS/stagefs-job2.log"; then
   rec "PREFETCH rc=$?"
   all sh -c 'echo "SUM2 $(hostname) $(sha256sum "$1/image.sqsh" | cut -d" " -f1) $(sha256sum "$1/other.bin" | cut -d" " -f1)"' \
     sh "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
-  all sh -c 'echo "STATS2 $(hostname) $("$1" --json stats "$2" | python3 -c "import json,sys; s=json.load(sys.stdin); print(s[\"local_writes\"], s[\"corrupt\"], s[\"materializations\"], s[\"cache\"][\"files\"])")"' \
+  all sh -c 'echo "STATS2 $(hostname) $("$1" --json stats "$2" | python3 -c "import json,sys; s=json.load(sys.stdin); print(s[\"local_writes\"], s[\"corrupt\"], s[\"materializations\"], s[\"cache\"][\"files\"], s[\"bytes_from_source\"], s[\"bytes_from_seeds\"], s[\"seeded_here\"])")"' \
     sh "$STAGECTL" "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
   stop_stagefs
   rec "STOP2 $STOPPED"
@@ -493,14 +493,16 @@ check "job 2: every node reads the source's bytes (n2's corrupted copy was repla
   all_equal "$sums2" "$IMG_SUM" "$OTHER_SUM"
 stats2=$(r STATS2 | sort)
 job2_reuse() {
-  # local_writes corrupt materializations files, per node: only n2 copied again (other.bin)
-  local want="n1 0 0 0 2
-n2 1 1 1 2
-n3 0 0 0 2
-n4 0 0 0 2"
+  # local_writes corrupt materializations files, per node: only n2 copied again (other.bin);
+  # then bytes_from_source bytes_from_seeds seeded_here: that copy was fed by n1's cache
+  # (rank 0, the lowest warm node), not by the source
+  local want="n1 0 0 0 2 0 $OTHER_SIZE 1
+n2 1 1 1 2 0 $OTHER_SIZE 0
+n3 0 0 0 2 0 $OTHER_SIZE 0
+n4 0 0 0 2 0 $OTHER_SIZE 0"
   [[ $stats2 == "$want" ]] || { echo "    got:"; echo "$stats2" | sed 's/^/      /'; return 1; }
 }
-check "job 2: nothing is copied again except n2's corrupted other.bin (detected by CRC once per mount)" job2_reuse
+check "job 2: nothing is copied again except n2's corrupted other.bin (detected by CRC once per mount), fed by n1's cache" job2_reuse
 check "job 2: the stagefs step stops cleanly" test "$(field "$(r STOP2)" rc)" = 0
 
 if [[ -s $WORK/stagefs.log ]]; then

@@ -69,6 +69,7 @@ struct StoreFaults {
   int64_t free_bytes = -1;          // statvfs says this much is free (-1: the real figure)
   uint64_t written = 0;
   SourceFaults* copy = nullptr;     // reads of this node's existing copies (seeding) go through these
+  int bad_copies = 0;               // seed copies the engine reported as unreadable or wrong (bad_copy)
 };
 
 class FaultStore final : public LocalStore {
@@ -81,6 +82,7 @@ class FaultStore final : public LocalStore {
     if (!inner || f_.copy == nullptr) return inner;
     return std::unique_ptr<SourceFile>(new FaultFile(std::move(inner.value()), *f_.copy));
   }
+  void bad_copy(const std::string& /*p*/, const FileMeta& /*seen*/) override { ++f_.bad_copies; }
   Result<uint64_t> free_bytes(const std::string& p) override {
     if (f_.free_bytes >= 0) return static_cast<uint64_t>(f_.free_bytes);
     return real_.free_bytes(p);

@@ -486,5 +486,50 @@ TEST_F(NodeCacheTest, AHitMovesTheAtimeOnlyWhenItIsAMinuteOld) {
   EXPECT_GE(atime_after_touch(120), now.tv_sec);      // a minute old: now
 }
 
+// The store as a seed: a copy it opens to feed a transfer is pinned (make_room never evicts
+// it) until the engine closes it; only regular files the daemon wrote, inside the cache,
+// are opened; a copy reported bad leaves the cache unless it was replaced meanwhile.
+TEST_F(NodeCacheTest, ASeedCopyIsPinnedWhileReadAndABadOneIsRemoved) {
+  auto c = NodeCache::open(path("c"));
+  ASSERT_TRUE(c);
+  NodeCache& cache = **c;
+  cache.set_limit(2 * 65536);
+  put(cache, "seed", 65536);
+  put(cache, "other", 65536);
+  const std::string seed = cache.store_root() + "/seed";
+  {
+    auto f = cache.store().open_copy(seed);
+    ASSERT_TRUE(f) << f.error().message;
+    EXPECT_EQ(cache.usage().pinned_files, 1U);
+    ASSERT_TRUE(cache.make_room("new", 65536));  // evicts "other", never the copy being read
+    EXPECT_TRUE(fs::exists(path("c/data/seed")));
+    EXPECT_FALSE(fs::exists(path("c/data/other")));
+    std::string got(65536, '\0');
+    ASSERT_TRUE((*f)->read_at(0, std::as_writable_bytes(std::span(got.data(), got.size()))));
+    EXPECT_EQ(got, std::string(65536, 'x'));
+  }
+  EXPECT_EQ(cache.usage().pinned_files, 0U) << "the pin outlived the reader";
+
+  EXPECT_FALSE(cache.store().open_copy(path("elsewhere")));  // not a path in this cache
+  EXPECT_FALSE(cache.store().open_copy(cache.store_root() + "/missing"));
+  ASSERT_EQ(::link(path("c/data/seed").c_str(), path("c/data/seed2").c_str()), 0);
+  auto linked = cache.store().open_copy(seed);  // two links: not a copy the daemon left as it wrote it
+  ASSERT_FALSE(linked);
+  EXPECT_EQ(cache.usage().pinned_files, 0U);
+  ASSERT_EQ(::unlink(path("c/data/seed2").c_str()), 0);
+
+  auto f = cache.store().open_copy(seed);
+  ASSERT_TRUE(f);
+  const auto seen = (*f)->stat_now();
+  ASSERT_TRUE(seen);
+  stage::FileMeta other_file = *seen;
+  other_file.ino += 1;
+  cache.store().bad_copy(seed, other_file);  // names another file: left alone
+  EXPECT_TRUE(fs::exists(path("c/data/seed")));
+  cache.store().bad_copy(seed, *seen);
+  EXPECT_FALSE(fs::exists(path("c/data/seed")));
+  EXPECT_EQ(cache.usage().files, 0U);
+}
+
 }  // namespace
 }  // namespace stagefs

@@ -164,6 +164,7 @@ TEST_F(SeedingTest, SeedShortReadFailsEverywhereAndPublishesNothing) {
     EXPECT_EQ(source_faults_.bytes_read.load(), 0U);
     EXPECT_TRUE(no_temps_under(dir_));
   }
+  EXPECT_EQ(store_faults_[1].bad_copies, 2) << "the store did not hear of its unreadable copy";
 }
 
 TEST_F(SeedingTest, SeedCopyChangingDuringTheReadPublishesNothing) {
@@ -202,6 +203,38 @@ TEST_F(SeedingTest, SeedBytesNotMatchingTheSourceChecksumPublishNothing) {
   ASSERT_EQ(reps[0].errors.size(), 1U);
   EXPECT_NE(reps[0].errors[0].find("checksum"), std::string::npos) << reps[0].errors[0];
   EXPECT_TRUE(no_temps_under(dir_));
+}
+
+// The origin rule (the stagefs cache): a seed's copy must read back to the CRC it recorded
+// when it was written. Each chunk's CRC is the seed's own, so a copy corrupted on the seed's
+// disk passes every chunk check; its file CRC does not match its origin, the transfer fails on
+// every rank, nothing is published, and the store hears of the bad copy (the cache drops it).
+TEST_F(SeedingTest, OriginRuleSeedNotReadingBackToItsRecordedChecksumPublishesNothing) {
+  const std::string data = random_bytes(300000, 7);
+  write_file(path("src.bin"), data);
+  StageOptions opt = seeding();
+  opt.pre = Validate::origin;
+  ASSERT_TRUE(run(opt, path("src.bin"), true)[0].ok);  // every node: a copy with its origin
+  fs::remove(node(0));
+  fs::remove(node(3));
+  copy_faults_.corrupt_at = 150000;  // the seed's disk returns one flipped bit, no error
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain" : "collective broadcast");
+    auto reps = run(opt, path("src.bin"), chain);
+    for (const auto& rep : reps) {
+      EXPECT_FALSE(rep.ok);
+      EXPECT_EQ(rep.fed_by, 1);
+      EXPECT_TRUE(rep.fed_from_copy);
+    }
+    EXPECT_FALSE(fs::exists(node(0)));
+    EXPECT_FALSE(fs::exists(node(3)));
+    ASSERT_EQ(reps[0].errors.size(), 1U);
+    EXPECT_NE(reps[0].errors[0].find("checksum"), std::string::npos) << reps[0].errors[0];
+    EXPECT_EQ(source_faults_.bytes_read.load(), data.size()) << "the source was read for data";
+    EXPECT_TRUE(no_temps_under(dir_));
+  }
+  EXPECT_EQ(store_faults_[1].bad_copies, 2);
+  for (const int r : {0, 2, 3}) EXPECT_EQ(store_faults_[static_cast<size_t>(r)].bad_copies, 0) << r;
 }
 
 // Seeding off (stage-bcast with an explicit --source-rank): the source rank reads.

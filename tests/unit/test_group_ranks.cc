@@ -5,12 +5,16 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <condition_variable>
 #include <mutex>
 #include <filesystem>
 #include <thread>
 
+#include "bcast/crc.h"
+#include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache.h"
@@ -50,6 +54,7 @@ class Gate {
     std::unique_lock lk(m_);
     return cv_.wait_for(lk, std::chrono::seconds(60), [&] { return reached_; });
   }
+  std::atomic<uint64_t> bytes_read{0};  // data read from the source
   void pass(uint64_t off) {
     std::unique_lock lk(m_);
     if (!armed_ || off < at_) return;
@@ -88,6 +93,7 @@ class GatedSource final : public stage::SourceReader {
     File(std::unique_ptr<stage::SourceFile> in, Gate& g) : in_(std::move(in)), g_(g) {}
     stage::Status read_at(uint64_t off, std::span<std::byte> buf) override {
       g_.pass(off);
+      g_.bytes_read += buf.size();
       return in_->read_at(off, buf);
     }
     bool has_data(uint64_t off, uint64_t len) override { return in_->has_data(off, len); }
@@ -145,6 +151,10 @@ class Outcomes {
 
 class GroupRanksTest : public TmpDirTest {
  protected:
+  // The store each rank's engine writes through: a plain PosixStore, or (as in the daemon) the
+  // cache's own store, which seeds from the cache's copies.
+  [[nodiscard]] virtual bool through_cache() const { return false; }
+  [[nodiscard]] virtual bool read_during_copy() const { return false; }
   void SetUp() override {
     TmpDirTest::SetUp();
     // spdlog's registry is a lazily built static of an uninstrumented library: build it here,
@@ -176,7 +186,9 @@ class GroupRanksTest : public TmpDirTest {
       g.bcast.chunk_size = 65536;
       g.idle_poll = std::chrono::milliseconds(5);
       g.small_file_size = 64 * 1024;  // only materialize_small_async() makes batches
-      k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *gated_, *k.store, g, k.nested.get());
+      g.read_during_copy = read_during_copy();
+      stage::LocalStore& store = through_cache() ? k.cache->store() : *k.store;
+      k.group = std::make_unique<GroupService>(*k.comm, *k.ctl, *gated_, store, g, k.nested.get());
     }
   }
   void TearDown() override {
@@ -394,6 +406,114 @@ TEST_F(GroupRanksTest, AShutdownRacingWithOpensAnswersEveryOpenOnce) {
     EXPECT_TRUE(k.result.ok()) << "rank " << r;
     EXPECT_EQ(k.group->state(), GroupState::shut_down);
     EXPECT_EQ(k.group->stats().transfers, transfers) << "rank " << r;
+  }
+}
+
+// Warm nodes seed cold ones: ranks whose caches hold a copy of the file (as an earlier mount
+// left it) take part through the cache's own store, reads during the copy on.
+class GroupSeedingTest : public GroupRanksTest {
+ protected:
+  [[nodiscard]] bool through_cache() const override { return true; }
+  [[nodiscard]] bool read_during_copy() const override { return true; }
+  // Puts `bytes` in rank r's cache as the copy of rel that a transfer of the source's current
+  // version (older_origin: of an earlier version, its ctime) would have left, recording
+  // `recorded_crc` as its CRC.
+  void plant(int r, const std::string& rel, const std::string& bytes, uint64_t recorded_crc,
+             bool older_origin = false) {
+    const std::string copy = path("cache" + std::to_string(r) + "/data/" + rel);
+    write_file(copy, bytes);
+    struct stat st {};
+    ASSERT_EQ(::stat(path("src/" + rel).c_str(), &st), 0);
+    stage::FileMeta meta = stage::meta_from_stat(st);
+    if (older_origin) meta.ctime_ns -= 1000000000;
+    const std::string origin = stage::encode_origin(meta, recorded_crc);
+    ASSERT_EQ(::setxattr(copy.c_str(), stage::kOriginXattr, origin.data(), origin.size(), 0), 0);
+    const timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+    ranks_[static_cast<size_t>(r)].cache->added(rel);
+  }
+  static uint64_t crc(const std::string& s) { return stage::crc64(std::as_bytes(std::span(s.data(), s.size()))); }
+  bool has_temps(int r) {
+    for (const auto& e : fs::recursive_directory_iterator(path("cache" + std::to_string(r) + "/data")))
+      if (stage::is_temp_name(e.path().filename().string())) return true;
+    return false;
+  }
+};
+
+// Rank 1's copy records an earlier version of the source (it was touched since): never used.
+// Rank 2's is current: it feeds the transfer, and then a batch of small files, from its
+// cache; the source is scanned but not read for data. Every copy equals the source.
+TEST_F(GroupSeedingTest, AWarmCacheFeedsTheTransferAndTheSourceIsNotReadForData) {
+  const std::string big = random_bytes((1 << 20) + 3, 31);
+  write_file(path("src/big"), big);
+  plant(1, "big", big, crc(big), /*older_origin=*/true);
+  plant(2, "big", big, crc(big));
+  std::vector<std::string> small;
+  for (int i = 0; i < 10; ++i) {
+    small.push_back(random_bytes(1000 + static_cast<size_t>(i) * 311, static_cast<uint32_t>(300 + i)));
+    write_file(path("src/many/s" + std::to_string(i)), small.back());
+  }
+  for (int i = 0; i < 10; ++i)
+    for (const int r : {2, 3}) plant(r, "many/s" + std::to_string(i), small[static_cast<size_t>(i)], crc(small[static_cast<size_t>(i)]));
+  start();
+  Outcomes opens;
+  ranks_[3].group->materialize_async("big", {}, opens.add());
+  ASSERT_TRUE(opens.wait()) << "open not answered";
+  EXPECT_TRUE(opens.errors().empty()) << opens.errors().front();
+  EXPECT_EQ(gate_.bytes_read.load(), 0U) << "the source was read for data";
+  Outcomes batch;
+  ranks_[0].group->materialize_small_async("many/s4", 0, {}, batch.add());
+  ASSERT_TRUE(batch.wait()) << "open not answered";
+  EXPECT_TRUE(batch.errors().empty()) << batch.errors().front();
+  EXPECT_EQ(gate_.bytes_read.load(), 0U) << "the batch read the source for data";
+  uint64_t small_total = 0;
+  for (const auto& s : small) small_total += s.size();
+  stop(0);
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string cache = path("cache" + std::to_string(r) + "/data/");
+    EXPECT_TRUE(read_file(cache + "big") == big) << "rank " << r;
+    for (int i = 0; i < 10; ++i)
+      EXPECT_EQ(read_file(cache + "many/s" + std::to_string(i)), small[static_cast<size_t>(i)]) << "rank " << r;
+    const auto s = ranks_[static_cast<size_t>(r)].group->stats();
+    EXPECT_EQ(s.failures, 0U) << "rank " << r;
+    EXPECT_EQ(s.bytes_from_source, 0U) << "rank " << r;
+    EXPECT_EQ(s.bytes_from_seeds, big.size() + small_total) << "rank " << r;
+    EXPECT_EQ(s.seeded_here, r == 2 ? 2U : 0U) << "rank " << r;
+    EXPECT_EQ(s.local_writes, r == 2 ? 0U : r == 3 ? 1U : 2U) << "rank " << r;
+    EXPECT_EQ(ranks_[static_cast<size_t>(r)].cache->usage().pinned_files, 0U) << "rank " << r << ": a pin left";
+  }
+}
+
+// The seed's copy has the current origin but not the bytes it recorded (corrupted on its
+// disk): the transfer fails on every rank, no cold rank publishes anything, the bad copy
+// leaves the seed's cache, and the next open is fed by the source.
+TEST_F(GroupSeedingTest, ASeedCopyReadingBackWrongFailsEverywhereAndTheNextOpenReadsTheSource) {
+  const std::string big = random_bytes((1 << 20) + 5, 32);
+  write_file(path("src/big"), big);
+  std::string rotten = big;
+  rotten[700000] = static_cast<char>(rotten[700000] ^ 0x10);
+  plant(2, "big", rotten, crc(big));
+  start();
+  Outcomes first;
+  ranks_[3].group->materialize_async("big", {}, first.add());
+  ASSERT_TRUE(first.wait()) << "open not answered";
+  ASSERT_EQ(first.errors().size(), 1U) << "a copy that reads back wrong fed the transfer";
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_FALSE(fs::exists(path("cache" + std::to_string(r) + "/data/big"))) << "rank " << r;
+    EXPECT_FALSE(has_temps(r)) << "rank " << r;
+  }
+  Outcomes second;
+  ranks_[3].group->materialize_async("big", {}, second.add());
+  ASSERT_TRUE(second.wait()) << "open not answered";
+  EXPECT_TRUE(second.errors().empty()) << second.errors().front();
+  stop(1);
+  EXPECT_EQ(gate_.bytes_read.load(), big.size());
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(read_file(path("cache" + std::to_string(r) + "/data/big")) == big) << "rank " << r;
+    const auto s = ranks_[static_cast<size_t>(r)].group->stats();
+    EXPECT_EQ(s.failures, 1U) << "rank " << r;
+    EXPECT_EQ(s.bytes_from_source, big.size()) << "rank " << r;
+    EXPECT_EQ(s.seeded_here, 0U) << "rank " << r;
   }
 }
 
