@@ -127,7 +127,10 @@ class BatchTest : public TmpDirTest {
   // service thread, after a shutdown.
   void stop(GroupService& group, std::thread& service) {
     if (core_) core_->stop();
-    core_.reset();
+    {
+      const std::lock_guard lk(core_m_);  // the group's hooks may still be running
+      core_.reset();
+    }
     group.request_shutdown();
     service.join();
   }
@@ -181,6 +184,7 @@ class BatchTest : public TmpDirTest {
     // As the daemon: published copies join the index and count as verified in this mount.
     g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool, double) {
       const auto copies = cache_->added_in(dir, published);
+      const std::lock_guard lk(core_m_);  // stop() may be ending the core on the test's thread
       if (core_) core_->copies_made(copies);
     };
     return g;
@@ -215,6 +219,7 @@ class BatchTest : public TmpDirTest {
   stage::Fd root_;
   std::unique_ptr<BeneathSource> source_;
   std::unique_ptr<StageFsCore> core_;  // destroyed before the group (declared in each test)
+  std::mutex core_m_;                  // core_ as config()'s after_batch hook reads it
   stage::PosixStore store_;
 };
 
