@@ -13,7 +13,7 @@
 # Reported: seconds, ratio to the same round's source read, bytes read from the shared source
 # and from seeds (stage-bcast's JSON report), and which rank fed the transfer.
 #
-# Env: SIZE_MB (256) NODES (4) RATE_MBS (10) RUNS (3) CHUNK (16M) NAME (seed, or seed-RATEmbs)
+# Env: SIZE_MB (256) NODES (4) RATE_MBS (10) RUNS (5, lib.sh) CHUNK (16M) NAME (seed, or seed-RATEmbs)
 #      WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -22,7 +22,6 @@ need_root
 SIZE_MB=${SIZE_MB:-256}
 NODES=${NODES:-4}
 RATE_MBS=${RATE_MBS:-10}
-RUNS=${RUNS:-3}
 CHUNK=${CHUNK:-16M}
 WORK=$WORK_ROOT/seed
 IMG=$WORK/shared.img
