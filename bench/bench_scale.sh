@@ -12,6 +12,10 @@
 #   fs-<ALGO>   (STAGEFS=1) a stagefs mount group; once ready, every node opens and reads
 #               MNT/img at once: time from the reads' start until the last one returns
 #               (the first open's transfer: the broadcast, publication and the read).
+#   sb-seed     (SEED=1) as sb-chain, but node N already holds a current copy (same bytes and
+#               mtime) and stage-bcast runs with its default pre-validation: node N's rank
+#               reads its own copy and feeds the chain; node 1 reads the source for metadata
+#               only. src_sent_x is then node 1's share of the sending, fed_by in the log.
 #   pull        (BASELINE=1) every node reads the source itself: node 1 serves the file over
 #               HTTP (python3 http.server) and nodes 2..N fetch it at once, through node 1's
 #               shaped link (an NFS-like server with one link; a parallel filesystem with k
@@ -23,7 +27,7 @@
 # Each copy is compared with the source after the run.
 #
 # Env: NODES ("1 2 4 8 16") ALGOS ("mpi chain tree") SIZE_MB (64) RATE (100mbit) CHUNK (16M)
-#      STAGEFS (1) STAGEFS_ALGOS ("mpi chain") BASELINE (1) TIMEOUT (300 s per run)
+#      STAGEFS (1) STAGEFS_ALGOS ("mpi chain") BASELINE (1) SEED (0) TIMEOUT (300 s per run)
 #      RAM (1) NETNS_SIM_ROOT (WORK_ROOT/scale-ram/netns with RAM=1, else /var/tmp/stagefs-scale)
 #      NETNS_SIM_NET (10.78.0): a cluster of its own
 #      NAME (bench_scale): results' file name (another name keeps another set, e.g. another RATE)
@@ -98,22 +102,28 @@ copies_ok() {  # FILE-UNDER-NODE-DIR: every node holds the source's bytes there
   for ((k = 1; k <= N; k++)); do cmp -s "$SRC" "$ROOT/nodes/node$k/$1" || { log "node $k: $1 differs"; return 1; }; done
 }
 
-run_sb() {  # ALGO
-  local a=$1 k t0 t1 tx0 tx1 rc=0 ok=1 json total copy
+run_sb() {  # ALGO [seed]
+  local a=$1 variant=sb-$1 k t0 t1 tx0 tx1 rc=0 ok=1 json total copy pre=(--pre-validate none)
   for ((k = 1; k <= N; k++)); do rm -f "$ROOT/nodes/node$k/nvme/img" "$ROOT/nodes/node$k/tmp/sb.time"; done
+  if [ "${2:-}" = seed ]; then  # the last node is warm: a current copy, default pre-validation
+    ((N >= 2)) || return 0
+    variant=sb-seed pre=()
+    cp -p "$SRC" "$ROOT/nodes/node$N/nvme/img"
+  fi
   tx0=$(tx_all)
   t0=$(now)
   timeout "$TIMEOUT" nice -n 10 "$H" mpirun /usr/bin/time -f '%U %S' -o /tmp/sb.time \
     "$SB" --source "$SRC" --dest "$ROOT/view/nvme/img" --bcast-algorithm "$a" --chunk-size "$CHUNK" \
-    --pre-validate none --json >"$LOG/sb-$a.n$N.json" 2>"$LOG/sb-$a.n$N.err" || rc=$?
+    "${pre[@]}" --json >"$LOG/$variant.n$N.json" 2>"$LOG/$variant.n$N.err" || rc=$?
   t1=$(now)
   tx1=$(tx_all)
-  json=$(tail -n 1 "$LOG/sb-$a.n$N.json")
+  json=$(tail -n 1 "$LOG/$variant.n$N.json")
   total=$("$PY" -c 'import json,sys; print(json.loads(sys.argv[1])["seconds"]["total"])' "$json" 2>/dev/null || echo nan)
   copy=$("$PY" -c 'import json,sys; print(json.loads(sys.argv[1])["seconds"]["copy"])' "$json" 2>/dev/null || echo nan)
   ((rc == 0)) && copies_ok nvme/img || ok=0
-  ((rc == 0)) || log "sb-$a N=$N: exit $rc: $(tail -n 3 "$LOG/sb-$a.n$N.err" | tr '\n' ' ')"
-  raw "sb-$a,$N,$RATE,$FILE_BYTES,$(elapsed "$t0" "$t1"),$total,$copy,$(sent_ratios "$tx0" "$tx1" | tr ' ' ,),$(cpu_figures | tr ' ' ,),$ok,$(loadavg)"
+  ((rc == 0)) || log "$variant N=$N: exit $rc: $(tail -n 3 "$LOG/$variant.n$N.err" | tr '\n' ' ')"
+  [ "$variant" = sb-seed ] && log "sb-seed N=$N: $("$PY" -c 'import json,sys; j=json.loads(sys.argv[1]); print({k: j.get(k) for k in ("fed_by_rank", "fed_from", "bytes_read_source", "bytes_read_seed")})' "$json" 2>/dev/null)"
+  raw "$variant,$N,$RATE,$FILE_BYTES,$(elapsed "$t0" "$t1"),$total,$copy,$(sent_ratios "$tx0" "$tx1" | tr ' ' ,),$(cpu_figures | tr ' ' ,),$ok,$(loadavg)"
 }
 
 run_pull() {
@@ -174,6 +184,7 @@ for N in $NODES; do
   "$H" up "$N" >>"$LOG/harness.log" 2>&1 || die "netns cluster of $N does not come up (see $LOG/harness.log)"
   for ((k = 1; k <= N; k++)); do "$H" shape "$k" "$RATE"; done
   for a in $ALGOS; do run_sb "$a"; done
+  if [ "${SEED:-0}" = 1 ]; then run_sb chain seed; fi
   if [ "$STAGEFS" = 1 ]; then for a in $STAGEFS_ALGOS; do run_fs "$a"; done; fi
   if [ "$BASELINE" = 1 ]; then run_pull; fi
 done
