@@ -763,6 +763,7 @@ void StageFsCore::no_room(const std::string& rel, const struct stat& src, const 
       space_q_.push_back(RoomWait{rel, src, ask, std::move(done), deadline, space_epoch});
       space_->queued = space_q_.size();
       space_->cv.notify_all();
+      if (first) counters_.room_waits.notify_all();  // for observers waiting on the counter
       return;
     }
   }

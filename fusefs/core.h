@@ -183,7 +183,8 @@ struct CoreCounters : CheckCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
   std::atomic<uint64_t> stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
-  std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room)
+  std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room);
+                                          // notified (atomic wait) once such an open is queued
 };
 
 class StageFsCore {

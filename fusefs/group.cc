@@ -99,6 +99,11 @@ uint64_t GroupService::epoch() const {
   return epoch_;
 }
 
+bool GroupService::wait_for_epoch(uint64_t at_least, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(m_);
+  return epoch_cv_.wait_for(lk, timeout, [&] { return epoch_ >= at_least; });
+}
+
 bool GroupService::batch_running(const std::string& rel) const {
   const std::string dir = batch_dir_of(rel);
   std::lock_guard lk(m_);
@@ -239,6 +244,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
   {
     std::lock_guard lk(m_);
     ++epoch_;
+    epoch_cv_.notify_all();
     if (key.first == MsgType::batch) batch_running_.erase(key.second);
     if (key.first == MsgType::batch && st.ok()) batch_done_[key.second] = epoch_;
     auto it = waits_.find(key);

@@ -167,6 +167,8 @@ class GroupService final : public Materializer {
   void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override;
   void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) override;
   [[nodiscard]] uint64_t epoch() const override;
+  // Waits until epoch() is at least `at_least` or `timeout` passes; true if it got there.
+  bool wait_for_epoch(uint64_t at_least, std::chrono::milliseconds timeout) const;
   [[nodiscard]] bool batch_running(const std::string& rel) const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
@@ -235,6 +237,7 @@ class GroupService final : public Materializer {
 
   mutable std::mutex m_;
   std::condition_variable service_cv_;
+  mutable std::condition_variable epoch_cv_;  // epoch_ grew (wait_for_epoch)
   std::map<Key, std::shared_ptr<Waiter>> waits_;
   std::deque<Message> outbox_;  // requests not yet handed to the control plane
   uint64_t epoch_ = 0;      // completed transfers

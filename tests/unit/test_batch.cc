@@ -1314,9 +1314,7 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
   ASSERT_TRUE(ends.wait_for(10));  // the whole directory, in ten slices
   // ... and completed (the group counts a batch done after its after_batch hook): an open
   // that looked into the cache before that would be answered by it and go alone.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (mount.group.epoch() < 10 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(mount.group.wait_for_epoch(10, std::chrono::seconds(60)));
   ASSERT_EQ(mount.group.epoch(), 10U);
   EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles));
   write_file(path("src/huge/h9999"), "new");

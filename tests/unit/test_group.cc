@@ -311,13 +311,9 @@ class RoomTest : public GroupTest {
     auto f = answer->get_future();
     core.open_async(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY, Caller{},
                     [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
-    EXPECT_TRUE(eventually([&] { return core.counters().room_waits.load() == 1; }));
+    core.counters().room_waits.wait(0);  // until the open is queued for room (the test's timeout bounds it)
+    EXPECT_EQ(core.counters().room_waits.load(), 1U);
     return f;
-  }
-  // A bounded wait for a condition the core reaches on its own threads.
-  static bool eventually(const std::function<bool()>& cond) {
-    for (int i = 0; i < 6000 && !cond(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return cond();
   }
 };
 
