@@ -16,6 +16,10 @@
 #               mtime) and stage-bcast runs with its default pre-validation: node N's rank
 #               reads its own copy and feeds the chain; node 1 reads the source for metadata
 #               only. src_sent_x is then node 1's share of the sending, fed_by in the log.
+#   fs-seed     (SEED=1, STAGEFS=1) as fs-chain, but node N's cache keeps the valid copy the
+#               fs-chain run before it left (every other node's cache is emptied): node N's rank
+#               feeds the first open's transfer from its cache; node 1 opens the source for
+#               metadata only (bytes_from_source in node 1's user.stagefs.stats, in the log).
 #   pull        (BASELINE=1) every node reads the source itself: node 1 serves the file over
 #               HTTP (python3 http.server) and nodes 2..N fetch it at once, through node 1's
 #               shaped link (an NFS-like server with one link; a parallel filesystem with k
@@ -152,31 +156,40 @@ with u.urlopen(sys.argv[1]) as r, open(sys.argv[2], 'wb') as f: shutil.copyfileo
   raw "pull,$N,$RATE,$FILE_BYTES,$(elapsed "$t0" "$t1"),nan,nan,$(sent_ratios "$tx0" "$tx1" | tr ' ' ,),nan,nan,nan,$ok,$(loadavg)"
 }
 
-run_fs() {  # ALGO
-  local a=$1 k t0 t1 tx0 tx1 ok=1 pids=() mnt=$ROOT/view/stage
-  for ((k = 1; k <= N; k++)); do rm -rf "$ROOT/nodes/node$k/nvme/cache" "$ROOT/nodes/node$k/nvme/img"; done
+run_fs() {  # ALGO [seed]
+  local a=$1 variant=fs-$1 k t0 t1 tx0 tx1 ok=1 pids=() mnt=$ROOT/view/stage keep=0
+  if [ "${2:-}" = seed ]; then  # node N's cache keeps the copy of the fs-ALGO run before
+    ((N >= 2)) || return 0
+    variant=fs-seed keep=$N
+    [ -f "$ROOT/nodes/node$N/nvme/cache/data/img" ] || { log "fs-seed N=$N: no warm copy on node $N (run fs-$a first)"; return 0; }
+  fi
+  for ((k = 1; k <= N; k++)); do
+    ((k == keep)) || rm -rf "$ROOT/nodes/node$k/nvme/cache"
+    rm -f "$ROOT/nodes/node$k/nvme/img"
+  done
   nice -n 10 "$H" mpirun "$FS" "$ROOT/shared/scale" "$mnt" --cache "$ROOT/view/nvme/cache" \
-    --bcast-algorithm "$a" --chunk-size "$CHUNK" --stall-timeout 60 </dev/null >"$LOG/fs-$a.n$N.log" 2>&1 &
+    --bcast-algorithm "$a" --chunk-size "$CHUNK" --stall-timeout 60 </dev/null >"$LOG/$variant.n$N.log" 2>&1 &
   mpirun_pid=$!
-  if ! "$H" exec 1 "$FS" --wait "$mnt" --wait-timeout 120 >>"$LOG/fs-$a.n$N.log" 2>&1; then
-    log "fs-$a N=$N: the mount group did not come up"; kill_tree "$mpirun_pid"; mpirun_pid=''
-    raw "fs-$a,$N,$RATE,$FILE_BYTES,nan,nan,nan,nan,nan,nan,nan,nan,nan,0,$(loadavg)"
+  if ! "$H" exec 1 "$FS" --wait "$mnt" --wait-timeout 120 >>"$LOG/$variant.n$N.log" 2>&1; then
+    log "$variant N=$N: the mount group did not come up"; kill_tree "$mpirun_pid"; mpirun_pid=''
+    raw "$variant,$N,$RATE,$FILE_BYTES,nan,nan,nan,nan,nan,nan,nan,nan,nan,0,$(loadavg)"
     return 0
   fi
   tx0=$(tx_all)
   t0=$(now)
   for ((k = 1; k <= N; k++)); do
-    timeout "$TIMEOUT" "$H" exec "$k" "$PY" "$NSUTIL" read "$mnt/img" >"$LOG/fs-$a.n$N.read$k" 2>&1 &
+    timeout "$TIMEOUT" "$H" exec "$k" "$PY" "$NSUTIL" read "$mnt/img" >"$LOG/$variant.n$N.read$k" 2>&1 &
     pids+=($!)
   done
   for k in "${pids[@]}"; do wait "$k" || ok=0; done
   t1=$(now)
   tx1=$(tx_all)
+  [ "$variant" = fs-seed ] && log "fs-seed N=$N: $(grep -o 'fed by [a-z0-9 ]*' "$LOG/$variant.n$N.log" | head -1); node 1: $("$H" exec 1 getfattr --absolute-names --only-values -n user.stagefs.stats "$mnt" | stats_source_fields) (bytes from the source, from seeds)"
   kill -TERM "$mpirun_pid" 2>/dev/null
   for _ in $(seq 200); do kill -0 "$mpirun_pid" 2>/dev/null || break; sleep 0.1; done
   kill_tree "$mpirun_pid"; wait "$mpirun_pid" 2>/dev/null || true; mpirun_pid=''
   copies_ok nvme/cache/data/img || ok=0
-  raw "fs-$a,$N,$RATE,$FILE_BYTES,$(elapsed "$t0" "$t1"),nan,nan,$(sent_ratios "$tx0" "$tx1" | tr ' ' ,),nan,nan,nan,$ok,$(loadavg)"
+  raw "$variant,$N,$RATE,$FILE_BYTES,$(elapsed "$t0" "$t1"),nan,nan,$(sent_ratios "$tx0" "$tx1" | tr ' ' ,),nan,nan,nan,$ok,$(loadavg)"
 }
 
 for N in $NODES; do
@@ -186,6 +199,7 @@ for N in $NODES; do
   for a in $ALGOS; do run_sb "$a"; done
   if [ "${SEED:-0}" = 1 ]; then run_sb chain seed; fi
   if [ "$STAGEFS" = 1 ]; then for a in $STAGEFS_ALGOS; do run_fs "$a"; done; fi
+  if [ "$STAGEFS" = 1 ] && [ "${SEED:-0}" = 1 ]; then run_fs chain seed; fi
   if [ "$BASELINE" = 1 ]; then run_pull; fi
 done
 

@@ -28,18 +28,15 @@ RATE_MBS=${RATE_MBS:-10}
 CHUNK=${CHUNK:-16M}
 NAME=${NAME:-seed-mount-${RATE_MBS}mbs}
 WORK=$WORK_ROOT/seed-mount
-IMG=$WORK/shared.img
 SHARED=$WORK/shared
 MNT=$WORK/mnt
 
-loopdev=
 group_pid=
 cleanup() {
   set +e
   stop_group
   cg_leave
-  mountpoint -q "$SHARED" && umount "$SHARED"
-  [ -n "$loopdev" ] && losetup -d "$loopdev"
+  loop_source_end
   [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -49,12 +46,8 @@ need_bin stagefs
 mkdir -p "$WORK"
 need_space $(( (SIZE_MB * (NODES + 4) + 1023) / 1024 ))
 
-mkdir -p "$WORK" "$SHARED" "$MNT"
-log "building the shared source: ext4 on a loop device"
-truncate -s $((SIZE_MB + 256))M "$IMG"
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$IMG"
-loopdev=$(losetup --direct-io=on -f --show "$IMG")
-mount "$loopdev" "$SHARED"
+mkdir -p "$MNT"
+loop_source_begin "$SHARED" "$SIZE_MB"
 mkdir -p "$SHARED/src"
 make_random_file "$WORK/ref/image" "$SIZE_MB"
 cp "$WORK/ref/image" "$SHARED/src/image"
@@ -80,26 +73,23 @@ log "warm-up mount: one copy into node 0's cache"
 rm -rf "$WORK"/node*
 start_group
 on_node 0 dd if="$MNT/image" of=/dev/null bs=1M status=none
-for _ in $(seq 600); do grep -q 'materialized image' "$WORK/group.log" && break; sleep 0.1; done
+wait_materialized "$WORK/group.log" image
 stop_group
 cmp -s "$WORK/ref/image" "$WORK/node0/data/image" || die "the warm-up copy differs from the reference"
 mkdir -p "$WORK/template"
 cp -a "$WORK/node0/data/image" "$WORK/template/image"  # bytes, mtime and the origin xattr
 
-cg_enter "$loopdev" "$RATE_MBS"
-log "source $SHARED/src on $loopdev, reads limited to $RATE_MBS MB/s for cgroup $CG"
+cg_enter "$LOOPDEV" "$RATE_MBS"
+log "source $SHARED/src on $LOOPDEV, reads limited to $RATE_MBS MB/s for cgroup $CG"
 
 run_source() {
-  local t0 t1
   evict_pages "$SHARED/src/image"
-  t0=$(now)
-  dd if="$SHARED/src/image" of=/dev/null bs=1M status=none
-  t1=$(now)
-  RES="$(elapsed "$t0" "$t1"),$((SIZE_MB << 20)),0,-"
+  timed dd if="$SHARED/src/image" of=/dev/null bs=1M status=none || return
+  RES="$SECS,$((SIZE_MB << 20)),0,-"
 }
 
 run_warm() {  # $1: how many caches (the highest ranks) hold a valid copy
-  local w=$1 k t0 t1 stats fed
+  local w=$1 k stats
   rm -rf "$WORK"/node*
   for ((k = NODES - w; k < NODES; k++)); do
     mkdir -p "$WORK/node$k/data"
@@ -108,37 +98,25 @@ run_warm() {  # $1: how many caches (the highest ranks) hold a valid copy
   sync
   start_group || return 1
   evict_pages "$SHARED/src/image"
-  t0=$(now)
-  on_node 0 dd if="$MNT/image" of=/dev/null bs=1M status=none || { stop_group; return 1; }
-  t1=$(now)
-  for _ in $(seq 600); do grep -q 'materialized image' "$WORK/group.log" && break; sleep 0.1; done
+  timed on_node 0 dd if="$MNT/image" of=/dev/null bs=1M status=none || { stop_group; return 1; }
+  wait_materialized "$WORK/group.log" image
   stats=$(on_node 0 getfattr --absolute-names --only-values -n user.stagefs.stats "$MNT")
-  fed=$(grep -o 'fed by rank [0-9]*\|fed by the source' "$WORK/group.log" | head -1 | sed 's/fed by //; s/ /_/g')
   stop_group
   for ((k = 0; k < NODES; k++)); do
     cmp -s "$WORK/ref/image" "$WORK/node$k/data/image" || { log "node$k differs"; return 1; }
   done
-  RES="$(elapsed "$t0" "$t1"),$("$PY" -c 'import json,sys; s=json.loads(sys.argv[1]); print("%d,%d" % (s["bytes_from_source"], s["bytes_from_seeds"]))' "$stats"),$fed"
+  RES="$SECS,$(stats_source_fields <<< "$stats"),$FED"
 }
 
-variants=(source)
-for ((w = 0; w < NODES; w++)); do variants+=("warm$w"); done
+seed_run() {
+  case $1 in
+    source) run_source ;;
+    warm*) run_warm "${1#warm}" ;;
+  esac
+}
 raw_init "$NAME" "round,variant,loadavg,seconds,bytes_from_source,bytes_from_seeds,fed_by"
-for ((r = 1; r <= RUNS; r++)); do
-  for v in "${variants[@]}"; do
-    la=$(loadavg)
-    case $v in
-      source) run_source || RES=",,," ;;
-      warm*) run_warm "${v#warm}" || RES=",,," ;;
-    esac
-    raw "$r,$v,$la,$RES"
-  done
-done
+seed_rounds ",,," source $(seed_warm_variants "")
 
-ratios=()
-for ((w = 0; w < NODES; w++)); do ratios+=(--ratio "warm$w/source=warm$w/source"); done
-for ((w = 1; w < NODES; w++)); do ratios+=(--target "warm$w/source<=0.3"); done
-"$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric seconds --cols bytes_from_source,bytes_from_seeds \
-  --title "warm nodes seed cold ones, through the mount: a $NODES-rank group, a first open of one $SIZE_MB MiB image from a $RATE_MBS MB/s source, 0..$((NODES - 1)) caches warm" \
-  "${ratios[@]}" \
-  --note "source: one dd of the image from the throttled source (the unit). warmW: a $NODES-rank mount group (mpirun, a mount namespace and a cache per rank) whose W highest ranks' caches hold a valid copy from an earlier mount; seconds: dd of the whole file through the mount on node 0 (cold, the coordinator), from the open to the last byte (group start and stop not timed). bytes_from_source / bytes_from_seeds: node 0's user.stagefs.stats; fed_by (raw CSV): the materialization's log line. Every node's copy compared with the reference after each run. Chunk size $CHUNK. The image's pages are evicted (POSIX_FADV_DONTNEED) before each timed part."
+seed_summarize "" source 0.3 bytes_from_source,bytes_from_seeds \
+  "warm nodes seed cold ones, through the mount: a $NODES-rank group, a first open of one $SIZE_MB MiB image from a $RATE_MBS MB/s source, 0..$((NODES - 1)) caches warm" \
+  "source: one dd of the image from the throttled source (the unit). warmW: a $NODES-rank mount group (mpirun, a mount namespace and a cache per rank) whose W highest ranks' caches hold a valid copy from an earlier mount; seconds: dd of the whole file through the mount on node 0 (cold, the coordinator), from the open to the last byte (group start and stop not timed). bytes_from_source / bytes_from_seeds: node 0's user.stagefs.stats; fed_by (raw CSV): the materialization's log line. Every node's copy compared with the reference after each run. Chunk size $CHUNK. The image's pages are evicted (POSIX_FADV_DONTNEED) before each timed part."

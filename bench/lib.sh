@@ -87,13 +87,15 @@ kill_tree() {
 }
 
 # A mount group started by a script (mpirun, each rank `echo $$ > $WORK/pid<rank>` then
-# `unshare -m` + stagefs at $MNT): on_node K CMD runs CMD in rank K's mount namespace;
-# stop_group unmounts node 0 (one unmount stops the whole group) and ends $group_pid.
+# `unshare -m` + stagefs at $MNT; or srun on a simulated Slurm cluster, $WORK/pid<K> holding
+# the pid of node K's slurmd): on_node K CMD runs CMD in node K's mount namespace;
+# stop_group [K] unmounts $MNT on node K (default 0, a node of the group: one unmount stops
+# the whole group) and ends $group_pid (mpirun or srun).
 on_node() { local k=$1; shift; nsenter -t "$(cat "$WORK/pid$k")" -m "$@"; }
 stop_group() {
   [ -n "${group_pid:-}" ] || return 0
   if kill -0 "$group_pid" 2>/dev/null; then
-    on_node 0 fusermount3 -u "$MNT" 2>/dev/null
+    on_node "${1:-0}" fusermount3 -u "$MNT" 2>/dev/null
     for _ in $(seq 150); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
     kill_tree "$group_pid"
   fi
@@ -182,4 +184,91 @@ netns_bench_end() {
   for v in ${NETNS_BENCH_PIDS:-}; do [ -n "${!v}" ] && kill_tree "${!v}"; done
   "$H" down >>"$LOG/harness.log" 2>&1
   [ "$RAM" = 1 ] && mountpoint -q "$RAMDIR" && umount "$RAMDIR"
+}
+
+# --- the seed benches (bench_seed.sh, bench_seed_mount.sh, bench_seed_slurm.sh) -------------
+# Warm nodes seed cold ones: per round, one read of the contended source (the unit), then the
+# same job with 0..NODES-1 warm nodes.
+
+# loop_source_begin DIR SIZE_MB: a contended source's filesystem: ext4 on a loop device (direct
+# I/O, so cg_enter "$LOOPDEV" can throttle its reads), its image file $WORK/shared.img, mounted
+# at DIR. loop_source_end (in the EXIT trap) unmounts it and detaches the device.
+LOOPDEV=
+loop_source_begin() {
+  LOOP_DIR=$1
+  log "building the shared source: ext4 on a loop device"
+  mkdir -p "$LOOP_DIR"
+  truncate -s $(($2 + 256))M "$WORK/shared.img"
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$WORK/shared.img"
+  LOOPDEV=$(losetup --direct-io=on -f --show "$WORK/shared.img")
+  mount "$LOOPDEV" "$LOOP_DIR"
+}
+loop_source_end() {
+  [ -n "${LOOP_DIR:-}" ] && mountpoint -q "$LOOP_DIR" && umount "$LOOP_DIR"
+  [ -n "$LOOPDEV" ] && losetup -d "$LOOPDEV"
+  LOOPDEV=
+}
+
+# timed CMD...: runs CMD; SECS is its wall time.
+timed() {
+  local t0 t1
+  t0=$(now)
+  "$@" || return
+  t1=$(now)
+  SECS=$(elapsed "$t0" "$t1")
+}
+
+# seed_warm_variants PREFIX: PREFIXwarm0 .. PREFIXwarm$((NODES-1)), one a line.
+seed_warm_variants() { local w; for ((w = 0; w < NODES; w++)); do echo "${1}warm$w"; done; }
+
+# seed_rounds EMPTY VARIANT...: RUNS rounds of the VARIANTs, interleaved; each is run by the
+# script's seed_run VARIANT, which sets RES (the CSV fields after round,variant,loadavg), or
+# fails: EMPTY is recorded instead.
+seed_rounds() {
+  local empty=$1 r v la
+  shift
+  for ((r = 1; r <= RUNS; r++)); do
+    for v in "$@"; do
+      la=$(loadavg)
+      seed_run "$v" || RES=$empty
+      raw "$r,$v,$la,$RES"
+    done
+  done
+}
+
+# seed_summarize PREFIX UNIT TARGET COLS TITLE NOTE [summarize.py options]: the table of the
+# variants PREFIXwarmW in seconds, each as a ratio to the same round's UNIT; with TARGET, the
+# ratio with any node warm is marked against <= TARGET.
+seed_summarize() {
+  local prefix=$1 unit=$2 target=$3 cols=$4 title=$5 note=$6 w
+  shift 6
+  local ratios=()
+  for ((w = 0; w < NODES; w++)); do ratios+=(--ratio "${prefix}warm$w/$unit=${prefix}warm$w/$unit"); done
+  if [ -n "$target" ]; then
+    for ((w = 1; w < NODES; w++)); do ratios+=(--target "${prefix}warm$w/$unit<=$target"); done
+  fi
+  "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric seconds --cols "$cols" --title "$title" \
+    "${ratios[@]}" --note "$note" "$@"
+}
+
+# bcast_report_fields < OUTPUT: from stage-bcast --json's output (its JSON report line among
+# any others), "bytes_read_source,bytes_read_seed,fed_by_rank,fed_from".
+bcast_report_fields() {
+  "$PY" -c '
+import json, sys
+r = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"fed_from\"" in l][-1]
+print("%d,%d,%d,%s" % (r["bytes_read_source"], r["bytes_read_seed"], r["fed_by_rank"], r["fed_from"]))'
+}
+
+# stats_source_fields <<< STATS: from a mount's user.stagefs.stats (JSON),
+# "bytes_from_source,bytes_from_seeds".
+stats_source_fields() {
+  "$PY" -c 'import json,sys; s=json.load(sys.stdin); print("%d,%d" % (s["bytes_from_source"], s["bytes_from_seeds"]))'
+}
+
+# wait_materialized LOG NAME: waits (up to 60 s) for a mount group's log line saying NAME is
+# materialized; FED is who fed that transfer ("rank_N" or "the_source", empty if not logged).
+wait_materialized() {
+  for _ in $(seq 600); do grep -q "materialized $2" "$1" && break; sleep 0.1; done
+  FED=$(grep -o 'fed by rank [0-9]*\|fed by the source' "$1" | head -1 | sed 's/fed by //; s/ /_/g')
 }
