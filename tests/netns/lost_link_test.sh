@@ -16,7 +16,10 @@
 #   4. end the job like a user (SIGTERM mpirun; escalate only if it does not end), check that
 #      nothing is left on nodes 1-3, restore the link, check that node 4 cleans itself up
 # Then recovery: a new group sweeps the temporary files, reading on all 4 nodes gives the right
-# bytes everywhere, and SIGTERM ends that job cleanly.
+# bytes everywhere, and SIGTERM ends that job cleanly. Last, a lost seed: only node 4's cache
+# keeps its valid copy, so node 4 feeds the next transfer from it (the seed) instead of the
+# source; its link is cut mid-copy (--on-stall source) and the readers on nodes 1-3 still get the
+# source's bytes, as when a source node is lost, with nothing partial published.
 # What MPI did (mpirun exit, messages, times) is printed as INFO lines and logged in LOGDIR.
 #
 # Exit 0 pass, 1 fail, 77 skip (not root, no `ip netns`, no FUSE or mpirun).
@@ -69,6 +72,7 @@ FILE=big.img
 MNT=$ROOT/view/stage                    # same path on every node, a private mount point each
 NVME=$ROOT/view/nvme                    # same path on every node, its own disk each
 
+SEEDED=no                               # lost_link_run: node CUT seeds the transfer
 PASSED=0 FAILED=0 MPIRUN_PID='' T_TERM=0 LAST_ESCALATED=no READERS=() T_START=${EPOCHREALTIME/./}
 FAILS=()
 
@@ -240,19 +244,26 @@ check_no_partial() {  # NAME
   done
 }
 
-# in flight: node 1 has written >= 2 chunks of its temporary copy, node CUT has one, and the
-# transfer is not finished on node 1
+# in flight: node 1 has written >= 2 chunks of its temporary copy, node CUT has one (unless it
+# is the seed: it writes nothing), and the transfer is not finished on node 1
 inflight() {
   local t b
   t=$(temps_of 1 | head -n1)
-  [[ -n $t && -n $(temps_of "$CUT") && ! -e $(cache_file 1) ]] || return 1
+  [[ -n $t && ( $SEEDED == yes || -n $(temps_of "$CUT") ) && ! -e $(cache_file 1) ]] || return 1
   b=$(stat -c %b "$t" 2>/dev/null) || return 1
   ((b * 512 >= 2 * CHUNK_BYTES))
 }
 CHUNK_BYTES=$(numfmt --from=iec "$CHUNK")
 
-lost_link_run() {  # POLICY (eio|source)
+lost_link_run() {  # POLICY (eio|source) [seed]
   local policy=$1 name=cut-$1 k t_cut t0 out res p
+  SEEDED=no
+  if [[ ${2:-} == seed ]]; then
+    # node CUT keeps the valid copy the recovery run left; the other caches start empty
+    SEEDED=yes name=cut-seed
+    [[ -e $(cache_file "$CUT") ]] || { fail "$name: node $CUT has no cached copy to seed from"; return 1; }
+    for ((k = 1; k < CUT; k++)); do rm -rf "$ROOT/nodes/node$k/nvme/cache"; done
+  fi
   info "===== $name: link of node $CUT cut during the broadcast, --on-stall $policy ====="
   start_group "$name" --on-stall "$policy" || return 1
   local left=0
@@ -271,6 +282,11 @@ lost_link_run() {  # POLICY (eio|source)
     return 1
   fi
   info "$name: broadcast in flight $(secs_since "$t0") s after the readers started; written so far: $(for ((k = 1; k <= N; k++)); do printf 'node%d %s MiB  ' "$k" "$(alloc_mib "$k")"; done)"
+  if [[ $SEEDED == yes ]]; then
+    grep -q "rank $((CUT - 1)) feeds the transfer from its current copy" "$ROOT/nodes/node1/tmp/stagefs.log" 2>/dev/null &&
+      pass "$name: the transfer is fed by node $CUT's cache (rank $((CUT - 1)), the seed)" ||
+      fail "$name: node 1's log does not say rank $((CUT - 1)) feeds the transfer from its copy"
+  fi
   "$H" linkdown "$CUT"
   t_cut=$(now_us)
   info "$name: link of node $CUT is down"
@@ -406,4 +422,5 @@ recovery_run() {
 lost_link_run eio || exit 1
 lost_link_run source || exit 1
 recovery_run || exit 1
+lost_link_run source seed || exit 1
 exit 0
