@@ -66,12 +66,11 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
   return f.get();
 }
 
-StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root)
+StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
-  checker_ = std::make_unique<CopyChecker>(
-      cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads, cfg_.before_crc_check, cfg_.on_stopping},
-      counters_);
+  checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads}, counters_,
+                                           reader);
   space_thread_ = std::thread([this] { space_loop(); });
   cache_.set_space_listener([sig = space_] {
     if (sig->queued.load() == 0) return;  // a later waiter compares the cache's space_epoch() itself
@@ -140,11 +139,11 @@ Error StageFsCore::read_only(const char* op) {
   return stage::sys_error(EROFS, op, "(read-only mount)");
 }
 
-Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCache& cache,
-                                                         Materializer& mat) {
+Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCache& cache, Materializer& mat,
+                                                         CopyReader& reader) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
-  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, std::move(root)));
+  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
   core->nodes_[kRootId] = Node{"", 1, {}};
   core->ids_[""] = kRootId;
   return core;

@@ -131,10 +131,7 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
-  // The CopyChecker's threads and test hooks (CopyChecker::Config says what they do).
-  int verify_threads = 2;
-  std::function<stage::Status(const std::string& rel)> before_crc_check = nullptr;
-  std::function<void()> on_stopping = nullptr;
+  int verify_threads = 2;  // the CopyChecker's threads
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files
   // (Materializer::materialize_small_async); 0: every file alone.
@@ -190,8 +187,9 @@ struct CoreCounters : CheckCounters {
 class StageFsCore {
  public:
   static constexpr uint64_t kRootId = 1;
-  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
-                                                            Materializer& mat);
+  // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
+  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache, Materializer& mat,
+                                                            CopyReader& reader = disk_copy_reader());
   ~StageFsCore();
 
   // lookup() counts one reference to the node; forget() drops n of them.
@@ -259,7 +257,7 @@ class StageFsCore {
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
+  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid

@@ -299,7 +299,7 @@ TEST_F(NodeCacheTest, CopyCheckerReadsACopyFromAnEarlierMountBackOnceBeforeServi
   put_from_earlier_mount(cache, "bad", bad, crc(bad) ^ 1, sb);  // recorded CRC does not match
   put_from_earlier_mount(cache, "new", good, crc(good), sn);
   CheckCounters counters;
-  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1, nullptr, nullptr}, counters);
+  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1}, counters);
   struct stat copy {};
   EXPECT_FALSE(checker.open_trusted("good", sg, copy));  // not checked in this mount yet
   const auto ask_and_wait = [&](const std::string& rel, const struct stat& src) {
