@@ -473,7 +473,8 @@ bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
   return resolve_as_caller(rel, O_PATH, R_OK, who).ok();
 }
 
-Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
+Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const struct stat& src,
+                                                const stage::Status& done) {
   if (auto fd = checker_->open_verified(rel, src, done.ok()))
     return OpenFile{std::move(fd.value()), false, false, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
@@ -494,11 +495,11 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
 }
 
 void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
-  open_impl(id, flags, who, std::move(done), cfg_.read_during_copy);
+  check_open(id, flags, who, std::move(done), cfg_.read_during_copy);
 }
 
-void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
-                            bool background) {
+void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
+                             bool background) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
   auto pinned = std::make_shared<std::string>();
@@ -669,7 +670,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         }
         return materialize_then_open(rel, src, alone, std::move(done));
       }
-      done(finish_open(rel, src, outcome));
+      done(open_materialized(rel, src, outcome));
     });
   };
   if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
@@ -766,7 +767,7 @@ void StageFsCore::release(const std::string& pinned) {
 void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
   ++counters_.prefetches;
   // Done when the copy is complete (not when it starts, as an open may be).
-  open_impl(
+  check_open(
       id, O_RDONLY, who,
       [this, done = std::move(done)](Result<OpenFile> r) {
         if (!r) return done(r.error());

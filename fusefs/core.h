@@ -272,7 +272,21 @@ class StageFsCore {
   stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
   // open_as_caller() without counting (may_read() is not an open).
   stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
-  stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+
+  // The open chain. An open (open_async, prefetch_async) takes up to four steps, each handing
+  // the open's answer (done) on to the next; none holds a thread while a copy or a CRC
+  // read-back runs:
+  //   check_open             on the caller's thread: the checks every open passes (read-only,
+  //                          the id's version, access as the caller, temporary names), then a
+  //                          copy trusted in this mount is answered at once;
+  //   serve_or_materialize   on the completion pool: the cache room's answer (serve the copy,
+  //                          wait for its CRC read-back, or miss), another name's copy (hard
+  //                          links), else on to a copy;
+  //   materialize_then_open  asks the materializer for the copy (the file alone, its
+  //                          directory's small files, or answered during the copy); no room:
+  //                          the cache room's wait (no_room); a failed batch: the file alone;
+  //   open_materialized      the verified copy the materialization made, or the source after
+  //                          a stall (--on-stall source).
   // How an open asks the materializer: small (its directory's slice; `since` as
   // materialize_small_async's), early_ok (answer during the copy).
   struct Ask {
@@ -289,14 +303,16 @@ class StageFsCore {
   // copy was asked for.
   void no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
-  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch);
-  // background: a prefetch (no open waits for it).
-  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
-                 bool background = false);
-  // The part of an open that runs on the completion pool: the cached copy, or a materialization.
+  // early_ok: answer during the copy (read_during_copy; not for prefetch); background: a
+  // prefetch (no open waits for it).
+  void check_open(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
+                  bool background = false);
   // checked: the copy's CRC read-back (if it needed one) has ended.
   void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                             bool checked);
+  // done: the materialization's outcome.
+  stage::Result<OpenFile> open_materialized(const std::string& rel, const struct stat& src,
+                                            const stage::Status& done);
   void post(std::function<void()> fn);
   void completion_loop();
   // Hard links (LinkedCopies): if another name of src's version has a copy made in this
