@@ -16,7 +16,8 @@ class HoldingTxn final : public Txn {
       : inner_(std::move(inner)), at_(at), hold_(std::move(hold)) {}
   Status write(uint64_t off, std::span<const std::byte> data) override {
     const int nth = writes_++;
-    if ((at_ == StoreHold::before_first_write && nth == 0) || (at_ == StoreHold::before_third_write && nth == 2))
+    if ((at_ == StoreHold::before_first_write && nth == 0) ||
+        (at_ == StoreHold::before_third_write && nth == 2))
       hold_();
     return inner_->write(off, data);
   }
@@ -47,7 +48,8 @@ class HoldingTxn final : public Txn {
 
 class HoldingFile final : public SourceFile {
  public:
-  HoldingFile(std::unique_ptr<SourceFile> inner, HoldFn hold) : inner_(std::move(inner)), hold_(std::move(hold)) {}
+  HoldingFile(std::unique_ptr<SourceFile> inner, HoldFn hold)
+      : inner_(std::move(inner)), hold_(std::move(hold)) {}
   Status read_at(uint64_t off, std::span<std::byte> buf) override {
     if (reads_++ == 2) hold_();
     return inner_->read_at(off, buf);
@@ -79,7 +81,8 @@ Result<std::unique_ptr<SourceFile>> HoldingSource::open(const std::string& root,
 std::optional<HoldRequest> hold_request_from_env(int rank) {
   const char* point = std::getenv("STAGE_TEST_HOLD");
   if (point == nullptr || *point == '\0') return std::nullopt;
-  if (const char* r = std::getenv("STAGE_TEST_HOLD_RANK"); r != nullptr && std::atoi(r) != rank) return std::nullopt;
+  if (const char* r = std::getenv("STAGE_TEST_HOLD_RANK"); r != nullptr && std::atoi(r) != rank)
+    return std::nullopt;
   HoldRequest req{point, "", false};
   if (const char* f = std::getenv("STAGE_TEST_HOLD_FILE"); f != nullptr) req.file = f;
   req.block = std::getenv("STAGE_TEST_HOLD_BLOCK") != nullptr && !req.file.empty();

@@ -41,17 +41,22 @@ enum class StoreHold { before_first_write, before_third_write, before_commit };
 // A LocalStore whose transactions call `hold` at one point; everything else goes to `inner`.
 class HoldingStore final : public LocalStore {
  public:
-  HoldingStore(LocalStore& inner, StoreHold at, HoldFn hold) : inner_(inner), at_(at), hold_(std::move(hold)) {}
+  HoldingStore(LocalStore& inner, StoreHold at, HoldFn hold)
+      : inner_(inner), at_(at), hold_(std::move(hold)) {}
   Result<LocalState> inspect(const std::string& path) override { return inner_.inspect(path); }
   Result<uint64_t> checksum(const std::string& path) override { return inner_.checksum(path); }
-  Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) override { return inner_.open_copy(path); }
+  Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) override {
+    return inner_.open_copy(path);
+  }
   void bad_copy(const std::string& path, const FileMeta& seen) override { inner_.bad_copy(path, seen); }
   Result<uint64_t> free_bytes(const std::string& path) override { return inner_.free_bytes(path); }
   Status sync_filesystem(const std::string& path) override { return inner_.sync_filesystem(path); }
   Status before_unsynced_publish(const std::string& dir, std::span<const std::string> paths) override {
     return inner_.before_unsynced_publish(dir, paths);
   }
-  void after_unsynced_publish(std::span<const std::string> paths) override { inner_.after_unsynced_publish(paths); }
+  void after_unsynced_publish(std::span<const std::string> paths) override {
+    inner_.after_unsynced_publish(paths);
+  }
   Result<std::unique_ptr<Txn>> begin(const std::string& path) override;
   Status make_dir(const std::string& path, uint32_t mode) override { return inner_.make_dir(path, mode); }
   Status make_parents(const std::string& path) override { return inner_.make_parents(path); }

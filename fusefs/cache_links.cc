@@ -28,7 +28,8 @@ void LinkedCopies::forget(const Key& key, const std::string& other) {
   if (auto c = copy_.find(key); c != copy_.end() && c->second == other) copy_.erase(c);
 }
 
-std::vector<std::function<void()>> LinkedCopies::materialized(const Key& key, const std::string& rel, bool made) {
+std::vector<std::function<void()>> LinkedCopies::materialized(const Key& key, const std::string& rel,
+                                                              bool made) {
   std::lock_guard lk(m_);
   if (made) copy_[key] = rel;
   if (auto node = inflight_.extract(key)) return std::move(node.mapped().waiters);

@@ -31,7 +31,7 @@ class LinkedCopies {
   // What an open of name rel of version key does.
   struct Answer {
     enum Kind {
-      other_copy,  // serve `other`'s copy of this version, if it is still usable (else forget())
+      other_copy,   // serve `other`'s copy of this version, if it is still usable (else forget())
       materialize,  // rel materializes the version: call materialized() when that ends
       same_name,    // rel is being materialized already (the materializer merges the two)
       waiting,      // another name is being materialized: make_waiter()'s result runs when it ends
@@ -39,7 +39,8 @@ class LinkedCopies {
     std::string other;
   };
   // make_waiter is called (under the lock) only for `waiting`.
-  Answer ask(const Key& key, const std::string& rel, const std::function<std::function<void()>()>& make_waiter);
+  Answer ask(const Key& key, const std::string& rel,
+             const std::function<std::function<void()>()>& make_waiter);
   // other's copy (an other_copy answer) could not be served: no longer the version's copy.
   void forget(const Key& key, const std::string& other);
   // rel's materialization of the version ended (made: a whole copy is in the cache). Returns

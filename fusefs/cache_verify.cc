@@ -12,7 +12,9 @@ namespace stagefs {
 namespace {
 class DiskCopyReader final : public CopyReader {
  public:
-  stage::Result<uint64_t> crc(int fd, const std::string& rel) override { return stage::crc_of_fd(fd, rel, false); }
+  stage::Result<uint64_t> crc(int fd, const std::string& rel) override {
+    return stage::crc_of_fd(fd, rel, false);
+  }
 };
 }  // namespace
 

@@ -33,7 +33,8 @@ void RoomWaits::stop() {
   }
   sig_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (auto& w : waiting) w.answer(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", w.rel), w.deadline);
+  for (auto& w : waiting)
+    w.answer(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", w.rel), w.deadline);
 }
 
 void RoomWaits::await(const std::string& rel, uint64_t need, Clock::time_point deadline, uint64_t space_epoch,
@@ -50,10 +51,11 @@ void RoomWaits::await(const std::string& rel, uint64_t need, Clock::time_point d
     if (!stop_) {
       if (first) {
         ++waits_;
-        spdlog::info("{}: open of {} waits up to {:.0f} s for room in the cache: {} bytes in {} cop(ies) held open "
-                     "on this node",
-                     stage::host_name(), rel, std::chrono::duration<double>(wait_).count(), room.pinned,
-                     room.pinned_files);
+        spdlog::info(
+            "{}: open of {} waits up to {:.0f} s for room in the cache: {} bytes in {} cop(ies) held open "
+            "on this node",
+            stage::host_name(), rel, std::chrono::duration<double>(wait_).count(), room.pinned,
+            room.pinned_files);
       }
       q_.push_back(Waiter{rel, need, deadline, space_epoch, std::move(answer)});
       sig_->queued = q_.size();
@@ -62,12 +64,12 @@ void RoomWaits::await(const std::string& rel, uint64_t need, Clock::time_point d
       return;
     }
   }
-  const std::string cause = "no room in the cache for " + rel + " after waiting " +
-                            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(wait_).count()) +
-                            " s: it needs " + std::to_string(room.need) + " bytes, " +
-                            std::to_string(room.free + room.evictable) + " are free or evictable, and " +
-                            std::to_string(room.pinned) + " bytes are held by " + std::to_string(room.pinned_files) +
-                            " cop(ies) of files open on this node (pinned, never evicted)";
+  const std::string cause =
+      "no room in the cache for " + rel + " after waiting " +
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(wait_).count()) + " s: it needs " +
+      std::to_string(room.need) + " bytes, " + std::to_string(room.free + room.evictable) +
+      " are free or evictable, and " + std::to_string(room.pinned) + " bytes are held by " +
+      std::to_string(room.pinned_files) + " cop(ies) of files open on this node (pinned, never evicted)";
   spdlog::error("{}: {}", stage::host_name(), cause);
   answer(stage::sys_error(ENOSPC, cause), deadline);
 }

@@ -66,11 +66,12 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
   return f.get();
 }
 
-StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root)
+StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader,
+                         stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
-  checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads}, counters_,
-                                           reader);
+  checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
+                                           counters_, reader);
   room_waits_ = std::make_unique<RoomWaits>(cache_, cfg_.space_wait, counters_.room_waits);
 }
 
@@ -125,7 +126,8 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
                                                          CopyReader& reader) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
-  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
+  auto core =
+      std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
   core->nodes_[kRootId] = Node{"", 1, {}};
   core->ids_[""] = kRootId;
   return core;
@@ -709,7 +711,8 @@ uint64_t copy_need(const NodeCache& cache, const struct stat& src) {
 void StageFsCore::no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                           Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why) {
   // Room now: a new copy (its admission makes the room), still bound by the first deadline.
-  auto answer = [this, rel, src, ask, done = std::move(done)](stage::Status fits, Clock::time_point first) mutable {
+  auto answer = [this, rel, src, ask, done = std::move(done)](stage::Status fits,
+                                                              Clock::time_point first) mutable {
     if (!fits) {
       ++counters_.open_errors;
       return done(fits.error());

@@ -187,7 +187,8 @@ class StageFsCore {
  public:
   static constexpr uint64_t kRootId = 1;
   // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
-  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache, Materializer& mat,
+  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
+                                                            Materializer& mat,
                                                             CopyReader& reader = disk_copy_reader());
   ~StageFsCore();
 

@@ -30,7 +30,8 @@ class HoldingTest : public TmpDirTest {
     write_file(path("src.bin"), data_);
   }
   void TearDown() override {
-    for (const char* v : {"STAGE_TEST_HOLD", "STAGE_TEST_HOLD_RANK", "STAGE_TEST_HOLD_FILE", "STAGE_TEST_HOLD_BLOCK"})
+    for (const char* v :
+         {"STAGE_TEST_HOLD", "STAGE_TEST_HOLD_RANK", "STAGE_TEST_HOLD_FILE", "STAGE_TEST_HOLD_BLOCK"})
       ::unsetenv(v);
     TmpDirTest::TearDown();
   }
