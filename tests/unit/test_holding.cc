@@ -58,42 +58,36 @@ class HoldingTest : public TmpDirTest {
     s.published = fs::exists(path("node/" + name));
     return s;
   }
+  // Copies the source through a store held at `at`: held once, on one temporary file and
+  // nothing published, then the whole copy published. Returns the temporary file's bytes then.
+  std::string temp_when_held_at(StoreHold at) {
+    std::vector<Seen> seen;
+    HoldingStore store(posix_store_, at, [&] { seen.push_back(look()); });
+    EXPECT_TRUE(copy(posix_src_, store).ok);
+    EXPECT_EQ(read_file(path("node/copy.bin")), data_);
+    if (seen.size() != 1) {
+      ADD_FAILURE() << "held " << seen.size() << " times";
+      return "(not held once)";
+    }
+    EXPECT_EQ(seen[0].temps, 1);
+    EXPECT_FALSE(seen[0].published);
+    return seen[0].temp;
+  }
   std::string data_;
   PosixSource posix_src_;
   PosixStore posix_store_;
 };
 
 TEST_F(HoldingTest, BeforeFirstChunkHoldsTheWriterOnAnEmptyTemporaryFile) {
-  std::vector<Seen> seen;
-  HoldingStore store(posix_store_, StoreHold::before_first_write, [&] { seen.push_back(look()); });
-  ASSERT_TRUE(copy(posix_src_, store).ok);
-  ASSERT_EQ(seen.size(), 1U);
-  EXPECT_EQ(seen[0].temps, 1);
-  EXPECT_EQ(seen[0].temp, "");
-  EXPECT_FALSE(seen[0].published);
-  EXPECT_EQ(read_file(path("node/copy.bin")), data_);
+  EXPECT_EQ(temp_when_held_at(StoreHold::before_first_write), "");
 }
 
 TEST_F(HoldingTest, MidFileHoldsTheWriterWithTwoChunksWritten) {
-  std::vector<Seen> seen;
-  HoldingStore store(posix_store_, StoreHold::before_third_write, [&] { seen.push_back(look()); });
-  ASSERT_TRUE(copy(posix_src_, store).ok);
-  ASSERT_EQ(seen.size(), 1U);
-  EXPECT_EQ(seen[0].temps, 1);
-  EXPECT_EQ(seen[0].temp, data_.substr(0, 2 * kChunk));
-  EXPECT_FALSE(seen[0].published);
-  EXPECT_EQ(read_file(path("node/copy.bin")), data_);
+  EXPECT_EQ(temp_when_held_at(StoreHold::before_third_write), data_.substr(0, 2 * kChunk));
 }
 
 TEST_F(HoldingTest, BeforeRenameHoldsOnACompleteUnpublishedCopy) {
-  std::vector<Seen> seen;
-  HoldingStore store(posix_store_, StoreHold::before_commit, [&] { seen.push_back(look()); });
-  ASSERT_TRUE(copy(posix_src_, store).ok);
-  ASSERT_EQ(seen.size(), 1U);
-  EXPECT_EQ(seen[0].temps, 1);
-  EXPECT_EQ(seen[0].temp, data_);
-  EXPECT_FALSE(seen[0].published);
-  EXPECT_EQ(read_file(path("node/copy.bin")), data_);
+  EXPECT_EQ(temp_when_held_at(StoreHold::before_commit), data_);
 }
 
 TEST_F(HoldingTest, ReaderMidFileHoldsTheSourceAfterTwoChunks) {
