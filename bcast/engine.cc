@@ -17,7 +17,6 @@
 #include "bcast/crc.h"
 #include "bcast/queue.h"
 #include "bcast/stream.h"
-#include "bcast/test_hold.h"
 
 namespace stage {
 
@@ -589,9 +588,6 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   uint64_t next = 0, low = 0;
   if (adaptive_) reader_chunk_crc_.assign(nchunks, 0);
   for (uint64_t k = 0; k < nchunks; ++k) {
-    // Tests: the source stops delivering after two chunks while the rest of the process
-    // (the MPI thread's loop, its control plane) goes on.
-    if (k == 2) test_hold("reader-mid-file", comm_.rank());
     auto t_wait = Clock::now();
     auto b = free_q.pop();
     if (!b) return;
@@ -751,12 +747,7 @@ Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues&
   const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   std::vector<char> seen(nchunks);
   uint64_t done_bytes = 0;
-  bool held = false;
   for (uint64_t i = 0; i < nchunks;) {
-    if (i == 2 && !held) {  // let the writer catch up so "mid-file" means data is on disk
-      test_hold("mid-file", comm_.rank());
-      held = true;
-    }
     std::optional<BufPtr> b;
     uint32_t token = 0;
     if (is_reader() && (adaptive_ || opt_.nest != nullptr)) {
@@ -912,8 +903,7 @@ Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool 
       (write_here ? q.write_q : q.free_q).push(std::move(b));
       done_bytes += range.length;
       if (progress_) progress_(done_bytes, layout.bytes());
-      if (++completed == 2 && completed < nchunks)  // chunks 0 and 1 are with the writer, more follow
-        test_hold("mid-file", comm_.rank());
+      ++completed;
     }
     const bool busy = stream.pending() > 0 || !done.empty();  // else: waiting for the reader or writer
     if (!moved && !*r) stream.idle();
@@ -949,7 +939,6 @@ Status Transfer::copy() {
   if (is_reader()) reader = std::thread([&] { reader_loop(layout, q.free_q, q.full_q); });
   if (write_here) writer = std::thread([&] { writer_loop(layout, q.write_q, q.free_q); });
 
-  test_hold("before-first-chunk", comm_.rank());
   // Same choice on every rank: the layout and the Comm's seam are the same everywhere.
   const BcastAlgorithm shape = resolve(opt_.bcast_algorithm, comm_, layout.bytes());
   const Status comm_status = shape == BcastAlgorithm::mpi ? broadcast_chunks(layout, write_here, q)
@@ -1047,7 +1036,6 @@ void Transfer::finish() {
   }
   r_.t.postvalidate = since(t_post);
   // A node publishes iff the source held still and its own copy verified.
-  if (!source_err_ && !local_err_ && !mine.empty()) test_hold("before-rename", comm_.rank());
   if (!source_err_ && !local_err_) {
     // Many files: rename each, then one sync for every name (the data was synced above);
     // a single file: rename and fsync its directory. A stagefs batch never syncs its names.

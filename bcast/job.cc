@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bcast/comm_mpi.h"
+#include "bcast/holding.h"
 #include "bcast/paths.h"
 #include "bcast/report.h"
 
@@ -181,8 +182,9 @@ int run_bcast_job(BcastJob job, int* argc, char*** argv) {
   if (const int rc = agree_on_paths(world, check_paths(job, ep.dest, is_root, ep.writer)); rc != 0) return rc;
   PosixSource source;
   PosixStore store(StoreOptions{.direct_io = job.direct_io});
+  TestHolds io(store, source, world.rank());  // the crash tests' hold points (bcast/holding.h)
   ProgressLine progress(is_root && !job.json && isatty(STDERR_FILENO) != 0);
-  auto report = stage_transfer(world, &source, store, opt, ep,
+  auto report = stage_transfer(world, &io.source(), io.store(), opt, ep,
                                [&](uint64_t done, uint64_t total) { progress.update(done, total); });
   progress.done();
   report.t.topology = ranks->topology_s;  // the report times our work, not MPI start-up

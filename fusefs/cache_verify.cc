@@ -9,8 +9,22 @@
 
 namespace stagefs {
 
-CopyChecker::CopyChecker(NodeCache& cache, Config cfg, CheckCounters& counters)
-    : cache_(cache), cfg_(std::move(cfg)), counters_(counters) {
+namespace {
+class DiskCopyReader final : public CopyReader {
+ public:
+  stage::Result<uint64_t> crc(int fd, const std::string& rel) override {
+    return stage::crc_of_fd(fd, rel, false);
+  }
+};
+}  // namespace
+
+CopyReader& disk_copy_reader() {
+  static DiskCopyReader reader;
+  return reader;
+}
+
+CopyChecker::CopyChecker(NodeCache& cache, Config cfg, CheckCounters& counters, CopyReader& reader)
+    : cache_(cache), cfg_(cfg), counters_(counters), reader_(reader) {
   if (cfg_.verify == Verify::crc)
     for (int i = 0; i < std::max(1, cfg_.threads); ++i) verifiers_.emplace_back([this] { verify_loop(); });
 }
@@ -27,7 +41,7 @@ void CopyChecker::stop() {
     verify_stop_ = true;
   }
   verify_cv_.notify_all();
-  if (first && cfg_.on_stopping) cfg_.on_stopping();
+  if (first) reader_.stopping();
   for (auto& t : verifiers_)
     if (t.joinable()) t.join();
 }
@@ -58,8 +72,7 @@ void CopyChecker::verify_loop() {
       // A read not yet started is not started (a 50 GB read would hold the unmount).
       outcome = stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", job.rel);
     } else {
-      outcome = cfg_.before_crc_check ? cfg_.before_crc_check(job.rel) : stage::Status{};
-      if (outcome) outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
+      outcome = read_back(job.fd.get(), job.rel, job.copy, job.crc);
       if (!outcome && outcome.error().code != stage::make_error_code(stage::Errc::checksum_mismatch)) {
         // A copy that cannot be read is no use: removed, and the waiting opens copy the file
         // anew (none reads it back again on the completion pool).
@@ -80,7 +93,7 @@ void CopyChecker::verify_loop() {
 
 stage::Status CopyChecker::read_back(int fd, const std::string& rel, const struct stat& copy,
                                      uint64_t recorded) {
-  auto crc = stage::crc_of_fd(fd, rel, false);
+  auto crc = reader_.crc(fd, rel);
   if (!crc) return crc.error();
   if (*crc != recorded) {
     ++counters_.corrupt;

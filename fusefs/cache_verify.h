@@ -48,20 +48,30 @@ struct CheckCounters {
   std::atomic<uint64_t> verify_waits{0};  // opens that waited for another open's read-back
 };
 
+// How a copy is read back: the checker's seam to the disk. The real one reads the whole copy
+// (stage::crc_of_fd); tests hold or fail read-backs with a fake. Called on the verifier
+// threads, and on an open's thread for open_verified(); thread-safe.
+class CopyReader {
+ public:
+  virtual ~CopyReader() = default;
+  // The CRC-64 of the copy open at fd (rel names it in errors). An error stands for an I/O
+  // error on the cache's disk.
+  virtual stage::Result<uint64_t> crc(int fd, const std::string& rel) = 0;
+  // The checker stops: no read-back starts any more, and stop() waits next for those that
+  // run. A reader that can end a read early may do so now.
+  virtual void stopping() {}
+};
+// The real reader (stateless, shared).
+CopyReader& disk_copy_reader();
+
 class CopyChecker {
  public:
   struct Config {
     Verify verify = Verify::crc;
     int threads = 2;  // verifier threads (at least one with Verify::crc)
-    // Tests: called on a verifier thread before it reads rel's copy back. An error returned
-    // stands for the read's (an I/O error on the cache's disk): the copy is not read.
-    std::function<stage::Status(const std::string& rel)> before_crc_check;
-    // Tests: called by the first stop() once no read-back may start any more (before it waits
-    // for those that run).
-    std::function<void()> on_stopping;
   };
-  // counters: where the checker counts (outlives it).
-  CopyChecker(NodeCache& cache, Config cfg, CheckCounters& counters);
+  // counters: where the checker counts; reader: how it reads copies back (both outlive it).
+  CopyChecker(NodeCache& cache, Config cfg, CheckCounters& counters, CopyReader& reader = disk_copy_reader());
   ~CopyChecker();  // stop()
   CopyChecker(const CopyChecker&) = delete;
   CopyChecker& operator=(const CopyChecker&) = delete;
@@ -111,6 +121,7 @@ class CopyChecker {
   NodeCache& cache_;
   Config cfg_;
   CheckCounters& counters_;
+  CopyReader& reader_;
   std::mutex verified_m_;
   std::set<CopyKey> verified_;  // copies trusted in this mount
   struct CrcJob {

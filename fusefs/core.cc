@@ -66,18 +66,13 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
   return f.get();
 }
 
-StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root)
+StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader,
+                         stage::Fd root)
     : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
-  checker_ = std::make_unique<CopyChecker>(
-      cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads, cfg_.before_crc_check, cfg_.on_stopping},
-      counters_);
-  space_thread_ = std::thread([this] { space_loop(); });
-  cache_.set_space_listener([sig = space_] {
-    if (sig->queued.load() == 0) return;  // a later waiter compares the cache's space_epoch() itself
-    std::lock_guard lk(sig->m);
-    sig->cv.notify_all();
-  });
+  checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
+                                           counters_, reader);
+  room_waits_ = std::make_unique<RoomWaits>(cache_, cfg_.space_wait, counters_.room_waits);
 }
 
 StageFsCore::~StageFsCore() {
@@ -87,20 +82,7 @@ StageFsCore::~StageFsCore() {
 void StageFsCore::stop() {
   checker_->stop();
   // Opens waiting for room: ESHUTDOWN (before the pool stops: a retry in flight still runs).
-  std::vector<RoomWait> waiting;
-  {
-    std::lock_guard lk(space_->m);
-    if (!space_stop_) cache_.set_space_listener(nullptr);
-    space_stop_ = true;
-    waiting.swap(space_q_);
-    space_->queued = 0;
-  }
-  space_->cv.notify_all();
-  if (space_thread_.joinable()) space_thread_.join();
-  for (auto& w : waiting) {
-    ++counters_.open_errors;
-    w.done(stage::sys_error(ESHUTDOWN, "open (the mount is stopping)", w.rel));
-  }
+  room_waits_->stop();
   {
     std::lock_guard lk(pool_m_);
     if (pool_stop_) return;
@@ -140,11 +122,12 @@ Error StageFsCore::read_only(const char* op) {
   return stage::sys_error(EROFS, op, "(read-only mount)");
 }
 
-Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCache& cache,
-                                                         Materializer& mat) {
+Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCache& cache, Materializer& mat,
+                                                         CopyReader& reader) {
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
-  auto core = std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, std::move(root)));
+  auto core =
+      std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
   core->nodes_[kRootId] = Node{"", 1, {}};
   core->ids_[""] = kRootId;
   return core;
@@ -492,7 +475,8 @@ bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
   return resolve_as_caller(rel, O_PATH, R_OK, who).ok();
 }
 
-Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct stat& src, const stage::Status& done) {
+Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const struct stat& src,
+                                                const stage::Status& done) {
   if (auto fd = checker_->open_verified(rel, src, done.ok()))
     return OpenFile{std::move(fd.value()), false, false, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
@@ -513,11 +497,11 @@ Result<OpenFile> StageFsCore::finish_open(const std::string& rel, const struct s
 }
 
 void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
-  open_impl(id, flags, who, std::move(done), cfg_.read_during_copy);
+  check_open(id, flags, who, std::move(done), cfg_.read_during_copy);
 }
 
-void StageFsCore::open_impl(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
-                            bool background) {
+void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
+                             bool background) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
   auto pinned = std::make_shared<std::string>();
@@ -622,46 +606,32 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
   materialize_then_open(rel, src, ask, std::move(done));
 }
 
-StageFsCore::InodeKey StageFsCore::inode_key(const struct stat& st) {
-  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), stage::to_ns(st.st_mtim),
-          stage::to_ns(st.st_ctim), static_cast<uint64_t>(st.st_size)};
-}
-
 bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask,
                                         OpenDone& done) {
-  const InodeKey key = inode_key(src);
-  std::unique_lock lk(links_m_);
-  if (auto c = link_copy_.find(key); c != link_copy_.end() && c->second != rel) {
-    const std::string other = c->second;
-    lk.unlock();
-    // That name's copy, if it is still the same version (its path may name another file now)
-    // and was checked in this mount.
-    if (auto fd = checker_->open_verified(other, src, false, /*may_read_back=*/false)) {
-      ++counters_.cache_hits;
-      cache_.touch(other, fd->get());
-      done(OpenFile{std::move(fd.value()), true, false, other, {}});
-      return true;
-    }
-    lk.lock();
-    if (auto gone = link_copy_.find(key); gone != link_copy_.end() && gone->second == other)
-      link_copy_.erase(gone);
-  }
-  if (auto f = link_inflight_.find(key); f != link_inflight_.end()) {
-    if (f->second.rel == rel) return false;  // the same name: the materializer merges the two
-    f->second.waiters.push_back([this, rel, src, ask, done = std::move(done)]() mutable {
+  const LinkedCopies::Key key = LinkedCopies::key_of(src);
+  auto wait_for_other = [&] {
+    return std::function<void()>([this, rel, src, ask, done = std::move(done)]() mutable {
       serve_or_materialize(rel, src, ask, std::move(done), false);  // finds the copy, or copies rel
     });
-    return true;
+  };
+  for (;;) {
+    const auto a = links_.ask(key, rel, wait_for_other);
+    if (a.kind == LinkedCopies::Answer::waiting) return true;
+    if (a.kind == LinkedCopies::Answer::same_name) return false;  // the materializer merges the two
+    if (a.kind == LinkedCopies::Answer::materialize) break;
+    // That name's copy, if it is still the same version (its path may name another file now)
+    // and was checked in this mount.
+    if (auto fd = checker_->open_verified(a.other, src, false, /*may_read_back=*/false)) {
+      ++counters_.cache_hits;
+      cache_.touch(a.other, fd->get());
+      done(OpenFile{std::move(fd.value()), true, false, a.other, {}});
+      return true;
+    }
+    links_.forget(key, a.other);
   }
-  link_inflight_.emplace(key, Inflight{rel, {}});
   ask.early_ok = false;  // the others wait for a whole copy
   done = [this, key, rel, inner = std::move(done)](Result<OpenFile> r) mutable {
-    std::vector<std::function<void()>> waiters;
-    {
-      std::lock_guard held(links_m_);
-      if (r && !r->from_source && !r->live) link_copy_[key] = rel;
-      if (auto node = link_inflight_.extract(key)) waiters = std::move(node.mapped().waiters);
-    }
+    auto waiters = links_.materialized(key, rel, r && !r->from_source && !r->live);
     inner(std::move(r));
     for (auto& w : waiters) post(std::move(w));
   };
@@ -702,7 +672,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         }
         return materialize_then_open(rel, src, alone, std::move(done));
       }
-      done(finish_open(rel, src, outcome));
+      done(open_materialized(rel, src, outcome));
     });
   };
   if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
@@ -740,87 +710,18 @@ uint64_t copy_need(const NodeCache& cache, const struct stat& src) {
 
 void StageFsCore::no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                           Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why) {
-  const auto now = Clock::now();
-  const bool first = deadline == Clock::time_point{};
-  if (first) deadline = now + cfg_.space_wait;
-  const Room room = cache_.room(rel, copy_need(cache_, src));
-  // Only copies held open here can make room that is not there: anything else (a copy larger
-  // than the whole cache, a filesystem full of other data) fails at once, as it did.
-  if (room.pinned == 0 || !room.fits_once_released()) {
-    ++counters_.open_errors;
-    return done(why);
-  }
-  if (now < deadline) {
-    std::lock_guard lk(space_->m);
-    if (!space_stop_) {
-      if (first) {
-        ++counters_.room_waits;
-        spdlog::info("{}: open of {} waits up to {:.0f} s for room in the cache: {} bytes in {} cop(ies) held open "
-                     "on this node",
-                     stage::host_name(), rel, std::chrono::duration<double>(cfg_.space_wait).count(), room.pinned,
-                     room.pinned_files);
-      }
-      space_q_.push_back(RoomWait{rel, src, ask, std::move(done), deadline, space_epoch});
-      space_->queued = space_q_.size();
-      space_->cv.notify_all();
-      if (first) counters_.room_waits.notify_all();  // for observers waiting on the counter
-      return;
+  // Room now: a new copy (its admission makes the room), still bound by the first deadline.
+  auto answer = [this, rel, src, ask, done = std::move(done)](stage::Status fits,
+                                                              Clock::time_point first) mutable {
+    if (!fits) {
+      ++counters_.open_errors;
+      return done(fits.error());
     }
-  }
-  ++counters_.open_errors;
-  const std::string cause = "no room in the cache for " + rel + " after waiting " +
-                            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(cfg_.space_wait).count()) +
-                            " s: it needs " + std::to_string(room.need) + " bytes, " +
-                            std::to_string(room.free + room.evictable) + " are free or evictable, and " +
-                            std::to_string(room.pinned) + " bytes are held by " + std::to_string(room.pinned_files) +
-                            " cop(ies) of files open on this node (pinned, never evicted)";
-  spdlog::error("{}: {}", stage::host_name(), cause);
-  done(stage::sys_error(ENOSPC, cause));
-}
-
-// Wakes on the cache's listener (room freed) or on the earliest deadline; a waiter whose copy
-// now fits asks for it again (a new transfer, whose before_transfer makes the room), one whose
-// deadline passed fails. An open that fits but loses the room to another goes back to waiting
-// (no_room), with its first deadline.
-void StageFsCore::space_loop() {
-  std::unique_lock lk(space_->m);
-  while (!space_stop_) {
-    if (space_q_.empty()) {
-      space_->cv.wait(lk);
-      continue;
-    }
-    const uint64_t epoch = cache_.space_epoch();
-    const auto now = Clock::now();
-    std::vector<RoomWait> retry, expired;
-    auto next = Clock::time_point::max();
-    for (auto it = space_q_.begin(); it != space_q_.end();) {
-      if (it->epoch != epoch && cache_.room(it->rel, copy_need(cache_, it->src)).fits_now()) {
-        retry.push_back(std::move(*it));
-      } else if (now >= it->deadline) {
-        expired.push_back(std::move(*it));
-      } else {
-        it->epoch = epoch;
-        next = std::min(next, it->deadline);
-        ++it;
-        continue;
-      }
-      it = space_q_.erase(it);
-    }
-    space_->queued = space_q_.size();
-    if (retry.empty() && expired.empty()) {
-      space_->cv.wait_until(lk, next, [&] { return space_stop_ || cache_.space_epoch() != epoch; });
-      continue;
-    }
-    lk.unlock();
-    for (auto& w : retry)
-      post([this, w = std::move(w)]() mutable {
-        materialize_then_open(w.rel, w.src, w.ask, std::move(w.done), w.deadline);
-      });
-    for (auto& w : expired)  // past the deadline: no_room fails it with the cause
-      no_room(w.rel, w.src, w.ask, std::move(w.done), w.deadline, w.epoch,
-              stage::sys_error(ENOSPC, "no room in the cache", w.rel));
-    lk.lock();
-  }
+    post([this, rel, src, ask, first, done = std::move(done)]() mutable {
+      materialize_then_open(rel, src, ask, std::move(done), first);
+    });
+  };
+  room_waits_->await(rel, copy_need(cache_, src), deadline, space_epoch, why, std::move(answer));
 }
 
 void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
@@ -869,7 +770,7 @@ void StageFsCore::release(const std::string& pinned) {
 void StageFsCore::prefetch_async(uint64_t id, const Caller& who, std::function<void(stage::Status)> done) {
   ++counters_.prefetches;
   // Done when the copy is complete (not when it starts, as an open may be).
-  open_impl(
+  check_open(
       id, O_RDONLY, who,
       [this, done = std::move(done)](Result<OpenFile> r) {
         if (!r) return done(r.error());

@@ -26,15 +26,12 @@
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
 //   - Room: an open whose copy does not fit in the cache because other copies are held open
-//     on this node waits for room without holding a thread (a queue entry, woken by the
-//     cache when a copy's last pin goes or a copy is removed, or by its deadline), then asks
-//     for the copy again; past CoreConfig::space_wait it fails with ENOSPC.
-//   - Hard links: the names of one source file (one version of one inode) cost one transfer.
-//     While one name of it is materialized, an open of another name waits for that transfer,
-//     then reads the first name's copy (pinned as that name's). The cache keeps one copy per
-//     name it made (a copy with two links would look planted to its ownership rule), so a
-//     name is copied on its own only when no copy of the same version was made in this mount.
-//     The first open of a file with several links waits for its whole copy (no early reads).
+//     on this node waits for room without holding a thread (the cache room's RoomWaits,
+//     cache_wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
+//     ENOSPC.
+//   - Hard links: the names of one source file (one version of one inode) cost one transfer
+//     (the cache room's LinkedCopies, cache_links.h, says which name's copy serves them). The
+//     first open of a file with several links waits for its whole copy (no early reads).
 //   - Trust in a copy's bytes is the cache room's CopyChecker (cache_verify.h), which the core
 //     owns for the mount's life and asks once per open: serve this copy, wait for its CRC
 //     read-back (on the checker's threads, once per copy), or miss.
@@ -65,7 +62,9 @@
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
+#include "fusefs/cache_links.h"
 #include "fusefs/cache_verify.h"
+#include "fusefs/cache_wait.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {
@@ -131,10 +130,7 @@ struct CoreConfig {
   StallPolicy on_stall = StallPolicy::eio;
   Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
-  // The CopyChecker's threads and test hooks (CopyChecker::Config says what they do).
-  int verify_threads = 2;
-  std::function<stage::Status(const std::string& rel)> before_crc_check = nullptr;
-  std::function<void()> on_stopping = nullptr;
+  int verify_threads = 2;  // the CopyChecker's threads
   // Regular files of at most this many bytes that every user may read (o+r) are
   // materialized with their directory's other small files
   // (Materializer::materialize_small_async); 0: every file alone.
@@ -190,8 +186,10 @@ struct CoreCounters : CheckCounters {
 class StageFsCore {
  public:
   static constexpr uint64_t kRootId = 1;
+  // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
   static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
-                                                            Materializer& mat);
+                                                            Materializer& mat,
+                                                            CopyReader& reader = disk_copy_reader());
   ~StageFsCore();
 
   // lookup() counts one reference to the node; forget() drops n of them.
@@ -259,7 +257,7 @@ class StageFsCore {
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, stage::Fd root);
+  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
@@ -275,7 +273,21 @@ class StageFsCore {
   stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
   // open_as_caller() without counting (may_read() is not an open).
   stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
-  stage::Result<OpenFile> finish_open(const std::string& rel, const struct stat& src, const stage::Status& done);
+
+  // The open chain. An open (open_async, prefetch_async) takes up to four steps, each handing
+  // the open's answer (done) on to the next; none holds a thread while a copy or a CRC
+  // read-back runs:
+  //   check_open             on the caller's thread: the checks every open passes (read-only,
+  //                          the id's version, access as the caller, temporary names), then a
+  //                          copy trusted in this mount is answered at once;
+  //   serve_or_materialize   on the completion pool: the cache room's answer (serve the copy,
+  //                          wait for its CRC read-back, or miss), another name's copy (hard
+  //                          links), else on to a copy;
+  //   materialize_then_open  asks the materializer for the copy (the file alone, its
+  //                          directory's small files, or answered during the copy); no room:
+  //                          the cache room's wait (no_room); a failed batch: the file alone;
+  //   open_materialized      the verified copy the materialization made, or the source after
+  //                          a stall (--on-stall source).
   // How an open asks the materializer: small (its directory's slice; `since` as
   // materialize_small_async's), early_ok (answer during the copy).
   struct Ask {
@@ -287,38 +299,30 @@ class StageFsCore {
   // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
   void materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                              Clock::time_point space_deadline = {});
-  // rel's copy found no room (ENOSPC, `why`): waits for room (space_loop) when copies held
-  // open on this node stand in the way and the deadline has not passed; else fails.
-  // space_epoch: the cache's NodeCache::space_epoch() read before the copy was asked for.
+  // rel's copy found no room (ENOSPC, `why`): the cache room's RoomWaits says when to ask
+  // for it again, or fails the open. space_epoch: NodeCache::space_epoch() read before the
+  // copy was asked for.
   void no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
-  void space_loop();
-  // open_async(); early_ok: answer during the copy (read_during_copy; not for prefetch);
-  // background: a prefetch (no open waits for it).
-  void open_impl(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
-                 bool background = false);
-  // The part of an open that runs on the completion pool: the cached copy, or a materialization.
+  // early_ok: answer during the copy (read_during_copy; not for prefetch); background: a
+  // prefetch (no open waits for it).
+  void check_open(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
+                  bool background = false);
   // checked: the copy's CRC read-back (if it needed one) has ended.
   void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                             bool checked);
+  // done: the materialization's outcome.
+  stage::Result<OpenFile> open_materialized(const std::string& rel, const struct stat& src,
+                                            const stage::Status& done);
   void post(std::function<void()> fn);
   void completion_loop();
-  // Hard links (see above). The version of a source file with several names.
-  using InodeKey =
-      std::tuple<uint64_t, uint64_t, int64_t, int64_t, uint64_t>;  // dev, ino, mtime, ctime, size
-  static InodeKey inode_key(const struct stat& st);
-  // If another name of src's version has a copy made in this mount, or is being materialized:
-  // serves this open from that copy (now, or once that transfer ended) and returns true.
-  // Otherwise, rel's open is the one that materializes that version: done is wrapped to
-  // record the copy and release the waiting names, and ask.early_ok is cleared.
+  // Hard links (LinkedCopies): if another name of src's version has a copy made in this
+  // mount, or is being materialized, serves this open from that copy (now, or once that
+  // transfer ended) and returns true. Otherwise, rel's open is the one that materializes that
+  // version: done is wrapped to record the copy and release the waiting names, and
+  // ask.early_ok is cleared.
   bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
-  std::mutex links_m_;  // innermost
-  struct Inflight {
-    std::string rel;                             // the name being materialized
-    std::vector<std::function<void()>> waiters;  // other names' opens, run when it ends
-  };
-  std::map<InodeKey, Inflight> link_inflight_;
-  std::map<InodeKey, std::string> link_copy_;  // the name whose copy of that version was made here
+  LinkedCopies links_;
 
   struct Node {
     std::string rel;
@@ -349,28 +353,9 @@ class StageFsCore {
   std::vector<std::thread> pool_;
   // Trust in the copies (made after the pool: its callbacks post to it; stopped before it).
   std::unique_ptr<CopyChecker> checker_;
-  // Opens waiting for room in the cache (no_room), answered by space_loop(). Lock order:
-  // space_->m before the cache's index lock (space_loop asks the cache for room under it);
-  // the cache's listener takes space_->m only, with no cache lock held.
-  struct RoomWait {
-    std::string rel;
-    struct stat src {};
-    Ask ask;
-    OpenDone done;
-    Clock::time_point deadline;
-    uint64_t epoch = 0;  // the cache's space_epoch() when it last found no room for it
-  };
-  // Shared with the cache's listener, which may run on a thread that released a pin while
-  // the core stops. queued: space_q_'s size (the listener notifies only when some open waits).
-  struct SpaceSignal {
-    std::mutex m;
-    std::condition_variable cv;
-    std::atomic<size_t> queued{0};
-  };
-  std::shared_ptr<SpaceSignal> space_ = std::make_shared<SpaceSignal>();
-  std::vector<RoomWait> space_q_;  // guarded by space_->m
-  bool space_stop_ = false;        // guarded by space_->m
-  std::thread space_thread_;
+  // Opens waiting for room in the cache (no_room); made after the pool (its answers post to
+  // it), stopped before it.
+  std::unique_ptr<RoomWaits> room_waits_;
   // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
   uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
   mutable std::mutex m_;  // guards nodes_, ids_, next_id_

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "bcast/comm_mpi.h"
+#include "bcast/holding.h"
 #include "bcast/mpi_start.h"
 #include "bcast/paths.h"
 #include "bcast/store.h"
@@ -135,6 +136,7 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
+  std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holding.h)
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
   std::unique_ptr<StageFsCore> core_;
@@ -232,7 +234,8 @@ std::string Daemon::setup_local() {
     return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
                                                       : read_path_name(ReadPath::splice));
   };
-  group_ = std::make_unique<GroupService>(*data_, *ctl_, *source_, cache_->store(), g, nested_.get());
+  holds_ = std::make_unique<stage::TestHolds>(cache_->store(), *source_, data_->rank());
+  group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.read_during_copy = cfg_.read_during_copy;

@@ -4,9 +4,10 @@
 Usage: test_crash.py STAGE_BCAST STAGEFS [MPIRUN ARGS...] [-- UNITTEST ARGS...]
 Exits 77 (skipped) without /dev/fuse, root, fusermount3, unshare, nsenter, mount or mpirun.
 
-The crash points come from the engine's test hook (bcast/test_hold.h): with
-STAGE_TEST_HOLD=<point> [STAGE_TEST_HOLD_RANK=<rank>] STAGE_TEST_HOLD_FILE=<path> a process
-reaching <point> creates <path> and SIGSTOPs itself, so a test can kill -9 it exactly there.
+The crash points come from the holding store and source the tools wrap their own in when
+asked (bcast/holding.h): with STAGE_TEST_HOLD=<point> [STAGE_TEST_HOLD_RANK=<rank>]
+STAGE_TEST_HOLD_FILE=<path> a process reaching <point> creates <path> and SIGSTOPs itself, so
+a test can kill -9 it exactly there.
 
   CrashBcast     kill -9 of rank 1 of `stage-bcast -np 2` at before-first-chunk, mid-file and
                  before-rename, with and without an old copy at the destinations: no node ever
@@ -149,7 +150,7 @@ def fill_filesystem(path):
 
 class FaultCase(H.MountTestCase):
     """MountTestCase (work dir, standalone daemons, cleanup) plus: jobs started in the
-    background (mpirun, stage-bcast, readers) and processes held by the test hook, all ended
+    background (mpirun, stage-bcast, readers) and processes held at a hold point, all ended
     in teardown before the harness looks for leftovers; tmpfs mounts undone."""
 
     def setUp(self):
@@ -299,7 +300,7 @@ class FaultCase(H.MountTestCase):
         return path
 
     def held_daemon(self, cache, point, name):
-        """A standalone stagefs with the crash hook armed at point; returns (daemon, hold file)."""
+        """A standalone stagefs with the crash hold armed at point; returns (daemon, hold file)."""
         hold = self.hold_file(name)
         saved = dict(os.environ)
         os.environ.update(hold_env(point, hold))  # the harness's Daemon takes os.environ
@@ -645,7 +646,7 @@ class DiskFull(FaultCase):
         self.assertFalse(os.path.lexists(os.path.join(cache, "data", "img.bin")))
         self.assert_no_temps(cache)
         os.unlink(filler)
-        # the hook stops every transfer of this daemon: release the next one at once
+        # the hold stops every transfer of this daemon: release the next one at once
         os.unlink(hold)
         reader = self.start_reader(os.path.join(self.work.mnt, "small.bin"))
         self.assertEqual(self.wait_held(hold, b"stagefs"), d.pid)

@@ -19,7 +19,7 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
   Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
             SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
 
-Transfers are held at a chunk with the test hook (STAGE_TEST_HOLD=mid-file,
+Transfers are held at a chunk (bcast/holding.h: STAGE_TEST_HOLD=mid-file,
 STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
 """
 import json

@@ -568,9 +568,9 @@ class Group:
 
 
 class Hold:
-    """A copy held at a known point instead of slowed by time (bcast/test_hold.h): the thread
-    of rank `rank` that reaches `point` (mid-file: the source's MPI thread after two chunks;
-    reader-mid-file: its reader thread, the rest of the daemon goes on) waits until the test
+    """A copy held at a known point instead of slowed by time (bcast/holding.h): the thread
+    of rank `rank` that reaches `point` (mid-file: its writer thread after two chunks;
+    reader-mid-file: the source's reader thread; the rest of the daemon goes on) waits until the test
     removes the hold file. os.environ carries it while the daemons or groups started inside
     `with` start (the harness passes the environment on); the file is removed at the test's
     cleanup whatever happens."""

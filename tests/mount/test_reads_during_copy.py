@@ -4,7 +4,7 @@
 Usage: test_reads_during_copy.py STAGEFS [NP [MPIRUN ARGS...]] [-- UNITTEST ARGS (classes)]
 
 The copy is held at a known point instead of throttled by time: STAGE_TEST_HOLD=mid-file
-with STAGE_TEST_HOLD_BLOCK=1 stops the source rank's transfer thread after its second chunk
+with STAGE_TEST_HOLD_BLOCK=1 stops the source rank's writer thread after its second chunk
 until the test removes the hold file (the daemon's other threads keep serving). So "the
 copy is still running" is a fact the test controls, and nothing sleeps to synchronize.
 

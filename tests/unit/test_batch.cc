@@ -990,8 +990,8 @@ TEST_F(BatchTest, AnOldIdKeepsTheSizeAndTimesOfItsVersion) {
 
 // A copy from an earlier mount is read back for its CRC on the core's verifier threads, once
 // however many opens ask: the opens of that copy wait for the one read, and the completion
-// pool (here one thread) keeps answering other files meanwhile. The read-backs are held in the
-// before_crc_check hook, so nothing depends on timing.
+// pool (here one thread) keeps answering other files meanwhile. The read-backs are held by the
+// core's CopyReader (a fake), so nothing depends on timing.
 class NoCopies final : public Materializer {
  public:
   void materialize_async(const std::string& rel, const Want&, Done done) override {
@@ -1001,10 +1001,10 @@ class NoCopies final : public Materializer {
   std::vector<std::string> asked;
 };
 
-// A core over the cache (into `core`) whose CRC read-backs wait in before_crc_check until
+// A core over the cache (into `core`) whose CRC read-backs (it is their CopyReader) wait until
 // let_go(), with one completion thread and NoCopies as its materializer. Its end lets them go
 // and stops the core before the answers and the materializer go, however the test ends.
-class HeldReadBacks {
+class HeldReadBacks final : public CopyReader {
  public:
   HeldReadBacks(std::unique_ptr<StageFsCore>& core, const std::string& src, NodeCache& cache,
                 int verify_threads = 2)
@@ -1012,25 +1012,27 @@ class HeldReadBacks {
     CoreConfig cc{src, StallPolicy::eio};
     cc.completion_threads = 1;
     cc.verify_threads = verify_threads;
-    cc.on_stopping = [this] { let_go(); };  // a stop lets the held read-backs go
-    cc.before_crc_check = [this](const std::string& rel) -> stage::Status {
-      std::unique_lock lk(m_);
-      started_.push_back(rel);
-      cv_.notify_all();
-      cv_.wait(lk, [&] { return go_; });
-      if (unreadable_.contains(rel)) return stage::sys_error(EIO, "read back (injected)", rel);
-      return {};
-    };
-    auto c = StageFsCore::create(cc, cache, mat);
+    auto c = StageFsCore::create(cc, cache, mat, *this);
     if (c)
       core_ = std::move(c.value());
     else
       ADD_FAILURE() << c.error().message;
   }
-  ~HeldReadBacks() {
+  ~HeldReadBacks() override {
     let_go();
-    core_.reset();  // stopped and gone with the hooks that point here
+    core_.reset();  // stopped and gone with the reader it uses
   }
+  stage::Result<uint64_t> crc(int fd, const std::string& rel) override {
+    {
+      std::unique_lock lk(m_);
+      started_.push_back(rel);
+      cv_.notify_all();
+      cv_.wait(lk, [&] { return go_; });
+      if (unreadable_.contains(rel)) return stage::sys_error(EIO, "read back (injected)", rel);
+    }
+    return disk_copy_reader().crc(fd, rel);
+  }
+  void stopping() override { let_go(); }  // a stop lets the held read-backs go
   HeldReadBacks(const HeldReadBacks&) = delete;
   HeldReadBacks& operator=(const HeldReadBacks&) = delete;
   // Whether n read-backs have started (60 s is only a bound).

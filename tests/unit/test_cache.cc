@@ -13,6 +13,7 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache.h"
+#include "fusefs/cache_links.h"
 #include "fusefs/cache_rules.h"
 #include "fusefs/cache_verify.h"
 #include "tmpdir.h"
@@ -31,6 +32,36 @@ class NodeCacheTest : public TmpDirTest {
     ::chmod(dir_.c_str(), 0755);
   }
 };
+
+// The names of one version: the first open materializes, the others wait for it and are then
+// served from its copy; a copy that could not be served is forgotten.
+TEST(LinkedCopiesTest, OneNameMaterializesTheOthersWaitThenShareItsCopy) {
+  struct stat st {};
+  st.st_dev = 1;
+  st.st_ino = 42;
+  st.st_size = 100;
+  const auto key = LinkedCopies::key_of(st);
+  LinkedCopies links;
+  int made_waiters = 0;
+  auto waiter = [&] { return std::function<void()>([&made_waiters] { ++made_waiters; }); };
+  EXPECT_EQ(links.ask(key, "a", waiter).kind, LinkedCopies::Answer::materialize);
+  EXPECT_EQ(links.ask(key, "a", waiter).kind, LinkedCopies::Answer::same_name);
+  EXPECT_EQ(links.ask(key, "b", waiter).kind, LinkedCopies::Answer::waiting);
+  EXPECT_EQ(links.ask(key, "c", waiter).kind, LinkedCopies::Answer::waiting);
+  auto waiters = links.materialized(key, "a", true);
+  ASSERT_EQ(waiters.size(), 2U);
+  for (auto& w : waiters) w();
+  EXPECT_EQ(made_waiters, 2);
+  const auto b = links.ask(key, "b", waiter);
+  EXPECT_EQ(b.kind, LinkedCopies::Answer::other_copy);
+  EXPECT_EQ(b.other, "a");
+  EXPECT_EQ(links.ask(key, "a", waiter).kind, LinkedCopies::Answer::materialize);  // its own name: copy it
+  EXPECT_TRUE(links.materialized(key, "a", false).empty());  // a failed copy records nothing new
+  links.forget(key, "a");
+  EXPECT_EQ(links.ask(key, "b", waiter).kind, LinkedCopies::Answer::materialize);
+  st.st_mtim.tv_sec = 5;  // another version of the inode: nothing in common
+  EXPECT_EQ(links.ask(LinkedCopies::key_of(st), "c", waiter).kind, LinkedCopies::Answer::materialize);
+}
 
 // The one rule every room applies to a batch of small files (the scan, the room-making, the
 // core's choice between a batch and a transfer of one file).
@@ -299,7 +330,7 @@ TEST_F(NodeCacheTest, CopyCheckerReadsACopyFromAnEarlierMountBackOnceBeforeServi
   put_from_earlier_mount(cache, "bad", bad, crc(bad) ^ 1, sb);  // recorded CRC does not match
   put_from_earlier_mount(cache, "new", good, crc(good), sn);
   CheckCounters counters;
-  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1, nullptr, nullptr}, counters);
+  CopyChecker checker(cache, CopyChecker::Config{Verify::crc, 1}, counters);
   struct stat copy {};
   EXPECT_FALSE(checker.open_trusted("good", sg, copy));  // not checked in this mount yet
   const auto ask_and_wait = [&](const std::string& rel, const struct stat& src) {
