@@ -11,7 +11,7 @@ namespace stage::engine {
 
 namespace {
 
-// With a Nest: the source rank's chunks in the stream at once (see stream_chunks). 2 keeps
+// With a Nest: the reader's chunks in a pipelined mover at once (see move_chunks). 2 keeps
 // the source's link busy across chunk boundaries (the next chunk is queued behind the one
 // leaving) and bounds what a nest mark waits for to two chunks: a nested batch waits about
 // as many chunk times as there are chunks ahead of its mark, while the large copy's own time
@@ -29,202 +29,164 @@ Status Transfer::poll_nest() {
   return opt_.nest->poll();
 }
 
-void Transfer::route_wants(ChunkStream* stream) {
+void Transfer::route_wants(ChunkMover& mover) {
   if (!adaptive_) return;
   want_scratch_.clear();
   if (opt_.live != nullptr) opt_.live->take_wanted(want_scratch_);
   for (uint64_t w : want_scratch_) {
     if (is_reader())
       push_want(w);
-    else if (stream != nullptr)
-      stream->want(w);
+    else if (mover.carries_wants())
+      mover.want(w);
   }
-  if (stream != nullptr && is_reader())
-    while (auto w = stream->take_want()) push_want(*w);
+  if (is_reader())
+    while (auto w = mover.take_want()) push_want(*w);
 }
 
-// Chunk by chunk through the Comm's collectives: a header broadcast, then the payload
-// (Comm::bcast). Used with --bcast-algorithm mpi, one rank, or a stream too small to pipeline.
-// A nest header (kChunkNest) comes between two chunks: every rank runs the nested transfer.
-Status Transfer::broadcast_chunks(const Layout& layout, bool write_here, Queues& q) {
-  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
-  std::vector<char> seen(nchunks);
-  uint64_t done_bytes = 0;
-  bool held = false;
-  for (uint64_t i = 0; i < nchunks;) {
-    if (i == 2 && !held) {  // let the writer catch up so "mid-file" means data is on disk
-      test_hold("mid-file", comm_.rank());
-      held = true;
-    }
-    std::optional<BufPtr> b;
-    uint32_t token = 0;
-    if (is_reader() && (adaptive_ || opt_.nest != nullptr)) {
-      // The root's own readers' wants reach its reader, and the control plane is polled, while
-      // it waits for the reader.
-      for (;;) {
-        route_wants(nullptr);
-        if (opt_.nest != nullptr) {
-          if (auto st = poll_nest(); !st) return st;
-          if ((token = opt_.nest->mark()) != 0) break;
-        }
-        if ((b = q.full_q.pop_for(std::chrono::milliseconds(1)))) break;
-      }
-    } else {
-      // Elsewhere once per chunk (this rank waits inside the header broadcast): its requests
-      // still reach the coordinator during a long transfer.
-      if (opt_.nest != nullptr)
-        if (auto st = opt_.nest->poll(); !st) return st;
-      b = is_reader() ? q.full_q.pop() : q.free_q.pop();
-      if (!b) return {};
-    }
-    const Accumulate in_bcast(r_.pipe.bcast);
-    ChunkHeader h = token != 0 ? nest_header(token) : is_reader() ? (*b)->hdr : ChunkHeader{};
-    if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&h, 1)), data_root_); !st) return st;
-    if (!valid_header(h, layout, i, seen))
-      return stage_error(Errc::bad_message, "chunk header " + std::to_string(i));  // out of step: stop
-    if ((h.flags & kChunkNest) != 0) {
-      if (b) q.free_q.push(std::move(*b));  // a receive buffer: no chunk came
-      if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
-      continue;
-    }
-    Buffer& buf = **b;
-    const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, h.index);
-    if ((h.flags & kChunkAbort) != 0) {
-      q.free_q.push(std::move(*b));
-      return {};  // every rank sees the same header and leaves the loop at the same chunk
-    }
-    if ((h.flags & kChunkZero) == 0) {
-      if (auto st = data_bcast(comm_, std::span(buf.mem->data(), h.length), data_root_, opt_.bcast_algorithm,
-                               opt_.pipeline);
-          !st)
-        return st;
-      r_.bytes_streamed += h.length;
-    }
-    ++r_.chunks;
-    buf.hdr = h;
-    (write_here ? q.write_q : q.free_q).push(std::move(*b));
-    done_bytes += range.length;
-    if (progress_) progress_(done_bytes, layout.bytes());
-    ++i;
-  }
-  return {};
-}
-
-// A chunk header from the stream: a known flag set; an abort ends the stream wherever it
-// comes; any other chunk must be the next one (in file order) or, with readers steering the
-// order, one not seen yet; its length must be its chunk's.
-bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const {
+// A chunk header: a known flag set and, for a chunk, a known index and its chunk's length.
+// Pure: the collective mover checks it before the payload's broadcast.
+bool Transfer::header_fits(const ChunkHeader& h, const Layout& layout) const {
   if (h.flags == kChunkNest) return opt_.nest != nullptr && h.index == 0 && h.length == 0 && h.reserved != 0;
   if ((h.flags & ~(kChunkZero | kChunkAbort)) != 0) return false;
   if ((h.flags & kChunkAbort) != 0) return true;
-  const uint64_t n = seen.size();
-  if (adaptive_ ? (h.index >= n || seen[h.index] != 0) : h.index != seq) return false;
-  if (h.length != chunk_range(layout.bytes(), m_.chunk_size, h.index).length) return false;
+  if (h.index >= chunk_count(layout.bytes(), m_.chunk_size)) return false;
+  return h.length == chunk_range(layout.bytes(), m_.chunk_size, h.index).length;
+}
+
+// A chunk header out of the mover: it fits, and an abort ends the stream wherever it comes;
+// any other chunk must be the next one (in file order) or, with readers steering the order,
+// one not seen yet.
+bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const {
+  if (!header_fits(h, layout)) return false;
+  if ((h.flags & (kChunkNest | kChunkAbort)) != 0) return true;
+  if (adaptive_ ? seen[h.index] != 0 : h.index != seq) return false;
   seen[h.index] = 1;
   return true;
 }
 
-// Every chunk through one pipelined chain or tree (ChunkStream, bcast/pipeline.h): chunk
-// i+1 enters the pipeline while chunk i drains, headers travel in-band. The MPI thread feeds
-// the stream with buffers (the root: full ones from the reader; the others: free ones to
-// receive into), hands completed chunks to the writer, and sleeps briefly when nothing moves.
-Status Transfer::stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q) {
-  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
-  std::deque<BufPtr> inflight;  // submitted to the stream, in chunk order (outlives the stream)
-  // On a failure, a send or receive MPI could not cancel may still use a submitted buffer
-  // after we give up: those buffers are then left allocated, never unmapped or reused (a few
-  // chunks, once per failed transfer; a stagefs group stops transferring after a failure).
-  bool ok = false;
-  struct Quarantine {
-    std::deque<BufPtr>& bufs;
-    const bool& ok;
-    ~Quarantine() {
-      if (!ok)
-        for (auto& b : bufs) quarantine(std::shared_ptr<void>(std::move(b)));
-    }
-  } quarantine{inflight, ok};
-  ChunkStream stream(*comm_.point_to_point(), data_root_, shape, opt_.pipeline);
-  std::vector<ChunkHeader> done;
-  std::vector<char> seen(nchunks);
-  // The source rank's chunks in the stream at once (kNestAheadChunks with a Nest; else every
-  // chunk the reader has filled).
-  const size_t root_pending_max = opt_.nest != nullptr ? kNestAheadChunks : SIZE_MAX;
-  // submitted: buffers put into the stream (the root: chunks; elsewhere: receive buffers, one
-  // per chunk and one per nest header, which a rank learns of as it hands it back).
-  uint64_t submitted = 0, completed = 0, done_bytes = 0, nests = 0;
-  bool ended = false;      // the abort chunk came out of the stream
-  bool abort_sent = false;  // root: the reader's abort chunk is in the stream
-  while (completed < nchunks && !ended) {
-    const auto t_iter = Clock::now();
-    bool moved = false;
-    route_wants(&stream);
-    if (opt_.nest != nullptr) {
-      if (auto st = poll_nest(); !st) return st;
-      // A nest header goes in between two chunks, never after the last one (every rank then
-      // still has a chunk to receive after it, so it posts a receive for it).
-      if (is_reader() && submitted < nchunks && !abort_sent)
-        if (const uint32_t token = opt_.nest->mark(); token != 0) {
-          if (auto st = stream.submit({}, nest_header(token)); !st) return st;
-          inflight.push_back(nullptr);
-          moved = true;
-        }
-    }
-    while (submitted < nchunks + (is_reader() ? 0 : nests) && !abort_sent &&
-           (!is_reader() || stream.pending() < root_pending_max)) {
-      auto b = is_reader() ? q.full_q.try_pop() : q.free_q.try_pop();
-      if (!b) break;
-      Buffer& buf = **b;
-      const ChunkHeader h = is_reader() ? buf.hdr : ChunkHeader{};
-      const bool empty = (h.flags & (kChunkZero | kChunkAbort)) != 0;
-      const auto span = is_reader() ? std::span(buf.mem->data(), empty ? 0 : h.length) : buf.mem->bytes();
-      if (auto st = stream.submit(span, h); !st) return st;
-      inflight.push_back(std::move(*b));
-      ++submitted;
-      moved = true;
-      abort_sent = (h.flags & kChunkAbort) != 0;
-    }
-    done.clear();
-    auto r = stream.progress(done);
-    if (!r) return r.error();
-    for (const ChunkHeader& h : done) {
-      BufPtr b = std::move(inflight.front());
-      inflight.pop_front();
-      if (!valid_header(h, layout, completed, seen))
-        return stage_error(Errc::bad_message, "chunk header " + std::to_string(completed));
-      if ((h.flags & kChunkNest) != 0) {  // every chunk before it passed on: the nested transfer runs
-        if (b) q.free_q.push(std::move(b));  // a receive buffer: no chunk came
-        ++nests;
-        if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
-        stream.resumed();
-        moved = true;
-        continue;
-      }
-      const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, h.index);
-      if ((h.flags & kChunkAbort) != 0) {  // every rank sees it at the same chunk
-        q.free_q.push(std::move(b));
-        ended = true;
-        break;
-      }
-      if ((h.flags & kChunkZero) == 0) r_.bytes_streamed += h.length;
-      ++r_.chunks;
-      b->hdr = h;
-      (write_here ? q.write_q : q.free_q).push(std::move(b));
-      done_bytes += range.length;
-      if (progress_) progress_(done_bytes, layout.bytes());
-      if (++completed == 2 && completed < nchunks)  // chunks 0 and 1 are with the writer, more follow
-        test_hold("mid-file", comm_.rank());
-    }
-    const bool busy = stream.pending() > 0 || !done.empty();  // else: waiting for the reader or writer
-    if (!moved && !*r) stream.idle();
-    if (busy) r_.pipe.bcast += seconds_between(t_iter, Clock::now());
-  }
-  if (auto st = stream.finish(); !st) return st;
-  ok = true;
-  for (auto& b : inflight)  // receives dropped after an abort (the root's nest marks hold none)
-    if (b) q.free_q.push(std::move(b));
+// The control plane's turn: a poll and, on the reader, maybe a nest mark. A nest header goes
+// in between two chunks, never after the last one (every rank then still has a chunk to
+// receive after it, so it posts a receive for it).
+Status Transfer::nest_turn(ChunkMover& mover, ChunkLoop& s) {
+  if (opt_.nest == nullptr) return {};
+  // A rank waiting inside every chunk's collective polls once per chunk; elsewhere the loop
+  // turns far more often than the control plane needs.
+  if (auto st = mover.synchronous() && !is_reader() ? opt_.nest->poll() : poll_nest(); !st) return st;
+  if (!is_reader() || s.submitted >= s.nchunks || s.abort_sent || !mover.room()) return {};
+  const uint32_t token = opt_.nest->mark();
+  if (token == 0) return {};
+  if (auto st = mover.submit(nullptr, nest_header(token)); !st) return st;
+  s.moved = true;
   return {};
 }
 
+// The next buffer for the mover: the reader's next full one, elsewhere a free one to receive
+// into. A synchronous mover's loop waits for it (on the reader in steps of 1 ms while readers'
+// wants or the control plane need the loop to turn); a pipelined one takes what is there.
+std::optional<BufPtr> Transfer::next_buffer(ChunkMover& mover, Queues& q, ChunkLoop& s) {
+  BlockingQueue<BufPtr>& from = is_reader() ? q.full_q : q.free_q;
+  if (!mover.synchronous()) return from.try_pop();
+  std::optional<BufPtr> b;
+  if (is_reader() && (adaptive_ || opt_.nest != nullptr))
+    b = from.pop_for(std::chrono::milliseconds(1));
+  else if (!(b = from.pop()))
+    s.closed = true;
+  if (b) s.t_turn = Clock::now();  // the chunk's time in the collectives starts here
+  return b;
+}
+
+// Buffers into the mover: up to every chunk (the reader: within `ahead` in flight), and
+// elsewhere one receive buffer per chunk and per nest mark seen.
+Status Transfer::feed(ChunkMover& mover, Queues& q, ChunkLoop& s) {
+  while (s.submitted < s.nchunks + (is_reader() ? 0 : s.nests) && !s.abort_sent && mover.room() &&
+         (!is_reader() || mover.pending() < s.ahead)) {
+    auto b = next_buffer(mover, q, s);
+    if (!b) break;
+    const ChunkHeader h = is_reader() ? (*b)->hdr : ChunkHeader{};
+    if (auto st = mover.submit(std::move(*b), h); !st) return st;
+    ++s.submitted;
+    s.moved = true;
+    s.abort_sent = (h.flags & kChunkAbort) != 0;
+  }
+  return {};
+}
+
+// A chunk complete here: checked, then to the writer (or back to the free buffers), or a
+// nest mark: the nested transfer runs now; or the abort: the loop ends (every rank sees it at
+// the same chunk).
+Status Transfer::hand_on(MovedChunk& c, const Layout& layout, ChunkMover& mover, ChunkLoop& s, Queues& q) {
+  const ChunkHeader& h = c.hdr;
+  if (!valid_header(h, layout, s.completed, s.seen))
+    return stage_error(Errc::bad_message, "chunk header " + std::to_string(s.completed));  // out of step: stop
+  if ((h.flags & kChunkNest) != 0) {  // every chunk before it passed on: the nested transfer runs
+    if (c.buf) q.free_q.push(std::move(c.buf));  // a receive buffer: no chunk came
+    ++s.nests;
+    if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
+    mover.resumed();
+    s.moved = true;
+    return {};
+  }
+  if ((h.flags & kChunkAbort) != 0) {
+    q.free_q.push(std::move(c.buf));
+    s.ended = true;
+    return {};
+  }
+  if ((h.flags & kChunkZero) == 0) r_.bytes_streamed += h.length;
+  ++r_.chunks;
+  c.buf->hdr = h;
+  (s.write_here ? q.write_q : q.free_q).push(std::move(c.buf));
+  s.done_bytes += chunk_range(layout.bytes(), m_.chunk_size, h.index).length;
+  if (progress_) progress_(s.done_bytes, layout.bytes());
+  if (++s.completed == 2 && s.completed < s.nchunks)  // chunks 0 and 1 are with the writer, more follow
+    test_hold("mid-file", comm_.rank());
+  return {};
+}
+
+// The one chunk loop, on the calling thread: each turn routes readers' wants, gives the
+// control plane its turn, feeds the mover, and hands on what it completed; a turn that moved
+// nothing lets the mover wait. The time of turns with chunks in the mover is the bcast figure.
+Status Transfer::move_chunks(const Layout& layout, ChunkMover& mover, bool write_here, Queues& q) {
+  ChunkLoop s;
+  s.nchunks = chunk_count(layout.bytes(), m_.chunk_size);
+  s.seen.resize(s.nchunks);
+  s.write_here = write_here;
+  // The reader's chunks in the mover at once (kNestAheadChunks with a Nest; else every
+  // chunk the reader has filled).
+  s.ahead = opt_.nest != nullptr ? kNestAheadChunks : SIZE_MAX;
+  std::vector<MovedChunk> done;
+  while (s.completed < s.nchunks && !s.ended) {
+    s.t_turn = Clock::now();
+    s.moved = false;
+    if (is_reader() || mover.carries_wants()) route_wants(mover);
+    if (auto st = nest_turn(mover, s); !st) return st;
+    if (auto st = feed(mover, q, s); !st) return st;
+    if (s.closed) return {};
+    done.clear();
+    auto r = mover.progress(done);
+    if (!r) return r.error();
+    for (MovedChunk& c : done) {
+      if (auto st = hand_on(c, layout, mover, s, q); !st) return st;
+      if (s.ended) break;
+    }
+    const bool busy = mover.pending() > 0 || !done.empty();  // else: waiting for the reader or writer
+    if (!s.moved && !*r) mover.idle();
+    if (busy) r_.pipe.bcast += seconds_between(s.t_turn, Clock::now());
+  }
+  return mover.finish();
+}
+
+// How the chunks travel: the same choice on every rank (the layout and the Comm's seam are
+// the same everywhere). The mover goes before the threads are joined.
+Status Transfer::run_chunks(const Layout& layout, bool write_here, Queues& q) {
+  const BcastAlgorithm shape = resolve(opt_.bcast_algorithm, comm_, layout.bytes());
+  std::unique_ptr<ChunkMover> mover;
+  if (shape == BcastAlgorithm::mpi)
+    mover = make_collective_mover(comm_, data_root_, opt_.bcast_algorithm, opt_.pipeline,
+                                  [this, &layout](const ChunkHeader& h) { return header_fits(h, layout); });
+  else
+    mover = make_stream_mover(*comm_.point_to_point(), data_root_, is_reader(), shape, opt_.pipeline);
+  return move_chunks(layout, *mover, write_here, q);
+}
 
 // Reads before the copy ends: the same choice on every rank, since it depends on the
 // manifest and the chunk size only (not on whether this rank has readers: nodes started with
@@ -289,10 +251,7 @@ Status Transfer::copy() {
   if (write_here) writer = std::thread([&] { writer_loop(layout, q.write_q, q.free_q); });
 
   test_hold("before-first-chunk", comm_.rank());
-  // Same choice on every rank: the layout and the Comm's seam are the same everywhere.
-  const BcastAlgorithm shape = resolve(opt_.bcast_algorithm, comm_, layout.bytes());
-  const Status comm_status = shape == BcastAlgorithm::mpi ? broadcast_chunks(layout, write_here, q)
-                                                          : stream_chunks(layout, shape, write_here, q);
+  const Status comm_status = run_chunks(layout, write_here, q);
   q.write_q.close();
   if (writer.joinable()) writer.join();
   q.free_q.close();

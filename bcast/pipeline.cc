@@ -482,6 +482,90 @@ struct ChunkStream::Impl {
     if (!recvs.empty()) return "data from rank " + std::to_string(links.parent);
     return "its sends to the next rank(s) to complete";
   }
+
+  // finish(): chunks this rank was ready for but that never came (after an abort): their
+  // header receives are cancelled; the items stay (a cancelled receive's buffer is never
+  // freed, see ~ChunkStream) but no longer count. An error if a chunk is still in flight.
+  Status drop_unreceived() {
+    size_t live = 0;
+    for (Item& it : items) {
+      if (it.have_hdr) {
+        ++live;
+        continue;
+      }
+      if (!it.dropped) {
+        it.hdr_recv.clear();
+        it.dropped = true;
+        --submitted;
+      }
+    }
+    if (live == 0) return {};
+    return stage_error(Errc::bad_message,
+                       "broadcast stream finished with " + std::to_string(live) + " chunk(s) in flight");
+  }
+
+  // finish()'s completion: every child's subtree holds every chunk (its "subtree" count,
+  // which also moves while a slow rank far below catches up, so a healthy but slow node never
+  // looks like a stall), and this rank's own counts reached its parent. In the chain that is
+  // the end: the ranks above a rank held the data before passing it on. In the tree the root
+  // then releases its subtrees, so each rank also knows the other branches hold it.
+  Status await_completion() {
+    std::deque<Op> release_recv, release_sends;
+    if (!chain && !is_root) {
+      auto id = p2p.irecv(std::span(&flag_in, 1), links.parent, kReleaseTag);
+      if (!id) return id.error();
+      release_recv.emplace_back(p2p, *id, 0);
+    }
+    bool release_posted = false;
+    moved();
+    std::vector<ChunkHeader> none;
+    for (;;) {
+      auto r = step(none);
+      if (!r) return r.error();
+      bool any = *r;
+      for (auto* ops : {&release_recv, &release_sends}) {
+        auto d = poll_in_order(*ops, [](uint64_t) {});
+        if (!d) return d.error();
+        any = any || *d;
+      }
+      bool below = true;
+      for (const Out& o : outs) below = below && o.subtree >= handed;
+      // (want sends complete too: eager 8-byte messages, never cancelled on a healthy stream)
+      const bool up = is_root || (subtree_sent >= handed && up_sends.empty() && want_sends.empty());
+      if (below && up) {
+        if (chain) break;
+        if (release_recv.empty() && !release_posted) {
+          if (auto st = post_releases(release_sends); !st) return st;
+          release_posted = any = true;
+        }
+        if (release_posted && release_sends.empty()) break;
+      }
+      if (any) {
+        moved();
+        continue;
+      }
+      if (past_stall()) return stalled(completion_waits_for(up));
+      backoff.wait();
+    }
+    return {};
+  }
+
+  Status post_releases(std::deque<Op>& sends) {
+    for (int c : links.children) {
+      auto id = p2p.isend(std::span<const std::byte>(&flag_out, 1), c, kReleaseTag);
+      if (!id) return id.error();
+      sends.emplace_back(p2p, *id, 0);
+    }
+    return {};
+  }
+
+  std::string completion_waits_for(bool up) const {
+    for (const Out& o : outs)
+      if (o.subtree < handed)
+        return "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
+    return !up ? "its counts to reach rank " + std::to_string(links.parent)
+               : "the release from rank " + std::to_string(links.parent);
+  }
 };
 
 ChunkStream::ChunkStream(PointToPoint& p2p, int root, BcastAlgorithm shape, const PipelineOptions& opt)
@@ -574,80 +658,9 @@ Status ChunkStream::finish() {
 
 Status ChunkStream::finish_round() {
   Impl& s = *impl_;
-  // Chunks this rank was ready for but that never came (after an abort): their header
-  // receives are cancelled; the items stay (a cancelled receive's buffer is never freed, see
-  // ~ChunkStream) but no longer count.
-  size_t live = 0;
-  for (Impl::Item& it : s.items) {
-    if (it.have_hdr) {
-      ++live;
-      continue;
-    }
-    if (!it.dropped) {
-      it.hdr_recv.clear();
-      it.dropped = true;
-      --s.submitted;
-    }
-  }
-  if (live > 0)
-    return stage_error(Errc::bad_message, "broadcast stream finished with " + std::to_string(live) +
-                                              " chunk(s) in flight");
+  if (auto st = s.drop_unreceived(); !st) return st;
   if (s.p2p.size() <= 1) return {};
-  // Completion: every child's subtree holds every chunk (its "subtree" count, which also
-  // moves while a slow rank far below catches up, so a healthy but slow node never looks
-  // like a stall), and this rank's own counts reached its parent. In the chain that is the
-  // end: the ranks above a rank held the data before passing it on. In the tree the root
-  // then releases its subtrees, so each rank also knows the other branches hold it.
-  std::deque<Op> release_recv, release_sends;
-  if (!s.chain && !s.is_root) {
-    auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.links.parent, kReleaseTag);
-    if (!id) return id.error();
-    release_recv.emplace_back(s.p2p, *id, 0);
-  }
-  bool release_posted = false;
-  s.moved();
-  std::vector<ChunkHeader> none;
-  for (;;) {
-    auto r = s.step(none);
-    if (!r) return r.error();
-    bool any = *r;
-    for (auto* ops : {&release_recv, &release_sends}) {
-      auto d = poll_in_order(*ops, [](uint64_t) {});
-      if (!d) return d.error();
-      any = any || *d;
-    }
-    bool below = true;
-    for (const Impl::Out& o : s.outs) below = below && o.subtree >= s.handed;
-    // (want sends complete too: eager 8-byte messages, never cancelled on a healthy stream)
-    const bool up = s.is_root || (s.subtree_sent >= s.handed && s.up_sends.empty() && s.want_sends.empty());
-    if (below && up) {
-      if (s.chain) break;
-      if (release_recv.empty() && !release_posted) {
-        for (int c : s.links.children) {
-          auto id = s.p2p.isend(std::span<const std::byte>(&s.flag_out, 1), c, kReleaseTag);
-          if (!id) return id.error();
-          release_sends.emplace_back(s.p2p, *id, 0);
-        }
-        release_posted = any = true;
-      }
-      if (release_posted && release_sends.empty()) break;
-    }
-    if (any) {
-      s.moved();
-      continue;
-    }
-    if (s.past_stall()) {
-      std::string what;
-      for (const Impl::Out& o : s.outs)
-        if (what.empty() && o.subtree < s.handed)
-          what = "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
-      if (what.empty())
-        what = !up ? "its counts to reach rank " + std::to_string(s.links.parent)
-                   : "the release from rank " + std::to_string(s.links.parent);
-      return s.stalled(what);
-    }
-    s.backoff.wait();
-  }
+  if (auto st = s.await_completion(); !st) return st;
   // The receives for counts that will not come (after an abort) are dropped here; none is
   // pending otherwise.
   for (Impl::Out& o : s.outs) {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "bcast/buffer.h"
+#include "bcast/chunk_mover.h"
 #include "bcast/engine.h"
 #include "bcast/queue.h"
 #include "bcast/stream.h"
@@ -46,17 +46,26 @@ class Accumulate {
   Clock::time_point from_;
 };
 
-// A chunk buffer and the header that describes what it holds now.
-struct Buffer {
-  ChunkHeader hdr;
-  std::unique_ptr<ChunkBuffer> mem;
-};
-using BufPtr = std::unique_ptr<Buffer>;
-
 // The buffers' round: free -> (reader) full -> (MPI thread) write -> (writer) free; a rank
 // that does not read receives into free buffers, one that does not write hands them back.
 struct Queues {
   BlockingQueue<BufPtr> free_q, full_q, write_q;
+};
+
+// The chunk loop's own state (move_chunks, copy.cc), on the calling thread.
+struct ChunkLoop {
+  uint64_t nchunks = 0;
+  bool write_here = false;
+  size_t ahead = SIZE_MAX;  // the reader's chunks in the mover at once
+  // submitted: buffers given to the mover (the reader: chunks; elsewhere: receive buffers,
+  // one per chunk and one per nest mark, which a rank learns of as it comes out).
+  uint64_t submitted = 0, completed = 0, done_bytes = 0, nests = 0;
+  std::vector<char> seen;   // per chunk: its header came (chunks in any order: live copy)
+  bool ended = false;       // the abort chunk came out of the mover
+  bool abort_sent = false;  // the reader: its abort chunk is in the mover
+  bool closed = false;      // a buffer queue closed under the loop: stop
+  bool moved = false;       // this turn moved something
+  Clock::time_point t_turn;
 };
 
 // The reader thread's input file: one open at a time.
@@ -169,7 +178,14 @@ class Transfer : private TransferState {
   void start_live(const Layout& layout, bool write_here);
   Status share_trailer(const Layout& layout);
   void check_copies(const Layout& layout, bool write_here);
-  Status broadcast_chunks(const Layout& layout, bool write_here, Queues& q);
+  // The chunk loop (one, over a ChunkMover) and its steps.
+  Status run_chunks(const Layout& layout, bool write_here, Queues& q);
+  Status move_chunks(const Layout& layout, ChunkMover& mover, bool write_here, Queues& q);
+  Status nest_turn(ChunkMover& mover, ChunkLoop& s);
+  std::optional<BufPtr> next_buffer(ChunkMover& mover, Queues& q, ChunkLoop& s);
+  Status feed(ChunkMover& mover, Queues& q, ChunkLoop& s);
+  Status hand_on(MovedChunk& c, const Layout& layout, ChunkMover& mover, ChunkLoop& s, Queues& q);
+  bool header_fits(const ChunkHeader& h, const Layout& layout) const;
   bool valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const;
   // The Nest's poll, at most every 0.5 ms (the copy loop may turn far more often; the control
   // plane needs no finer latency).
@@ -177,14 +193,13 @@ class Transfer : private TransferState {
   static ChunkHeader nest_header(uint32_t token) {
     return ChunkHeader{0, 0, 0, kChunkNest, static_cast<int32_t>(token)};
   }
-  Status stream_chunks(const Layout& layout, BcastAlgorithm shape, bool write_here, Queues& q);
   void push_want(uint64_t index) {
     const std::lock_guard lk(want_m_);
     want_q_.push_back(index);
   }
   // Calling thread: the wants of this rank's readers go to the reader (root) or up the
-  // stream (elsewhere, when there is one); the root also takes its subtree's.
-  void route_wants(ChunkStream* stream);
+  // stream (elsewhere, when the mover carries them); the reader also takes its subtree's.
+  void route_wants(ChunkMover& mover);
 
   // copy_reader.cc
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);
