@@ -346,10 +346,39 @@ struct ChunkStream::Impl {
     last_progress = Clock::now();
   }
 
+  // One round of the stream on this rank: headers in, receives, sends to the children, wants,
+  // chunks handed back, counts to the parent. Whether anything moved.
   Result<bool> step(std::vector<ChunkHeader>& done) {
+    auto h = step_headers();
+    if (!h) return h.error();
+    auto r = step_receives();
+    if (!r) return r.error();
+    bool any = *h || *r;
+    for (Out& o : outs) {
+      auto s = step_child(o);
+      if (!s) return s.error();
+      any = any || *s;
+    }
+    if (auto w = step_wants(); !w)
+      return w.error();
+    else
+      any = any || *w;
+    while (!items.empty() && complete(items.front())) {
+      done.push_back(items.front().hdr);
+      items.pop_front();
+      ++handed;
+      any = true;
+    }
+    if (is_root) return any;
+    auto u = step_up();
+    if (!u) return u.error();
+    return any || *u;
+  }
+
+  // Headers arrive in order (one tag, MPI's non-overtaking rule); a header is placed only
+  // once every earlier one is, so segment numbers are the same on every rank.
+  Result<bool> step_headers() {
     bool any = false;
-    // Headers arrive in order (one tag, MPI's non-overtaking rule); a header is placed only
-    // once every earlier one is, so segment numbers are the same on every rank.
     for (Item& it : items) {
       if (it.have_hdr) continue;
       if (it.dropped) break;
@@ -363,83 +392,79 @@ struct ChunkStream::Impl {
       place(it);
       any = true;
     }
-    // Receives: up to `window` segments in flight, in stream order.
+    return any;
+  }
+
+  // Receives: up to `window` segments in flight, in stream order.
+  Result<bool> step_receives() {
     while (recv_next < next_first && recvs.size() < window) {
       Item& it = item_of_segment(recv_next);
       auto id = p2p.irecv(piece(it, recv_next), links.parent, tag(recv_next));
       if (!id) return id.error();
       recvs.emplace_back(p2p, *id, recv_next++);
     }
-    auto got = poll_in_order(recvs, [&](uint64_t) { ++received; });
-    if (!got) return got.error();
-    any = any || *got;
-    // Sends: each chunk's header, then its segments as they are here, `window` per child.
-    for (Out& o : outs) {
-      while (o.hdr_next < submitted) {  // (a chunk leaves `items` only after its header went)
-        Item& it = item(o.hdr_next);
-        if (!it.have_hdr) break;
-        auto id = p2p.isend(std::as_bytes(std::span(&it.hdr, 1)), o.rank, kHeaderTag);
-        if (!id) return id.error();
-        o.hdr_sends.emplace_back(p2p, *id, o.hdr_next++);
-        any = true;
-      }
-      while (o.seg_next < received && o.seg_sends.size() < window) {
-        Item& it = item_of_segment(o.seg_next);
-        if (it.seq >= o.hdr_next) break;                    // its header first
-        if (it.seq >= o.credit + kCreditChunks) break;      // the child is that far behind
-        auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
-        if (!id) return id.error();
-        o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
-        any = true;
-      }
-      auto h = poll_in_order(o.hdr_sends, [&](uint64_t) { ++o.hdr_done; });
-      if (!h) return h.error();
-      auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
-      if (!d) return d.error();
-      any = any || *h || *d;
-      // The child's counts: one receive of each kind posted while more can come.
-      for (auto [ops, in, count] : {std::tuple{&o.credit_recv, &o.credit_in, &o.credit},
-                                    std::tuple{&o.subtree_recv, &o.subtree_in, &o.subtree}}) {
-        auto got_count = poll_in_order(*ops, [&](uint64_t) { *count = std::max(*count, *in); });
-        if (!got_count) return got_count.error();
-        any = any || *got_count;
-        if (ops->empty() && *count < submitted) {
-          auto id = p2p.irecv(std::as_writable_bytes(std::span(in, 1)), o.rank,
-                              ops == &o.credit_recv ? kCreditTag : kSubtreeTag);
-          if (!id) return id.error();
-          ops->emplace_back(p2p, *id, 0);
-        }
-      }
-    }
-    if (auto w = step_wants(); !w)
-      return w.error();
-    else
-      any = any || *w;
-    while (!items.empty() && complete(items.front())) {
-      done.push_back(items.front().hdr);
-      items.pop_front();
-      ++handed;
+    return poll_in_order(recvs, [&](uint64_t) { ++received; });
+  }
+
+  // Sends to one child: each chunk's header, then its segments as they are here, `window` at
+  // a time; and the child's counts: one receive of each kind posted while more can come.
+  Result<bool> step_child(Out& o) {
+    bool any = false;
+    while (o.hdr_next < submitted) {  // (a chunk leaves `items` only after its header went)
+      Item& it = item(o.hdr_next);
+      if (!it.have_hdr) break;
+      auto id = p2p.isend(std::as_bytes(std::span(&it.hdr, 1)), o.rank, kHeaderTag);
+      if (!id) return id.error();
+      o.hdr_sends.emplace_back(p2p, *id, o.hdr_next++);
       any = true;
     }
-    // Tell the parent: chunks handed back here (its credit), chunks this whole subtree holds.
-    if (!is_root) {
-      uint64_t sub = handed;
-      for (const Out& o : outs) sub = std::min(sub, o.subtree);
-      for (auto [tag, value, sent] : {std::tuple{kCreditTag, handed, &credit_sent},
-                                      std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
-        if (value <= *sent) continue;
-        up_vals.push_back(value);
-        auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);
+    while (o.seg_next < received && o.seg_sends.size() < window) {
+      Item& it = item_of_segment(o.seg_next);
+      if (it.seq >= o.hdr_next) break;                // its header first
+      if (it.seq >= o.credit + kCreditChunks) break;  // the child is that far behind
+      auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
+      if (!id) return id.error();
+      o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
+      any = true;
+    }
+    auto h = poll_in_order(o.hdr_sends, [&](uint64_t) { ++o.hdr_done; });
+    if (!h) return h.error();
+    auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
+    if (!d) return d.error();
+    any = any || *h || *d;
+    for (auto [ops, in, count] : {std::tuple{&o.credit_recv, &o.credit_in, &o.credit},
+                                  std::tuple{&o.subtree_recv, &o.subtree_in, &o.subtree}}) {
+      auto got_count = poll_in_order(*ops, [&](uint64_t) { *count = std::max(*count, *in); });
+      if (!got_count) return got_count.error();
+      any = any || *got_count;
+      if (ops->empty() && *count < submitted) {
+        auto id = p2p.irecv(std::as_writable_bytes(std::span(in, 1)), o.rank,
+                            ops == &o.credit_recv ? kCreditTag : kSubtreeTag);
         if (!id) return id.error();
-        up_sends.emplace_back(p2p, *id, 0);
-        *sent = value;
-        any = true;
+        ops->emplace_back(p2p, *id, 0);
       }
-      auto u = poll_in_order(up_sends, [&](uint64_t) { up_vals.pop_front(); });
-      if (!u) return u.error();
-      any = any || *u;
     }
     return any;
+  }
+
+  // Tell the parent: chunks handed back here (its credit), chunks this whole subtree holds.
+  Result<bool> step_up() {
+    bool any = false;
+    uint64_t sub = handed;
+    for (const Out& o : outs) sub = std::min(sub, o.subtree);
+    for (auto [tag, value, sent] : {std::tuple{kCreditTag, handed, &credit_sent},
+                                    std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
+      if (value <= *sent) continue;
+      up_vals.push_back(value);
+      auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);
+      if (!id) return id.error();
+      up_sends.emplace_back(p2p, *id, 0);
+      *sent = value;
+      any = true;
+    }
+    auto u = poll_in_order(up_sends, [&](uint64_t) { up_vals.pop_front(); });
+    if (!u) return u.error();
+    return any || *u;
   }
 
   // Wants from the children (one receive posted per child at all times) and to the parent.
