@@ -30,9 +30,9 @@ Status Transfer::poll_nest() {
 }
 
 void Transfer::route_wants(ChunkMover& mover) {
-  if (!adaptive_) return;
+  if (!live_copy_) return;
   want_scratch_.clear();
-  if (opt_.live != nullptr) opt_.live->take_wanted(want_scratch_);
+  if (opt_.live_copy != nullptr) opt_.live_copy->take_wanted(want_scratch_);
   for (uint64_t w : want_scratch_) {
     if (is_reader())
       push_want(w);
@@ -56,10 +56,11 @@ bool Transfer::header_fits(const ChunkHeader& h, const Layout& layout) const {
 // A chunk header out of the mover: it fits, and an abort ends the stream wherever it comes;
 // any other chunk must be the next one (in file order) or, with readers steering the order,
 // one not seen yet.
-bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq, std::vector<char>& seen) const {
+bool Transfer::valid_header(const ChunkHeader& h, const Layout& layout, uint64_t seq,
+                            std::vector<char>& seen) const {
   if (!header_fits(h, layout)) return false;
   if ((h.flags & (kChunkNest | kChunkAbort)) != 0) return true;
-  if (adaptive_ ? seen[h.index] != 0 : h.index != seq) return false;
+  if (live_copy_ ? seen[h.index] != 0 : h.index != seq) return false;
   seen[h.index] = 1;
   return true;
 }
@@ -87,7 +88,7 @@ std::optional<BufPtr> Transfer::next_buffer(ChunkMover& mover, Queues& q, ChunkL
   BlockingQueue<BufPtr>& from = is_reader() ? q.full_q : q.free_q;
   if (!mover.synchronous()) return from.try_pop();
   std::optional<BufPtr> b;
-  if (is_reader() && (adaptive_ || opt_.nest != nullptr))
+  if (is_reader() && (live_copy_ || opt_.nest != nullptr))
     b = from.pop_for(std::chrono::milliseconds(1));
   else if (!(b = from.pop()))
     s.closed = true;
@@ -116,9 +117,9 @@ Status Transfer::feed(ChunkMover& mover, Queues& q, ChunkLoop& s) {
 // the same chunk).
 Status Transfer::hand_on(MovedChunk& c, const Layout& layout, ChunkMover& mover, ChunkLoop& s, Queues& q) {
   const ChunkHeader& h = c.hdr;
-  if (!valid_header(h, layout, s.completed, s.seen))
-    return stage_error(Errc::bad_message, "chunk header " + std::to_string(s.completed));  // out of step: stop
-  if ((h.flags & kChunkNest) != 0) {  // every chunk before it passed on: the nested transfer runs
+  if (!valid_header(h, layout, s.completed, s.seen))  // out of step: stop
+    return stage_error(Errc::bad_message, "chunk header " + std::to_string(s.completed));
+  if ((h.flags & kChunkNest) != 0) {             // every chunk before it passed on: the nested transfer runs
     if (c.buf) q.free_q.push(std::move(c.buf));  // a receive buffer: no chunk came
     ++s.nests;
     if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
@@ -188,18 +189,19 @@ Status Transfer::run_chunks(const Layout& layout, bool write_here, Queues& q) {
   return move_chunks(layout, *mover, write_here, q);
 }
 
-// Reads before the copy ends: the same choice on every rank, since it depends on the
-// manifest and the chunk size only (not on whether this rank has readers: nodes started with
-// different --read-during-copy still agree). At most kMaxAdaptiveChunks (a few bytes of
+// A live copy: the same choice on every rank, since it depends on the manifest and the chunk
+// size only (not on whether this rank has readers: nodes started with different
+// --read-during-copy still agree). At most kMaxLiveCopyChunks (a few bytes of
 // state per chunk and rank).
 void Transfer::start_live(const Layout& layout, bool write_here) {
   const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
-  adaptive_ = !m_.tree && opt_.small_files_max == 0 && layout.segments().size() == 1 && nchunks <= kMaxAdaptiveChunks;
-  if (!adaptive_) return;
+  live_copy_ =
+      !m_.tree && !opt_.selection.active() && layout.segments().size() == 1 && nchunks <= kMaxLiveCopyChunks;
+  if (!live_copy_) return;
   const size_t e = layout.segments()[0].entry;
   writer_chunk_crc_.assign(nchunks, 0);
-  if (opt_.live != nullptr && write_here && need_local_[e] != 0 && txn_[e])
-    opt_.live->started(m_.entries[e].meta, m_.chunk_size, *txn_[e]);
+  if (opt_.live_copy != nullptr && write_here && need_local_[e] != 0 && txn_[e])
+    opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, *txn_[e]);
 }
 
 // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the

@@ -10,7 +10,7 @@
 
 namespace stage::engine {
 
-// Root's reader, reads steered by readers (see LiveCopy): first the wanted chunks not sent
+// The reader, steered by a live copy's readers (see LiveCopyReaders): first the wanted chunks not sent
 // yet, then on in file order from the last one, then any chunk left behind.
 uint64_t Transfer::pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low) {
   const uint64_t n = sent.size();
@@ -161,7 +161,7 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
     source_err_ = read_piece(layout, in, p, buf, piece_crc, any_data);
     if (source_err_) break;
     crc = crc64_combine(crc, piece_crc, p.length);
-    if (adaptive_) continue;  // one piece per chunk; the file's CRC and end check below
+    if (live_copy_) continue;  // one piece per chunk; the file's CRC and end check below
     const Segment& seg = layout.segments()[p.segment];
     reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
     if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
@@ -169,7 +169,7 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
       if (source_err_) break;
     }
   }
-  if (adaptive_ && !source_err_) {
+  if (live_copy_ && !source_err_) {
     reader_chunk_crc_[i] = crc;
     if (last) {  // every chunk read: the file's CRC, and is it still the same file?
       for (uint64_t j = 0; j < reader_chunk_crc_.size(); ++j)
@@ -186,7 +186,8 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
   buf.hdr.flags = any_data ? 0 : kChunkZero;
 }
 
-void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q) {
+void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
+                           BlockingQueue<BufPtr>& full_q) {
   const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
   reader_file_crc_.assign(layout.segments().size(), 0);
   if (!check_empty_files(layout)) {
@@ -198,9 +199,9 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, 
     return;
   }
   Input in;
-  std::vector<char> sent(adaptive_ ? nchunks : 0);
+  std::vector<char> sent(live_copy_ ? nchunks : 0);
   uint64_t next = 0, low = 0;
-  if (adaptive_) reader_chunk_crc_.assign(nchunks, 0);
+  if (live_copy_) reader_chunk_crc_.assign(nchunks, 0);
   for (uint64_t k = 0; k < nchunks; ++k) {
     // Tests: the source stops delivering after two chunks while the rest of the process
     // (the MPI thread's loop, its control plane) goes on.
@@ -209,8 +210,8 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, 
     auto b = free_q.pop();
     if (!b) return;
     // Chosen once a buffer is free: as late as possible, so the latest wants count.
-    const uint64_t i = adaptive_ ? pick_chunk(sent, next, low) : k;
-    if (adaptive_) sent[i] = 1;
+    const uint64_t i = live_copy_ ? pick_chunk(sent, next, low) : k;
+    if (live_copy_) sent[i] = 1;
     const auto t_read = Clock::now();
     r_.pipe.read_wait += seconds_between(t_wait, t_read);
     const Accumulate busy(r_.pipe.read, t_read);

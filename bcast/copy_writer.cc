@@ -65,7 +65,8 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
   r_.pipe.verify += seconds_between(t_verify, t_write);
   const Accumulate busy(r_.pipe.write, t_write);
   if (!zero && crc != buf.hdr.crc)
-    writer_err_ = stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
+    writer_err_ =
+        stage_error(Errc::checksum_mismatch, "chunk " + std::to_string(buf.hdr.index) + " for", ep_.dest);
   for (size_t k = 0; k < pieces.size() && !writer_err_; ++k) {
     const Piece& p = pieces[k];
     const Segment& seg = layout.segments()[p.segment];
@@ -73,15 +74,16 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
     Txn& t = *txn_[seg.entry];
     if (!zero) {
       const std::span<const std::byte> data(buf.mem->data() + p.chunk_off, p.length);
-      if (auto st = is_sparse(m_.entries[seg.entry]) ? write_sparse(t, p.file_off, data) : t.write(p.file_off, data);
+      if (auto st = is_sparse(m_.entries[seg.entry]) ? write_sparse(t, p.file_off, data)
+                                                     : t.write(p.file_off, data);
           !st) {
         writer_err_ = st.error();
         break;
       }
     }
-    if (adaptive_) {  // chunks in any order: the file's CRC once all are here
+    if (live_copy_) {  // chunks in any order: the file's CRC once all are here
       writer_chunk_crc_[buf.hdr.index] = piece_crc[k];
-      if (opt_.live != nullptr) opt_.live->chunk_written(buf.hdr.index, zero);
+      if (opt_.live_copy != nullptr) opt_.live_copy->chunk_written(buf.hdr.index, zero);
       if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
       for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
         file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
@@ -94,7 +96,8 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
   }
 }
 
-void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q) {
+void Transfer::writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q,
+                           BlockingQueue<BufPtr>& free_q) {
   std::vector<uint64_t> piece_crc;
   for (auto t_wait = Clock::now();; t_wait = Clock::now()) {
     auto b = write_q.pop();

@@ -73,7 +73,8 @@ std::optional<StageReport> Transfer::plan_and_prepare(Clock::time_point t0) {
 // then how many nodes published. r_.ok holds the outcome.
 Status Transfer::share_outcome() {
   PipelineTimes& p = r_.pipe;
-  std::array<double*, 7> figures{&p.read, &p.read_wait, &p.bcast, &p.verify, &p.write, &p.write_wait, &p.sync};
+  std::array<double*, 7> figures{&p.read,  &p.read_wait,  &p.bcast, &p.verify,
+                                 &p.write, &p.write_wait, &p.sync};
   // Bytes read: one rank reads each kind, so the max is its figure.
   constexpr size_t kFig = 4;
   std::array<int64_t, kFig + figures.size()> outcome{source_err_ ? 1 : 0, local_err_ ? 1 : 0,

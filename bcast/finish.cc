@@ -1,7 +1,7 @@
 // Finish: each writer completes, syncs and (optionally) re-checks its copies, then publishes
-// them (rename) only if the source held still and its own copies verified. A batch of small
-// files makes its data durable through the store's own rule (LocalStore::
-// before_unsynced_publish) instead of a sync. The errors of every rank are gathered at the
+// them (rename) only if the source held still and its own copies verified. A selection's
+// copies are published as one group (LocalStore::publication): the store makes their data
+// durable its own way instead of a sync here. The errors of every rank are gathered at the
 // source rank for its report.
 #include "bcast/crc.h"
 #include "bcast/test_hold.h"
@@ -25,31 +25,32 @@ void Transfer::finish_empty_files(const std::vector<size_t>& mine) {
   }
 }
 
-// Makes the copies' data durable before any rename. Returns the names told to
-// before_unsynced_publish() (a batch), which after_unsynced_publish() must then hear of.
-std::vector<std::string> Transfer::sync_copies(const std::vector<size_t>& mine) {
-  const bool stagefs_batch = opt_.small_files_max > 0;
-  std::vector<std::string> unsynced_names;
+// Makes the copies' data durable before any rename. A selection: through the store's
+// publication of the group, which is returned (null if there is none or it failed).
+std::unique_ptr<Publication> Transfer::sync_copies(const std::vector<size_t>& mine) {
   const Accumulate syncing(r_.pipe.sync);
-  if (stagefs_batch && !mine.empty() && !local_err_) {
-    // The store decides how the names below become safe: see before_unsynced_publish().
-    unsynced_names.reserve(mine.size());
-    for (size_t i : mine) unsynced_names.push_back(dest_of(i));
-    if (auto st = store_.before_unsynced_publish(ep_.dest, unsynced_names); !st) {
+  if (opt_.selection.active() && !mine.empty() && !local_err_) {
+    std::vector<std::string> names;
+    names.reserve(mine.size());
+    for (size_t i : mine) names.push_back(dest_of(i));
+    auto group = store_.publication(ep_.dest, std::move(names));
+    if (auto st = group->data_durable(); !st) {
       fail_local(st.error());
-      unsynced_names.clear();
+      return nullptr;
     }
-  } else if (mine.size() > 8 && !local_err_) {
+    return group;
+  }
+  if (mine.size() > 8 && !local_err_) {
     if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
-  } else {
-    for (size_t i : mine) {
-      if (auto st = txn_[i]->sync(); !st) {
-        fail_local(st.error());
-        break;
-      }
+    return nullptr;
+  }
+  for (size_t i : mine) {
+    if (auto st = txn_[i]->sync(); !st) {
+      fail_local(st.error());
+      break;
     }
   }
-  return unsynced_names;
+  return nullptr;
 }
 
 void Transfer::post_validate(const std::vector<size_t>& mine) {
@@ -73,10 +74,10 @@ void Transfer::post_validate(const std::vector<size_t>& mine) {
 }
 
 // Many files: rename each, then one sync for every name (the data was synced before); a
-// single file: rename and fsync its directory. A stagefs batch never syncs its names.
+// single file: rename and fsync its directory. A selection never syncs its names.
 void Transfer::publish(const std::vector<size_t>& mine) {
-  const bool stagefs_batch = opt_.small_files_max > 0;
-  const bool batch = mine.size() > 8 || stagefs_batch;
+  const bool group = opt_.selection.active();
+  const bool batch = mine.size() > 8 || group;
   for (size_t i : mine) {
     if (auto st = batch ? txn_[i]->commit_unsynced() : txn_[i]->commit(); !st) {
       fail_local(st.error());
@@ -84,10 +85,10 @@ void Transfer::publish(const std::vector<size_t>& mine) {
     }
     r_.published.push_back(m_.entries[i].path);
   }
-  // A stagefs batch skips that second sync: before any name appears its data is durable or
-  // its names are recorded for the next start (before_unsynced_publish), so a crash can only
-  // lose names, and a lost name is a copy made again at its next open.
-  if (batch && !local_err_ && !stagefs_batch) {
+  // A selection skips that second sync: before any name appears its data is durable (the
+  // publication's first step), so a crash can only lose names, and a lost name is a copy
+  // made again when it is next needed.
+  if (batch && !local_err_ && !group) {
     const Accumulate syncing(r_.pipe.sync);
     if (auto st = store_.sync_filesystem(ep_.dest); !st) fail_local(st.error());
   }
@@ -96,10 +97,10 @@ void Transfer::publish(const std::vector<size_t>& mine) {
 
 void Transfer::finish() {
   const std::vector<size_t> mine = my_files();
-  std::vector<std::string> unsynced_names;  // told to before_unsynced_publish()
+  std::unique_ptr<Publication> group;  // a selection's, once its data is durable
   if (!source_err_ && !local_err_) {
     finish_empty_files(mine);
-    unsynced_names = sync_copies(mine);
+    group = sync_copies(mine);
   }
   const auto t_post = Clock::now();
   if (!source_err_ && !local_err_ && opt_.post != Validate::none) post_validate(mine);
@@ -108,7 +109,7 @@ void Transfer::finish() {
   if (!source_err_ && !local_err_ && !mine.empty()) test_hold("before-rename", comm_.rank());
   if (!source_err_ && !local_err_) publish(mine);
   // Renamed or not (a check failed in between): the store may now sync what is at those names.
-  if (!unsynced_names.empty()) store_.after_unsynced_publish(unsynced_names);
+  if (group) group->done();
   for (auto& t : txn_)
     if (t) t->abort();  // no-op after commit
 }

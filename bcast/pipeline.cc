@@ -452,8 +452,8 @@ struct ChunkStream::Impl {
     bool any = false;
     uint64_t sub = handed;
     for (const Out& o : outs) sub = std::min(sub, o.subtree);
-    for (auto [tag, value, sent] : {std::tuple{kCreditTag, handed, &credit_sent},
-                                    std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
+    for (auto [tag, value, sent] :
+         {std::tuple{kCreditTag, handed, &credit_sent}, std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
       if (value <= *sent) continue;
       up_vals.push_back(value);
       auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);

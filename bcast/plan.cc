@@ -36,14 +36,14 @@ Status Transfer::share_root_status(std::optional<Error>& err, int root) {
   return {};
 }
 
-// The source rank: the manifest of the whole source, or of the batch's selection of it.
+// The source rank: the manifest of the whole source, or of a selection of its files.
 Result<Manifest> Transfer::scan_source() {
   if (src_ == nullptr) return stage_error(Errc::unsupported, "no source reader");
-  if (opt_.small_files_max > 0) {
-    auto batch = src_->scan_small_files(ep_.source, opt_.small_files_max, opt_.slice);
-    if (!batch) return batch.error();
-    r_.batch_next = std::move(batch->next);
-    return std::move(batch->manifest);
+  if (opt_.selection.active()) {
+    auto picked = src_->scan_small_files(ep_.source, opt_.selection.max_file_size, opt_.selection.range);
+    if (!picked) return picked.error();
+    r_.batch_next = std::move(picked->next);
+    return std::move(picked->manifest);
   }
   auto skip = [&](const std::string& path, const std::string& why) {
     r_.skipped.push_back(path + ": " + why);
@@ -126,10 +126,12 @@ void Transfer::judge_entry(size_t i, int& swept) {
   const Entry& e = m_.entries[i];
   const std::string path = dest_of(i);
   if (e.type == EntryType::dir) {
-    // A batch's directory is a cache directory: created like the parents of a single
-    // file (StoreOptions::parent_mode), not with the source directory's mode.
-    const bool batch_dir = opt_.small_files_max > 0 && e.path.empty();
-    if (auto st = batch_dir ? store_.make_parents(join_path(path, "x")) : store_.make_dir(path, e.meta.mode); !st)
+    // A selection's directory is created like the parents of a single file
+    // (StoreOptions::parent_mode), not with the source directory's mode.
+    const bool selection_dir = opt_.selection.active() && e.path.empty();
+    if (auto st =
+            selection_dir ? store_.make_parents(join_path(path, "x")) : store_.make_dir(path, e.meta.mode);
+        !st)
       fail_local(st.error());
     swept += store_.remove_stale_temps(path);
     return;
@@ -157,7 +159,8 @@ void Transfer::judge_entry(size_t i, int& swept) {
   copy_mtime_[i] = ls->mtime_ns;
   if (opt_.pre == Validate::origin && ls->origin && ls->origin->crc_known) copy_crc_[i] = ls->origin->crc;
   need_local_[i] =
-      needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc_.empty() ? 0 : src_crc_[i]) ? 1 : 0;
+      needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc_.empty() ? 0 : src_crc_[i]) ? 1
+                                                                                                       : 0;
 }
 
 Status Transfer::decide() {
@@ -205,7 +208,8 @@ Status Transfer::choose_seed() {
   data_root_ = comm_.size() - static_cast<int>(best[0]);
   seeded_ = true;
   seed_before_.assign(m_.entries.size(), FileMeta{});
-  if (is_root()) spdlog::info("{}: rank {} feeds the transfer from its current copy", host_name(), data_root_);
+  if (is_root())
+    spdlog::info("{}: rank {} feeds the transfer from its current copy", host_name(), data_root_);
   return {};
 }
 

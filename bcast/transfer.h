@@ -3,7 +3,9 @@
 //   plan.cc         manifest, source CRCs, the per-file decision, the seed choice
 //   prepare.cc      free space, temporary files, chunk buffers, the prepare agreement
 //   copy.cc         the copy phase on the calling (MPI) thread: starts the reader and writer
-//                   threads, runs the chunk loop, shares the trailer
+//                   threads, runs the one chunk loop, shares the trailer
+//   chunk_mover.cc  how the chunks travel under that loop: the pipelined stream, or the
+//                   MPI collective per chunk (chunk_mover.h)
 //   copy_reader.cc  the reader thread (the rank that feeds the stream)
 //   copy_writer.cc  the writer thread (a rank that writes a copy)
 //   finish.cc       sync, post-validation, publication, the gathered errors
@@ -29,7 +31,9 @@
 namespace stage::engine {
 
 using Clock = std::chrono::steady_clock;
-inline double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+inline double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 inline double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -75,8 +79,8 @@ struct Input {
 };
 
 // Single-file transfers of at most this many chunks travel in the order readers want
-// (StageOptions::live): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
-inline constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
+// (StageOptions::live_copy): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
+inline constexpr uint64_t kMaxLiveCopyChunks = 1ULL << 22;
 
 // Everything one transfer knows. Three threads touch it:
 //   [call]    the calling thread (the one that owns the Comm: every phase, the chunk loop);
@@ -86,9 +90,15 @@ inline constexpr uint64_t kMaxAdaptiveChunks = 1ULL << 22;
 // by the calling thread only after the join; [call] members are set before the threads start
 // and only read by them. The one member shared while the threads run is want_q_ (a mutex).
 struct TransferState {
-  TransferState(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt, const StageEndpoint& ep,
-                const ProgressFn& progress)
-      : comm_(comm), src_(src), store_(store), opt_(opt), ep_(ep), progress_(progress), data_root_(opt.root) {}
+  TransferState(Comm& comm, SourceReader* src, LocalStore& store, const StageOptions& opt,
+                const StageEndpoint& ep, const ProgressFn& progress)
+      : comm_(comm),
+        src_(src),
+        store_(store),
+        opt_(opt),
+        ep_(ep),
+        progress_(progress),
+        data_root_(opt.root) {}
 
   Comm& comm_;
   SourceReader* src_;
@@ -100,9 +110,9 @@ struct TransferState {
   // [call], except r_.pipe.read/read_wait [reader] and r_.pipe.verify/write/write_wait
   // [writer]: separate fields.
   StageReport r_;
-  Manifest m_;                       // [call] from share_manifest() on
-  std::vector<int64_t> need_local_;  // [call] per entry: this node writes it
-  std::vector<int64_t> need_any_;    // [call] per entry: some node writes it (it is in the stream)
+  Manifest m_;                             // [call] from share_manifest() on
+  std::vector<int64_t> need_local_;        // [call] per entry: this node writes it
+  std::vector<int64_t> need_any_;          // [call] per entry: some node writes it (it is in the stream)
   std::vector<std::unique_ptr<Txn>> txn_;  // [call] made by prepare(); [writer] writes through them
   std::vector<uint64_t> file_crc_;         // [writer] per entry, accumulated
   std::vector<char> finished_;             // [writer] per entry (then [call] in finish())
@@ -127,15 +137,15 @@ struct TransferState {
   // and from a seed's copies ([reader]); every rank's after the outcome.
   uint64_t read_source_ = 0;
   uint64_t read_seed_ = 0;
-  // Reads before the copy ends (StageOptions::live, a single-file transfer): chunks go in
-  // the order readers want them; the file CRCs are combined from per-chunk CRCs at the end.
-  bool adaptive_ = false;                   // [call], set before the threads start
+  // A live copy (StageOptions::live_copy, a single-file transfer): chunks go in the order
+  // readers want them; the file CRCs are combined from per-chunk CRCs at the end.
+  bool live_copy_ = false;                  // [call], set before the threads start
   std::mutex want_m_;                       // guards want_q_
   std::deque<uint64_t> want_q_;             // root: chunks to read next ([call] -> [reader])
   std::vector<uint64_t> want_scratch_;      // [call]
   std::vector<uint64_t> reader_chunk_crc_;  // [reader]
   std::vector<uint64_t> writer_chunk_crc_;  // [writer] (sized by [call] before it starts)
-  uint64_t writer_chunks_ = 0;              // [writer] chunks written (adaptive)
+  uint64_t writer_chunks_ = 0;              // [writer] chunks written (live copy)
   Clock::time_point next_nest_poll_{};      // [call] poll_nest()'s rate limit
 };
 
@@ -207,7 +217,7 @@ class Transfer : private TransferState {
   void read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t i, bool last);
   std::optional<Error> read_piece(const Layout& layout, Input& in, const Piece& p, Buffer& buf,
                                   uint64_t& piece_crc, bool& any_data);
-  // Root's reader: the next chunk to read (see LiveCopy).
+  // The reader: the next chunk to read (see LiveCopyReaders).
   uint64_t pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low);
   Result<std::unique_ptr<SourceFile>> open_input(size_t entry);
   std::optional<Error> check_input_end(SourceFile& f, size_t entry, uint64_t crc) const;
@@ -217,14 +227,15 @@ class Transfer : private TransferState {
 
   // copy_writer.cc
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
-  void write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64_t>& piece_crc, Clock::time_point t_verify);
+  void write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64_t>& piece_crc,
+                   Clock::time_point t_verify);
   void finish_file(Txn& t, size_t entry);
 
   // finish.cc
   void finish();
   std::vector<size_t> my_files() const;
   void finish_empty_files(const std::vector<size_t>& mine);
-  std::vector<std::string> sync_copies(const std::vector<size_t>& mine);
+  std::unique_ptr<Publication> sync_copies(const std::vector<size_t>& mine);
   void post_validate(const std::vector<size_t>& mine);
   void publish(const std::vector<size_t>& mine);
   void collect_errors();
