@@ -119,7 +119,8 @@ Status Transfer::hand_on(MovedChunk& c, const Layout& layout, ChunkMover& mover,
   const ChunkHeader& h = c.hdr;
   if (!valid_header(h, layout, s.completed, s.seen))  // out of step: stop
     return stage_error(Errc::bad_message, "chunk header " + std::to_string(s.completed));
-  if ((h.flags & kChunkNest) != 0) {             // every chunk before it passed on: the nested transfer runs
+  // A nest mark: every chunk before it is passed on here, so the nested transfer runs now.
+  if ((h.flags & kChunkNest) != 0) {
     if (c.buf) q.free_q.push(std::move(c.buf));  // a receive buffer: no chunk came
     ++s.nests;
     if (auto st = opt_.nest->run(static_cast<uint32_t>(h.reserved)); !st) return st;
