@@ -13,9 +13,10 @@
 //                 the status stops every rank before any data moves if one node cannot write.
 //   4. Copy       a pipeline of a few chunk buffers: the source's reader thread reads chunk
 //                 i+1 (computing its CRC) while the MPI thread broadcasts chunk i and each
-//                 writer thread verifies and writes chunk i-1. Holes are sent as a flag. On
-//                 the chain or tree (the default), the broadcasts themselves overlap too: all
-//                 chunks flow through one pipelined stream (ChunkStream).
+//                 writer thread verifies and writes chunk i-1. Holes are sent as a flag. One
+//                 chunk loop on the MPI thread moves the chunks through a strategy: on the
+//                 chain or tree (the default) all chunks flow through one pipelined stream
+//                 (ChunkStream), so the broadcasts overlap too; with mpi, one collective each.
 //   5. Finish     fsync, optional post-validation (size, or re-read CRC), then an allreduce of
 //                 [source failed, this node failed]. A node publishes (rename) only if the
 //                 source stayed unchanged and its own copy verified; a final allreduce gives
@@ -45,17 +46,18 @@
 
 namespace stage {
 
-// Reads before the copy ends: what the stagefs mount learns of a transfer while it
-// runs, and how its readers steer it. Used when the transfer streams exactly one file (not a
-// tree, not a batch): chunk i is then the file's bytes [i x chunk_size, ...), and the source
-// rank reads the chunks in an order that follows the readers: first every chunk a reader on
-// any rank asked for (passed up the chain or tree, ChunkStream::want; with the MPI path, the
-// source rank's own readers only), then on from there in file order, then any chunk left
-// behind. Each chunk still travels once; every chunk still carries its CRC, and the whole
-// file's CRC is still checked before anything is published.
-class LiveCopy {
+// A live copy: a copy that readers read before it ends. The engine tells the readers what is
+// in the temporary file and they steer the order of the chunks. Used when the transfer streams
+// exactly one file (not a tree, not a selection): chunk i is then the file's bytes
+// [i x chunk_size, ...), and the reading rank reads the chunks in an order that follows the
+// readers: first every chunk a reader on any rank asked for (passed up the chain or tree,
+// ChunkStream::want; with the MPI collective, the reading rank's own readers only), then on
+// from there in file order, then any chunk left behind. Each chunk still travels once; every
+// chunk still carries its CRC, and the whole file's CRC is still checked before anything is
+// published.
+class LiveCopyReaders {
  public:
-  virtual ~LiveCopy() = default;
+  virtual ~LiveCopyReaders() = default;
   // The calling thread, on a rank that writes the file, once its temporary file exists (after
   // the prepare agreement, before any chunk): the source version being copied.
   virtual void started(const FileMeta& source, uint64_t chunk_size, const Txn& txn) = 0;
@@ -67,7 +69,7 @@ class LiveCopy {
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
 };
 
-// More than one transfer at a time: a short transfer (a batch of small files) that
+// More than one transfer at a time: a short transfer (a selection of small files) that
 // must not wait until a long one (a 50 GB image) ends runs NESTED in it, on another Comm, at a
 // point of the long transfer's own stream that every rank sees: the source rank puts a nest
 // header (kChunkNest, a token, no payload) between two chunks, and each rank, once that header
@@ -79,8 +81,7 @@ class LiveCopy {
 // The mark never follows the last chunk, so every rank still expects a chunk after it. A mark
 // does not wait for the source's next chunk (a slow source does not delay the nested
 // transfer). The long stream's pending messages wait on its own Comm meanwhile; its stall
-// clock restarts afterwards.
-// Used by the stagefs mount's group (GroupService); stage-bcast has none.
+// clock restarts afterwards. With the MPI collective the mark is a header broadcast of its own.
 class Nest {
  public:
   virtual ~Nest() = default;
@@ -98,9 +99,22 @@ class Nest {
 };
 
 // size: same size and mtime; checksum: same CRC-64; none: always copy;
-// origin: the copy's recorded origin (xattr) matches the source's size, mtime, ctime and
-// inode (the stagefs cache: a touched or replaced source is copied again).
+// origin: the origin the copy recorded when it was written (Txn::finish, store.h) matches the
+// source's size, mtime, ctime and inode: a touched or replaced source is copied again.
 enum class Validate { none, size, checksum, origin };
+
+// Which of ep.source's files a transfer stages. None (max_file_size 0): ep.source itself, one
+// file or, with StageOptions::recursive, a tree. A selection: ep.source is a directory and the
+// transfer stages its regular files of at most max_file_size bytes within `range` (not
+// recursive: no subdirectory, symlink or larger file; SourceReader::scan_small_files) into the
+// directory ep.dest, packed into one stream as a tree is. Their copies are published as one
+// group (LocalStore::publication): the data made durable once, before any rename; names are
+// not synced (a crash may lose a name, never publish data that is not durable).
+struct FileSelection {
+  uint64_t max_file_size = 0;
+  SmallFilesSlice range;
+  [[nodiscard]] bool active() const { return max_file_size > 0; }
+};
 
 struct StageOptions {
   // The source rank's value travels in the manifest: every rank uses it (its own is ignored),
@@ -110,33 +124,28 @@ struct StageOptions {
   Validate post = Validate::none;
   bool overwrite = false;
   bool recursive = false;
-  // > 0: a batch of small files (the stagefs mount). ep.source is a directory; the
-  // transfer stages its regular files of at most this many bytes (not recursive: no
-  // subdirectory, symlink or larger file) into the directory ep.dest, packed into one stream
-  // as --recursive packs a tree. One sync for the batch: the data, before any rename (names
-  // are not synced: a crash may lose a name, never publish unsynced data).
-  uint64_t small_files_max = 0;
-  // A batch: the slice of the directory's small files it stages (source.h).
-  SmallFilesSlice slice;
+  FileSelection selection;  // none: ep.source whole
   int root = 0;
   // Seeding: when some writer's copies of every file any node needs are current (by `pre`),
   // the lowest such rank (the seed) reads its own copies and roots the broadcast instead of
   // `root` reading the source; `root` still scans the source and re-checks its metadata after
   // the stream. The lowest rank: every rank computes the same choice from one allreduce, and
   // with a pipelined chain or tree the root's position barely changes the time. Off: `root`
-  // always reads (the stagefs mount, and stage-bcast with an explicit --source-rank).
+  // always reads (a caller that must not read copies, and stage-bcast with an explicit
+  // --source-rank).
   bool seed_from_copies = false;
   int pipeline_depth = 4;
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
   std::function<bool()> cancelled;
-  // Reads before the copy ends (see LiveCopy); nullptr: chunks in file order, no hooks.
-  LiveCopy* live = nullptr;
+  // A live copy's readers (see LiveCopyReaders); nullptr: chunks in file order, no hooks.
+  LiveCopyReaders* live_copy = nullptr;
   // Nested transfers (see Nest); nullptr: none (a header marked kChunkNest is then invalid).
   Nest* nest = nullptr;
-  // How the chunks travel (bcast/pipeline.h): chain or tree, all chunks of a transfer as one
-  // pipelined stream with their headers in-band; mpi (or a stream too small to pipeline,
-  // or a Comm without a point-to-point seam), a header broadcast and Comm::bcast per chunk.
+  // How the chunks travel (bcast/pipeline.h, bcast/chunk_mover.h): chain or tree, all chunks
+  // of a transfer as one pipelined stream with their headers in-band; mpi (or a stream too
+  // small to pipeline, or a Comm without a point-to-point seam), a header broadcast and
+  // Comm::bcast per chunk. Either way through the same copy loop.
   // The manifest and the outcomes always go through the Comm's own collectives.
   BcastAlgorithm bcast_algorithm = BcastAlgorithm::automatic;
   PipelineOptions pipeline;
@@ -192,7 +201,7 @@ struct StageReport {
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
   std::vector<std::string> published;  // manifest paths of the files this node published
-  // Root, a batch: the first name of its slice's range that its limits left out ("" none).
+  // Root, a selection: the first name of its range that its limits left out ("" none).
   std::string batch_next;
   // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
   // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then

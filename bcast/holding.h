@@ -51,11 +51,8 @@ class HoldingStore final : public LocalStore {
   void bad_copy(const std::string& path, const FileMeta& seen) override { inner_.bad_copy(path, seen); }
   Result<uint64_t> free_bytes(const std::string& path) override { return inner_.free_bytes(path); }
   Status sync_filesystem(const std::string& path) override { return inner_.sync_filesystem(path); }
-  Status before_unsynced_publish(const std::string& dir, std::span<const std::string> paths) override {
-    return inner_.before_unsynced_publish(dir, paths);
-  }
-  void after_unsynced_publish(std::span<const std::string> paths) override {
-    inner_.after_unsynced_publish(paths);
+  std::unique_ptr<Publication> publication(const std::string& dir, std::vector<std::string> paths) override {
+    return inner_.publication(dir, std::move(paths));
   }
   Result<std::unique_ptr<Txn>> begin(const std::string& path) override;
   Status make_dir(const std::string& path, uint32_t mode) override { return inner_.make_dir(path, mode); }

@@ -1,110 +1,15 @@
 #include "bcast/pipeline.h"
 
 #include <algorithm>
-#include <cctype>
 #include <ctime>
 #include <deque>
 #include <mutex>
-#include <numeric>
 #include <set>
 #include <utility>
 
 #include "bcast/chunk.h"
 
 namespace stage {
-
-std::optional<BcastAlgorithm> parse_bcast_algorithm(std::string_view text) {
-  if (text == "auto") return BcastAlgorithm::automatic;
-  if (text == "chain") return BcastAlgorithm::chain;
-  if (text == "tree") return BcastAlgorithm::tree;
-  if (text == "mpi") return BcastAlgorithm::mpi;
-  return std::nullopt;
-}
-
-const char* to_string(BcastAlgorithm a) {
-  switch (a) {
-    case BcastAlgorithm::automatic:
-      return "auto";
-    case BcastAlgorithm::chain:
-      return "chain";
-    case BcastAlgorithm::tree:
-      return "tree";
-    case BcastAlgorithm::mpi:
-      return "mpi";
-  }
-  return "?";
-}
-
-namespace {
-
-// "node9" < "node10": runs of digits compare as numbers, so numbered hosts and switches keep
-// their natural neighbours next to each other.
-bool natural_less(const std::string& a, const std::string& b) {
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const auto da = std::isdigit(static_cast<unsigned char>(a[i])) != 0;
-    const auto db = std::isdigit(static_cast<unsigned char>(b[j])) != 0;
-    if (da && db) {
-      size_t ie = i, je = j;
-      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie])) != 0) ++ie;
-      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je])) != 0) ++je;
-      size_t is = i, js = j;  // skip leading zeros, then the longer number is bigger
-      while (is + 1 < ie && a[is] == '0') ++is;
-      while (js + 1 < je && b[js] == '0') ++js;
-      if (ie - is != je - js) return ie - is < je - js;
-      if (int c = a.compare(is, ie - is, b, js, je - js); c != 0) return c < 0;
-      i = ie;
-      j = je;
-      continue;
-    }
-    if (a[i] != b[j]) return a[i] < b[j];
-    ++i;
-    ++j;
-  }
-  return a.size() - i < b.size() - j;
-}
-
-}  // namespace
-
-std::vector<int> broadcast_order(const std::vector<std::string>& placement, int root) {
-  const int n = static_cast<int>(placement.size());
-  std::vector<int> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return natural_less(placement[static_cast<size_t>(a)], placement[static_cast<size_t>(b)]);
-  });
-  auto it = std::find(order.begin(), order.end(), root);
-  if (it != order.end()) std::rotate(order.begin(), it, order.end());
-  return order;
-}
-
-Links links_of(BcastAlgorithm shape, const std::vector<int>& order, int rank) {
-  Links l;
-  const auto it = std::find(order.begin(), order.end(), rank);
-  if (it == order.end()) return l;
-  const size_t p = static_cast<size_t>(it - order.begin());
-  const size_t n = order.size();
-  if (shape == BcastAlgorithm::tree) {
-    if (p > 0) l.parent = order[(p - 1) / 2];
-    for (size_t c : {2 * p + 1, 2 * p + 2})
-      if (c < n) l.children.push_back(order[c]);
-  } else {
-    if (p > 0) l.parent = order[p - 1];
-    if (p + 1 < n) l.children.push_back(order[p + 1]);
-  }
-  return l;
-}
-
-uint64_t segment_for(uint64_t bytes) {
-  return std::max<uint64_t>(1, std::min(bytes, kDefaultSegment));
-}
-
-BcastAlgorithm resolve(BcastAlgorithm requested, Comm& comm, uint64_t bytes) {
-  if (requested == BcastAlgorithm::mpi || comm.size() <= 1 || comm.point_to_point() == nullptr)
-    return BcastAlgorithm::mpi;
-  if (requested != BcastAlgorithm::automatic) return requested;
-  return bytes > kPipelineMinBytes ? BcastAlgorithm::chain : BcastAlgorithm::mpi;
-}
 
 // Named rather than anonymous: ChunkStream::Impl, a member of an exported class, holds these
 // types (GCC's -Wsubobject-linkage, which fires once this file is part of a unity build).
@@ -346,10 +251,39 @@ struct ChunkStream::Impl {
     last_progress = Clock::now();
   }
 
+  // One round of the stream on this rank: headers in, receives, sends to the children, wants,
+  // chunks handed back, counts to the parent. Whether anything moved.
   Result<bool> step(std::vector<ChunkHeader>& done) {
+    auto h = step_headers();
+    if (!h) return h.error();
+    auto r = step_receives();
+    if (!r) return r.error();
+    bool any = *h || *r;
+    for (Out& o : outs) {
+      auto s = step_child(o);
+      if (!s) return s.error();
+      any = any || *s;
+    }
+    if (auto w = step_wants(); !w)
+      return w.error();
+    else
+      any = any || *w;
+    while (!items.empty() && complete(items.front())) {
+      done.push_back(items.front().hdr);
+      items.pop_front();
+      ++handed;
+      any = true;
+    }
+    if (is_root) return any;
+    auto u = step_up();
+    if (!u) return u.error();
+    return any || *u;
+  }
+
+  // Headers arrive in order (one tag, MPI's non-overtaking rule); a header is placed only
+  // once every earlier one is, so segment numbers are the same on every rank.
+  Result<bool> step_headers() {
     bool any = false;
-    // Headers arrive in order (one tag, MPI's non-overtaking rule); a header is placed only
-    // once every earlier one is, so segment numbers are the same on every rank.
     for (Item& it : items) {
       if (it.have_hdr) continue;
       if (it.dropped) break;
@@ -363,83 +297,79 @@ struct ChunkStream::Impl {
       place(it);
       any = true;
     }
-    // Receives: up to `window` segments in flight, in stream order.
+    return any;
+  }
+
+  // Receives: up to `window` segments in flight, in stream order.
+  Result<bool> step_receives() {
     while (recv_next < next_first && recvs.size() < window) {
       Item& it = item_of_segment(recv_next);
       auto id = p2p.irecv(piece(it, recv_next), links.parent, tag(recv_next));
       if (!id) return id.error();
       recvs.emplace_back(p2p, *id, recv_next++);
     }
-    auto got = poll_in_order(recvs, [&](uint64_t) { ++received; });
-    if (!got) return got.error();
-    any = any || *got;
-    // Sends: each chunk's header, then its segments as they are here, `window` per child.
-    for (Out& o : outs) {
-      while (o.hdr_next < submitted) {  // (a chunk leaves `items` only after its header went)
-        Item& it = item(o.hdr_next);
-        if (!it.have_hdr) break;
-        auto id = p2p.isend(std::as_bytes(std::span(&it.hdr, 1)), o.rank, kHeaderTag);
-        if (!id) return id.error();
-        o.hdr_sends.emplace_back(p2p, *id, o.hdr_next++);
-        any = true;
-      }
-      while (o.seg_next < received && o.seg_sends.size() < window) {
-        Item& it = item_of_segment(o.seg_next);
-        if (it.seq >= o.hdr_next) break;                    // its header first
-        if (it.seq >= o.credit + kCreditChunks) break;      // the child is that far behind
-        auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
-        if (!id) return id.error();
-        o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
-        any = true;
-      }
-      auto h = poll_in_order(o.hdr_sends, [&](uint64_t) { ++o.hdr_done; });
-      if (!h) return h.error();
-      auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
-      if (!d) return d.error();
-      any = any || *h || *d;
-      // The child's counts: one receive of each kind posted while more can come.
-      for (auto [ops, in, count] : {std::tuple{&o.credit_recv, &o.credit_in, &o.credit},
-                                    std::tuple{&o.subtree_recv, &o.subtree_in, &o.subtree}}) {
-        auto got_count = poll_in_order(*ops, [&](uint64_t) { *count = std::max(*count, *in); });
-        if (!got_count) return got_count.error();
-        any = any || *got_count;
-        if (ops->empty() && *count < submitted) {
-          auto id = p2p.irecv(std::as_writable_bytes(std::span(in, 1)), o.rank,
-                              ops == &o.credit_recv ? kCreditTag : kSubtreeTag);
-          if (!id) return id.error();
-          ops->emplace_back(p2p, *id, 0);
-        }
-      }
-    }
-    if (auto w = step_wants(); !w)
-      return w.error();
-    else
-      any = any || *w;
-    while (!items.empty() && complete(items.front())) {
-      done.push_back(items.front().hdr);
-      items.pop_front();
-      ++handed;
+    return poll_in_order(recvs, [&](uint64_t) { ++received; });
+  }
+
+  // Sends to one child: each chunk's header, then its segments as they are here, `window` at
+  // a time; and the child's counts: one receive of each kind posted while more can come.
+  Result<bool> step_child(Out& o) {
+    bool any = false;
+    while (o.hdr_next < submitted) {  // (a chunk leaves `items` only after its header went)
+      Item& it = item(o.hdr_next);
+      if (!it.have_hdr) break;
+      auto id = p2p.isend(std::as_bytes(std::span(&it.hdr, 1)), o.rank, kHeaderTag);
+      if (!id) return id.error();
+      o.hdr_sends.emplace_back(p2p, *id, o.hdr_next++);
       any = true;
     }
-    // Tell the parent: chunks handed back here (its credit), chunks this whole subtree holds.
-    if (!is_root) {
-      uint64_t sub = handed;
-      for (const Out& o : outs) sub = std::min(sub, o.subtree);
-      for (auto [tag, value, sent] : {std::tuple{kCreditTag, handed, &credit_sent},
-                                      std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
-        if (value <= *sent) continue;
-        up_vals.push_back(value);
-        auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);
+    while (o.seg_next < received && o.seg_sends.size() < window) {
+      Item& it = item_of_segment(o.seg_next);
+      if (it.seq >= o.hdr_next) break;                // its header first
+      if (it.seq >= o.credit + kCreditChunks) break;  // the child is that far behind
+      auto id = p2p.isend(piece(it, o.seg_next), o.rank, tag(o.seg_next));
+      if (!id) return id.error();
+      o.seg_sends.emplace_back(p2p, *id, o.seg_next++);
+      any = true;
+    }
+    auto h = poll_in_order(o.hdr_sends, [&](uint64_t) { ++o.hdr_done; });
+    if (!h) return h.error();
+    auto d = poll_in_order(o.seg_sends, [&](uint64_t) { ++o.seg_done; });
+    if (!d) return d.error();
+    any = any || *h || *d;
+    for (auto [ops, in, count] : {std::tuple{&o.credit_recv, &o.credit_in, &o.credit},
+                                  std::tuple{&o.subtree_recv, &o.subtree_in, &o.subtree}}) {
+      auto got_count = poll_in_order(*ops, [&](uint64_t) { *count = std::max(*count, *in); });
+      if (!got_count) return got_count.error();
+      any = any || *got_count;
+      if (ops->empty() && *count < submitted) {
+        auto id = p2p.irecv(std::as_writable_bytes(std::span(in, 1)), o.rank,
+                            ops == &o.credit_recv ? kCreditTag : kSubtreeTag);
         if (!id) return id.error();
-        up_sends.emplace_back(p2p, *id, 0);
-        *sent = value;
-        any = true;
+        ops->emplace_back(p2p, *id, 0);
       }
-      auto u = poll_in_order(up_sends, [&](uint64_t) { up_vals.pop_front(); });
-      if (!u) return u.error();
-      any = any || *u;
     }
     return any;
+  }
+
+  // Tell the parent: chunks handed back here (its credit), chunks this whole subtree holds.
+  Result<bool> step_up() {
+    bool any = false;
+    uint64_t sub = handed;
+    for (const Out& o : outs) sub = std::min(sub, o.subtree);
+    for (auto [tag, value, sent] :
+         {std::tuple{kCreditTag, handed, &credit_sent}, std::tuple{kSubtreeTag, sub, &subtree_sent}}) {
+      if (value <= *sent) continue;
+      up_vals.push_back(value);
+      auto id = p2p.isend(std::as_bytes(std::span(&up_vals.back(), 1)), links.parent, tag);
+      if (!id) return id.error();
+      up_sends.emplace_back(p2p, *id, 0);
+      *sent = value;
+      any = true;
+    }
+    auto u = poll_in_order(up_sends, [&](uint64_t) { up_vals.pop_front(); });
+    if (!u) return u.error();
+    return any || *u;
   }
 
   // Wants from the children (one receive posted per child at all times) and to the parent.
@@ -481,6 +411,90 @@ struct ChunkStream::Impl {
              std::to_string(links.parent);
     if (!recvs.empty()) return "data from rank " + std::to_string(links.parent);
     return "its sends to the next rank(s) to complete";
+  }
+
+  // finish(): chunks this rank was ready for but that never came (after an abort): their
+  // header receives are cancelled; the items stay (a cancelled receive's buffer is never
+  // freed, see ~ChunkStream) but no longer count. An error if a chunk is still in flight.
+  Status drop_unreceived() {
+    size_t live = 0;
+    for (Item& it : items) {
+      if (it.have_hdr) {
+        ++live;
+        continue;
+      }
+      if (!it.dropped) {
+        it.hdr_recv.clear();
+        it.dropped = true;
+        --submitted;
+      }
+    }
+    if (live == 0) return {};
+    return stage_error(Errc::bad_message,
+                       "broadcast stream finished with " + std::to_string(live) + " chunk(s) in flight");
+  }
+
+  // finish()'s completion: every child's subtree holds every chunk (its "subtree" count,
+  // which also moves while a slow rank far below catches up, so a healthy but slow node never
+  // looks like a stall), and this rank's own counts reached its parent. In the chain that is
+  // the end: the ranks above a rank held the data before passing it on. In the tree the root
+  // then releases its subtrees, so each rank also knows the other branches hold it.
+  Status await_completion() {
+    std::deque<Op> release_recv, release_sends;
+    if (!chain && !is_root) {
+      auto id = p2p.irecv(std::span(&flag_in, 1), links.parent, kReleaseTag);
+      if (!id) return id.error();
+      release_recv.emplace_back(p2p, *id, 0);
+    }
+    bool release_posted = false;
+    moved();
+    std::vector<ChunkHeader> none;
+    for (;;) {
+      auto r = step(none);
+      if (!r) return r.error();
+      bool any = *r;
+      for (auto* ops : {&release_recv, &release_sends}) {
+        auto d = poll_in_order(*ops, [](uint64_t) {});
+        if (!d) return d.error();
+        any = any || *d;
+      }
+      bool below = true;
+      for (const Out& o : outs) below = below && o.subtree >= handed;
+      // (want sends complete too: eager 8-byte messages, never cancelled on a healthy stream)
+      const bool up = is_root || (subtree_sent >= handed && up_sends.empty() && want_sends.empty());
+      if (below && up) {
+        if (chain) break;
+        if (release_recv.empty() && !release_posted) {
+          if (auto st = post_releases(release_sends); !st) return st;
+          release_posted = any = true;
+        }
+        if (release_posted && release_sends.empty()) break;
+      }
+      if (any) {
+        moved();
+        continue;
+      }
+      if (past_stall()) return stalled(completion_waits_for(up));
+      backoff.wait();
+    }
+    return {};
+  }
+
+  Status post_releases(std::deque<Op>& sends) {
+    for (int c : links.children) {
+      auto id = p2p.isend(std::span<const std::byte>(&flag_out, 1), c, kReleaseTag);
+      if (!id) return id.error();
+      sends.emplace_back(p2p, *id, 0);
+    }
+    return {};
+  }
+
+  std::string completion_waits_for(bool up) const {
+    for (const Out& o : outs)
+      if (o.subtree < handed)
+        return "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
+    return !up ? "its counts to reach rank " + std::to_string(links.parent)
+               : "the release from rank " + std::to_string(links.parent);
   }
 };
 
@@ -574,80 +588,9 @@ Status ChunkStream::finish() {
 
 Status ChunkStream::finish_round() {
   Impl& s = *impl_;
-  // Chunks this rank was ready for but that never came (after an abort): their header
-  // receives are cancelled; the items stay (a cancelled receive's buffer is never freed, see
-  // ~ChunkStream) but no longer count.
-  size_t live = 0;
-  for (Impl::Item& it : s.items) {
-    if (it.have_hdr) {
-      ++live;
-      continue;
-    }
-    if (!it.dropped) {
-      it.hdr_recv.clear();
-      it.dropped = true;
-      --s.submitted;
-    }
-  }
-  if (live > 0)
-    return stage_error(Errc::bad_message, "broadcast stream finished with " + std::to_string(live) +
-                                              " chunk(s) in flight");
+  if (auto st = s.drop_unreceived(); !st) return st;
   if (s.p2p.size() <= 1) return {};
-  // Completion: every child's subtree holds every chunk (its "subtree" count, which also
-  // moves while a slow rank far below catches up, so a healthy but slow node never looks
-  // like a stall), and this rank's own counts reached its parent. In the chain that is the
-  // end: the ranks above a rank held the data before passing it on. In the tree the root
-  // then releases its subtrees, so each rank also knows the other branches hold it.
-  std::deque<Op> release_recv, release_sends;
-  if (!s.chain && !s.is_root) {
-    auto id = s.p2p.irecv(std::span(&s.flag_in, 1), s.links.parent, kReleaseTag);
-    if (!id) return id.error();
-    release_recv.emplace_back(s.p2p, *id, 0);
-  }
-  bool release_posted = false;
-  s.moved();
-  std::vector<ChunkHeader> none;
-  for (;;) {
-    auto r = s.step(none);
-    if (!r) return r.error();
-    bool any = *r;
-    for (auto* ops : {&release_recv, &release_sends}) {
-      auto d = poll_in_order(*ops, [](uint64_t) {});
-      if (!d) return d.error();
-      any = any || *d;
-    }
-    bool below = true;
-    for (const Impl::Out& o : s.outs) below = below && o.subtree >= s.handed;
-    // (want sends complete too: eager 8-byte messages, never cancelled on a healthy stream)
-    const bool up = s.is_root || (s.subtree_sent >= s.handed && s.up_sends.empty() && s.want_sends.empty());
-    if (below && up) {
-      if (s.chain) break;
-      if (release_recv.empty() && !release_posted) {
-        for (int c : s.links.children) {
-          auto id = s.p2p.isend(std::span<const std::byte>(&s.flag_out, 1), c, kReleaseTag);
-          if (!id) return id.error();
-          release_sends.emplace_back(s.p2p, *id, 0);
-        }
-        release_posted = any = true;
-      }
-      if (release_posted && release_sends.empty()) break;
-    }
-    if (any) {
-      s.moved();
-      continue;
-    }
-    if (s.past_stall()) {
-      std::string what;
-      for (const Impl::Out& o : s.outs)
-        if (what.empty() && o.subtree < s.handed)
-          what = "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
-      if (what.empty())
-        what = !up ? "its counts to reach rank " + std::to_string(s.links.parent)
-                   : "the release from rank " + std::to_string(s.links.parent);
-      return s.stalled(what);
-    }
-    s.backoff.wait();
-  }
+  if (auto st = s.await_completion(); !st) return st;
   // The receives for counts that will not come (after an abort) are dropped here; none is
   // pending otherwise.
   for (Impl::Out& o : s.outs) {

@@ -61,9 +61,9 @@ class SourceReader {
   // Called for entries scan() skipped (FIFO, socket, device): path and reason.
   using SkipFn = std::function<void(const std::string&, const std::string&)>;
   virtual Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) = 0;
-  // A batch (StageOptions::small_files_max): the regular files directly in directory `dir`
-  // (not recursive, symlinks and everything else left out) of at most max_size bytes, within
-  // the slice, as a tree manifest: the root directory entry, then the files by name. Only the
+  // A selection (engine.h FileSelection): the regular files directly in directory `dir` (not
+  // recursive, symlinks and everything else left out) of at most max_size bytes, within the
+  // slice, as a tree manifest: the root directory entry, then the files by name. Only the
   // slice's names are checked (stat): the rest of a huge directory is only listed. Readers
   // that cannot list say unsupported.
   virtual Result<SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,

@@ -369,6 +369,27 @@ Result<std::unique_ptr<Txn>> PosixStore::begin(const std::string& path) {
   return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io));
 }
 
+namespace {
+
+// The default publication: one sync of the filesystem that holds the group, before the renames.
+class SyncPublication final : public Publication {
+ public:
+  SyncPublication(LocalStore& store, std::string dir) : store_(store), dir_(std::move(dir)) {}
+  Status data_durable() override { return store_.sync_filesystem(dir_); }
+  void done() override {}
+
+ private:
+  LocalStore& store_;
+  std::string dir_;
+};
+
+}  // namespace
+
+std::unique_ptr<Publication> LocalStore::publication(const std::string& dir,
+                                                     std::vector<std::string> /*paths*/) {
+  return std::make_unique<SyncPublication>(*this, dir);
+}
+
 Status PosixStore::sync_filesystem(const std::string& path) {
   Fd fd(::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid() || ::syncfs(fd.get()) != 0) return sys_error(errno, "sync filesystem of", path);

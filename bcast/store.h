@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bcast/manifest.h"
 #include "bcast/source.h"
@@ -66,6 +67,20 @@ class Txn {
   [[nodiscard]] virtual const std::string& temp_path() const = 0;
 };
 
+// One group of copies published together, in three steps: the engine calls data_durable(),
+// then (if it succeeded) renames the copies (Txn::commit_unsynced), then done().
+class Publication {
+ public:
+  virtual ~Publication() = default;
+  // Before any rename: returns once a crash can no longer leave one of the group's names on a
+  // copy with wrong bytes. An error: nothing of the group is renamed, and done() is not called.
+  virtual Status data_durable() = 0;
+  // After the renames, also when a check failed in between and not every copy (or none) was
+  // renamed: from now on the store may sync what is at those names. Never before: a sync of a
+  // name not renamed yet would sync the old copy, or nothing.
+  virtual void done() = 0;
+};
+
 class LocalStore {
  public:
   virtual ~LocalStore() = default;
@@ -85,18 +100,13 @@ class LocalStore {
   virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
   // syncfs() of the filesystem holding path: one call instead of one fsync per small file.
   virtual Status sync_filesystem(const std::string& path) = 0;
-  // A stagefs batch is about to rename `paths` (finished temporary copies, in directory dir)
-  // into place without syncing their data first. Returns once a crash can no longer leave one
-  // of those names on a copy with wrong bytes. By default it syncs the filesystem; the
-  // mount's cache instead records the names durably and syncs them later
-  // (fusefs/unsynced.h), so the open that waits for the batch never waits for the disk.
-  virtual Status before_unsynced_publish(const std::string& dir, std::span<const std::string> /*paths*/) {
-    return sync_filesystem(dir);
-  }
-  // After the renames of a before_unsynced_publish() that succeeded (also when a check failed
-  // in between and nothing was renamed): from now on the store may sync those names. Never
-  // before: a sync of a name not renamed yet would sync the old copy, or nothing.
-  virtual void after_unsynced_publish(std::span<const std::string> /*paths*/) {}
+  // The publication of a group of copies (a selection, engine.h FileSelection): `paths` are
+  // finished temporary copies in directory dir, to be renamed into place without a sync of
+  // their names. By default their data is made durable by one sync of the filesystem; a store
+  // may instead make the group durable its own way (the stagefs cache records the names and
+  // syncs them later: fusefs/unsynced.h, so the open that waits for the group never waits for
+  // the disk).
+  virtual std::unique_ptr<Publication> publication(const std::string& dir, std::vector<std::string> paths);
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
   virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
   // mkdir -p of path's parent (StoreOptions::parent_mode for new levels; existing ones are left as they are).

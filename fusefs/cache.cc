@@ -225,16 +225,27 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
     return base_.make_symlink(p, t);
   }
   int remove_stale_temps(const std::string& d) override { return base_.remove_stale_temps(d); }
-  stage::Status before_unsynced_publish(const std::string& dir, std::span<const std::string> paths) override {
+  // A group's names go into the unsynced log before their renames, and may be synced after.
+  std::unique_ptr<stage::Publication> publication(const std::string& dir,
+                                                  std::vector<std::string> paths) override {
     auto rels = rels_in_cache(paths);
-    if (!rels) return base_.sync_filesystem(dir);  // not names in this cache: sync them now
-    return c_.unsynced_->record(*rels);
-  }
-  void after_unsynced_publish(std::span<const std::string> paths) override {
-    if (auto rels = rels_in_cache(paths)) c_.unsynced_->published(*rels);
+    if (!rels)
+      return LocalStore::publication(dir, std::move(paths));  // not names in this cache: sync them now
+    return std::make_unique<UnsyncedPublication>(*c_.unsynced_, std::move(*rels));
   }
 
  private:
+  class UnsyncedPublication final : public stage::Publication {
+   public:
+    UnsyncedPublication(UnsyncedLog& log, std::vector<std::string> rels)
+        : log_(log), rels_(std::move(rels)) {}
+    stage::Status data_durable() override { return log_.record(rels_); }
+    void done() override { log_.published(rels_); }
+
+   private:
+    UnsyncedLog& log_;
+    std::vector<std::string> rels_;
+  };
   // A seed's copy, pinned in the index until the engine closes it.
   class PinnedCopy final : public stage::SourceFile {
    public:

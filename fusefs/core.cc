@@ -677,7 +677,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
   };
   if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
   if (!ask.early_ok) return mat_.materialize_async(rel, ask.want, std::move(then));
-  auto early = [this, rel, src, shared](std::shared_ptr<LiveFile> live) {
+  auto early = [this, rel, src, shared](std::shared_ptr<LiveCopy> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
       if (!stage::same_version(live->source(), stage::meta_from_stat(src))) {
@@ -724,7 +724,7 @@ void StageFsCore::no_room(const std::string& rel, const struct stat& src, const 
   room_waits_->await(rel, copy_need(cache_, src), deadline, space_epoch, why, std::move(answer));
 }
 
-void StageFsCore::read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
+void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd, uint64_t off, size_t size,
                             std::function<void(stage::Result<std::string>)> done) {
   // A range that is here is read on the caller's thread; one that waits is read on the
   // completion pool once its chunks are written (not on the engine's writer thread).

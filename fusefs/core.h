@@ -70,7 +70,7 @@
 namespace stagefs {
 
 class NodeCache;
-class LiveFile;
+class LiveCopy;
 using Clock = std::chrono::steady_clock;
 
 // Whom a materialization is for: the uid of the open that asked (the group's queue takes
@@ -101,11 +101,11 @@ class Materializer {
     materialize_async(rel, want, std::move(done));
   }
   // Reads before the copy ends: as materialize_async(), but once the transfer of
-  // rel runs on this node with its temporary file open (LiveFile), early(live) is called
+  // rel runs on this node with its temporary file open (LiveCopy), early(live) is called
   // instead of done, and done never: the open returns then and reads wait for their chunks.
   // If that never happens (the transfer failed first, or this materializer cannot), done
   // as above.
-  using Early = std::function<void(std::shared_ptr<LiveFile>)>;
+  using Early = std::function<void(std::shared_ptr<LiveCopy>)>;
   virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
     (void)early;
     materialize_async(rel, want, std::move(done));
@@ -163,7 +163,7 @@ struct OpenFile {
   bool cache_hit = false;    // served from a copy that was already there
   bool from_source = false;  // stall fallback: reads go to the shared source
   std::string pinned;        // the cache copy held while this file is open: pass to release()
-  std::shared_ptr<LiveFile> live;  // set: the copy is in progress; read through read_live()
+  std::shared_ptr<LiveCopy> live;  // set: the copy is in progress; read through read_live()
                                    // (fd: the source for --on-stall source, else unset)
 };
 
@@ -217,7 +217,7 @@ class StageFsCore {
   // EIO, or, when the group stalled and the mount falls back to the source (--on-stall
   // source), come from source_fd (OpenFile::fd of that handle: the source, opened at the
   // open and checked to be the version being copied; -1: none).
-  void read_live(const std::shared_ptr<LiveFile>& live, int source_fd, uint64_t off, size_t size,
+  void read_live(const std::shared_ptr<LiveCopy>& live, int source_fd, uint64_t off, size_t size,
                  std::function<void(stage::Result<std::string>)> done);
   // The handle of an open is gone: its copy may be evicted again.
   void release(const std::string& pinned);

@@ -26,7 +26,7 @@ namespace {
 
 struct FileHandle {
   stage::Fd fd;
-  std::shared_ptr<LiveFile> live;  // read_mode during_copy: reads go through it
+  std::shared_ptr<LiveCopy> live;  // read_mode during_copy: reads go through it
   uint64_t node = 0;
   ReadChoice read_mode;  // counted by the mount until release
   std::string pinned;    // the cache copy kept from eviction while this handle is open

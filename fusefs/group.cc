@@ -83,7 +83,7 @@ void GroupService::materialize_live_async(const std::string& rel, const Want& wa
 // The transfer of rel runs here, its temporary file open: the opens waiting for it go on.
 void GroupService::live_started(const std::string& rel) {
   std::vector<std::pair<Early, Done>> early;
-  std::shared_ptr<LiveFile> live;
+  std::shared_ptr<LiveCopy> live;
   {
     std::lock_guard lk(m_);
     auto l = live_.find(rel);
@@ -286,13 +286,13 @@ bool GroupService::run_transfer(const Message& a) {
   // same relative path in the cache.
   NestHook nest(*this);
   if (nested_ != nullptr) opt.nest = &nest;
-  std::shared_ptr<LiveFile> live;
+  std::shared_ptr<LiveCopy> live;
   if (cfg_.read_during_copy) {
-    live = std::make_shared<LiveFile>([this, rel = a.path] { live_started(rel); });
+    live = std::make_shared<LiveCopy>([this, rel = a.path] { live_started(rel); });
     std::lock_guard lk(m_);
     live_[a.path] = live;
     last_progress_ = Clock::now();
-    opt.live = live.get();
+    opt.live_copy = live.get();
     watchdog_cv_.notify_all();
   }
   const stage::Status room = cfg_.before_transfer ? cfg_.before_transfer(a.path) : stage::Status{};
@@ -319,7 +319,7 @@ bool GroupService::run_transfer(const Message& a) {
     // core then reads the source for them with --on-stall source).
     live->end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
                                             : std::error_code(EIO, std::generic_category()));
-    const LiveFile::Stats ls = live->stats();
+    const LiveCopy::Stats ls = live->stats();
     std::lock_guard lk(m_);
     stats_.early_reads_waited += ls.reads_waited;
     stats_.chunks_wanted += ls.chunks_wanted;
@@ -364,9 +364,10 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
   stage::StageOptions opt = transfer_options();
-  opt.small_files_max = std::max<uint64_t>(cfg_.small_file_size, 1);  // > 0 marks a batch on every rank
-  opt.slice = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
-                                     cfg_.batch_max_bytes};
+  // A selection on every rank (max_file_size > 0 marks one)
+  opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
+  opt.selection.range = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
+                                               cfg_.batch_max_bytes};
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
   // Nested in a transfer: status shows that transfer again afterwards.
   const bool nested = a.type == MsgType::batch_nested;
@@ -397,7 +398,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   // not run twice: it is only a head start.
   const bool prefetch = a.type == MsgType::batch_prefetch;
   for (; runs < 2; ++runs) {
-    if (cfg_.before_batch) cfg_.before_batch(a.path, opt.slice, !prefetch);
+    if (cfg_.before_batch) cfg_.before_batch(a.path, opt.selection.range, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     streamed += report.bytes_streamed;
     reads.bytes_read_source += report.bytes_read_source;

@@ -16,7 +16,7 @@
 // changed on the source during the copy fails the whole stream, and the second run
 // publishes the unchanged files with the changed one at its new version.
 // Reads before the copy ends (GroupConfig::read_during_copy): each single-file
-// transfer gets a LiveFile (live.h) that the engine keeps informed; once this node's
+// transfer gets a LiveCopy (live.h) that the engine keeps informed; once this node's
 // temporary file exists, the opens waiting for that file are answered with it
 // (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
 // missing chunks through it; the engine passes the wants to the source rank.
@@ -90,7 +90,7 @@ struct GroupConfig {
   // Batches: the largest small file (0: no batches, every file alone), and the hooks as
   // above for a batch of directory dir (after_batch gets the files this node published).
   uint64_t small_file_size = 0;
-  // Reads before the copy ends: single-file transfers get a LiveFile (materialize_live_async).
+  // Reads before the copy ends: single-file transfers get a LiveCopy (materialize_live_async).
   bool read_during_copy = false;
   // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
   // room by evicting; a batch that does not fit is then refused by the engine's free-space
@@ -142,7 +142,7 @@ struct GroupStats {
       0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   uint64_t waiting = 0;        // files this node waits for
-  uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveFile::Stats of ended transfers
+  uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
   // The transfer in flight, if any.
   std::string current;
   uint64_t current_done = 0, current_total = 0;
@@ -191,7 +191,7 @@ class GroupService final : public Materializer {
 
   // ask: the request to send if this is the node's first wait for its key.
   void wait_for(Message ask, Done done, uint64_t since = UINT64_MAX, Early early = {});
-  void live_started(const std::string& rel);  // MPI thread, from the LiveFile
+  void live_started(const std::string& rel);  // MPI thread, from the LiveCopy
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
   bool run_transfer(const Message& a);
@@ -250,8 +250,8 @@ class GroupService final : public Materializer {
   // end instead of asking for another batch (a file the batch did not cover is then staged
   // alone by the caller).
   std::set<std::string> batch_running_;
-  // The single-file transfer in progress and its LiveFile (read_during_copy).
-  std::map<std::string, std::shared_ptr<LiveFile>> live_;
+  // The single-file transfer in progress and its LiveCopy (read_during_copy).
+  std::map<std::string, std::shared_ptr<LiveCopy>> live_;
   bool shutdown_requested_ = false;
   GroupState state_ = GroupState::running;
   Clock::time_point last_progress_;

@@ -10,7 +10,7 @@
 
 namespace stagefs {
 
-void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) {
+void LiveCopy::started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) {
   // A file of one chunk is complete one chunk later anyway: its opens wait for the verified
   // copy as before (and a pseudo file, empty by stat, fails its open rather than reading as
   // an empty file).
@@ -35,13 +35,13 @@ void LiveFile::started(const stage::FileMeta& source, uint64_t chunk_size, const
   if (on_started_) on_started_();
 }
 
-bool LiveFile::have_locked(uint64_t off, uint64_t end) const {
+bool LiveCopy::have_locked(uint64_t off, uint64_t end) const {
   for (uint64_t c = off / chunk_; c * chunk_ < end; ++c)
     if (state_[c] == kMissing) return false;
   return true;
 }
 
-void LiveFile::want_locked(uint64_t off, uint64_t end) {
+void LiveCopy::want_locked(uint64_t off, uint64_t end) {
   for (uint64_t c = off / chunk_; c * chunk_ < end; ++c) {
     if (state_[c] != kMissing || asked_[c] != 0) continue;
     asked_[c] = 1;
@@ -50,7 +50,7 @@ void LiveFile::want_locked(uint64_t off, uint64_t end) {
   }
 }
 
-void LiveFile::chunk_written(uint64_t index, bool zero) {
+void LiveCopy::chunk_written(uint64_t index, bool zero) {
   std::vector<Ready> now;
   {
     std::lock_guard lk(m_);
@@ -69,13 +69,13 @@ void LiveFile::chunk_written(uint64_t index, bool zero) {
   for (auto& r : now) r({});
 }
 
-void LiveFile::take_wanted(std::vector<uint64_t>& out) {
+void LiveCopy::take_wanted(std::vector<uint64_t>& out) {
   std::lock_guard lk(m_);
   out.insert(out.end(), wants_.begin(), wants_.end());
   wants_.clear();
 }
 
-void LiveFile::end(bool ok, std::error_code why) {
+void LiveCopy::end(bool ok, std::error_code why) {
   std::vector<Ready> failed;
   {
     std::lock_guard lk(m_);
@@ -95,7 +95,7 @@ void LiveFile::end(bool ok, std::error_code why) {
   for (auto& r : failed) r(ok ? std::error_code{} : why);
 }
 
-std::optional<std::error_code> LiveFile::await(uint64_t off, size_t size, Ready ready) {
+std::optional<std::error_code> LiveCopy::await(uint64_t off, size_t size, Ready ready) {
   std::lock_guard lk(m_);
   ++stats_.reads;
   if (ended_ && !ok_) {
@@ -110,7 +110,7 @@ std::optional<std::error_code> LiveFile::await(uint64_t off, size_t size, Ready 
   return std::nullopt;
 }
 
-stage::Result<std::string> LiveFile::read(uint64_t off, size_t size) {
+stage::Result<std::string> LiveCopy::read(uint64_t off, size_t size) {
   std::vector<char> states;
   uint64_t end = 0, chunk = 0;
   {
@@ -139,7 +139,7 @@ stage::Result<std::string> LiveFile::read(uint64_t off, size_t size) {
   return out;
 }
 
-std::optional<std::chrono::steady_clock::time_point> LiveFile::oldest_wait() const {
+std::optional<std::chrono::steady_clock::time_point> LiveCopy::oldest_wait() const {
   std::lock_guard lk(m_);
   if (pending_.empty()) return std::nullopt;
   auto t = pending_.front().since;
@@ -147,17 +147,17 @@ std::optional<std::chrono::steady_clock::time_point> LiveFile::oldest_wait() con
   return t;
 }
 
-bool LiveFile::ready() const {
+bool LiveCopy::ready() const {
   std::lock_guard lk(m_);
   return started_ && !(ended_ && !ok_);
 }
 
-stage::FileMeta LiveFile::source() const {
+stage::FileMeta LiveCopy::source() const {
   std::lock_guard lk(m_);
   return source_;
 }
 
-LiveFile::Stats LiveFile::stats() const {
+LiveCopy::Stats LiveCopy::stats() const {
   std::lock_guard lk(m_);
   return stats_;
 }

@@ -1,8 +1,8 @@
-// LiveFile: a file this node is materializing, readable before its copy ends.
+// LiveCopy: a file this node is materializing, readable before its copy ends (a live copy).
 //
-// The engine tells it, through stage::LiveCopy, when the temporary file exists (started) and
-// which chunks are in it, verified against their CRC (chunk_written). A reader asks for a
-// byte range (await):
+// The engine tells it, as the copy's stage::LiveCopyReaders, when the temporary file exists
+// (started) and which chunks are in it, verified against their CRC (chunk_written). A reader
+// asks for a byte range (await):
 //   - here: every chunk of the range is written; read() it now, from the temporary file (one
 //     read-only descriptor, opened when the transfer starts; after the publish the same
 //     inode is the copy, so the descriptor stays good whatever happens to the name),
@@ -41,13 +41,13 @@
 
 namespace stagefs {
 
-class LiveFile final : public stage::LiveCopy {
+class LiveCopy final : public stage::LiveCopyReaders {
  public:
   using Ready = std::function<void(std::error_code)>;
   // on_started: called (without the lock) once the temporary file is open for reading.
-  explicit LiveFile(std::function<void()> on_started = {}) : on_started_(std::move(on_started)) {}
+  explicit LiveCopy(std::function<void()> on_started = {}) : on_started_(std::move(on_started)) {}
 
-  // stage::LiveCopy
+  // stage::LiveCopyReaders
   void started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) override;
   void chunk_written(uint64_t index, bool zero) override;
   void take_wanted(std::vector<uint64_t>& out) override;

@@ -7,7 +7,7 @@
 //                 the source on a stall fallback); the page cache is kept only when the open
 //                 found the copy already there
 //   during_copy   READs reach the daemon, which answers them from the copy in progress as its
-//                 chunks land (LiveFile); the page cache is not kept
+//                 chunks land (LiveCopy); the page cache is not kept
 //
 // The kernel refuses to mix cached-mode and passthrough opens of one inode (EIO to whoever
 // comes second; direct I/O is refused next to passthrough too). Per node therefore:

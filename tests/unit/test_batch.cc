@@ -659,21 +659,38 @@ class CountingStore final : public stage::LocalStore {
     if (!t) return t.error();
     return std::unique_ptr<stage::Txn>(new CountingTxn(std::move(t.value()), *this));
   }
-  stage::Status before_unsynced_publish(const std::string& d, std::span<const std::string> names) override {
-    ++unsynced_publishes;
-    unsynced_names += static_cast<int>(names.size());
-    renames_before_publish = renames;
-    return LocalStore::before_unsynced_publish(d, names);  // syncs the filesystem (counted)
-  }
-  void after_unsynced_publish(std::span<const std::string> names) override {
-    published_names += static_cast<int>(names.size());
-    renames_after_publish = renames;
+  // The group's publication: the default one (a sync of the filesystem, counted), with the
+  // renames seen at each of its steps.
+  std::unique_ptr<stage::Publication> publication(const std::string& d,
+                                                  std::vector<std::string> names) override {
+    return std::make_unique<CountingPublication>(LocalStore::publication(d, names), *this, names.size());
   }
   int syncfs = 0, fsyncs = 0, synced_commits = 0, renames = 0;
   int unsynced_publishes = 0, unsynced_names = 0, renames_before_publish = -1;
   int published_names = 0, renames_after_publish = -1;
 
  private:
+  class CountingPublication final : public stage::Publication {
+   public:
+    CountingPublication(std::unique_ptr<stage::Publication> in, CountingStore& s, size_t n)
+        : in_(std::move(in)), s_(s), n_(static_cast<int>(n)) {}
+    stage::Status data_durable() override {
+      ++s_.unsynced_publishes;
+      s_.unsynced_names += n_;
+      s_.renames_before_publish = s_.renames;
+      return in_->data_durable();
+    }
+    void done() override {
+      s_.published_names += n_;
+      s_.renames_after_publish = s_.renames;
+      in_->done();
+    }
+
+   private:
+    std::unique_ptr<stage::Publication> in_;
+    CountingStore& s_;
+    int n_;
+  };
   class CountingTxn final : public stage::Txn {
    public:
     CountingTxn(std::unique_ptr<stage::Txn> in, CountingStore& s) : in_(std::move(in)), s_(s) {}
@@ -714,7 +731,7 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   stage::SelfComm comm;
   stage::StageOptions opt;
   opt.pre = stage::Validate::origin;
-  opt.small_files_max = kSmall;
+  opt.selection.max_file_size = kSmall;
   opt.chunk_size = 65536;
   const stage::StageEndpoint ep{"many", path("dest/many"), true};
   auto rep = stage::stage_transfer(comm, source_.get(), store, opt, ep);

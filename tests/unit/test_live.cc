@@ -1,4 +1,4 @@
-// LiveFile (fusefs/live.h): reads of a copy in progress, without a mount or MPI. The
+// LiveCopy (fusefs/live.h): reads of a copy in progress, without a mount or MPI. The
 // temporary file is a real one (PosixStore's Txn); the test plays the engine's writer.
 #include "fusefs/live.h"
 
@@ -20,7 +20,7 @@ namespace {
 
 using stage::testing::TmpDirTest;
 
-class LiveFileTest : public TmpDirTest {
+class LiveCopyTest : public TmpDirTest {
  protected:
   static constexpr uint64_t kChunk = 4096;
   void SetUp() override {
@@ -37,7 +37,7 @@ class LiveFileTest : public TmpDirTest {
     txn_.reset();
     TmpDirTest::TearDown();
   }
-  // The writer: chunk i into the temporary file (or a hole), then tells the LiveFile.
+  // The writer: chunk i into the temporary file (or a hole), then tells the LiveCopy.
   void write_chunk(uint64_t i, bool zero = false) {
     const uint64_t off = i * kChunk;
     const uint64_t len = std::min<uint64_t>(kChunk, data_.size() - off);
@@ -53,7 +53,7 @@ class LiveFileTest : public TmpDirTest {
   // As the core does: read at once if the range is here, else when `ready` says so.
   std::shared_ptr<Reader> read(uint64_t off, size_t n) {
     auto r = std::make_shared<Reader>();
-    LiveFile* live = live_.get();
+    LiveCopy* live = live_.get();
     auto finish = [live, off, n](std::error_code ec) -> stage::Result<std::string> {
       if (ec) return stage::Error{ec, "read"};
       return live->read(off, n);
@@ -72,10 +72,10 @@ class LiveFileTest : public TmpDirTest {
   std::unique_ptr<stage::Txn> txn_;
   stage::FileMeta meta_{};
   std::string data_;
-  std::unique_ptr<LiveFile> live_ = std::make_unique<LiveFile>();
+  std::unique_ptr<LiveCopy> live_ = std::make_unique<LiveCopy>();
 };
 
-TEST_F(LiveFileTest, AWrittenRangeIsReadAtOnceAndTheRestWaitsForItsChunks) {
+TEST_F(LiveCopyTest, AWrittenRangeIsReadAtOnceAndTheRestWaitsForItsChunks) {
   EXPECT_TRUE(live_->ready());
   write_chunk(0);
   write_chunk(1);
@@ -107,7 +107,7 @@ TEST_F(LiveFileTest, AWrittenRangeIsReadAtOnceAndTheRestWaitsForItsChunks) {
   EXPECT_EQ(live_->stats().reads_waited, 3U);
 }
 
-TEST_F(LiveFileTest, AHoleReadsAsZeros) {
+TEST_F(LiveCopyTest, AHoleReadsAsZeros) {
   write_chunk(3, true);
   auto r = read(3 * kChunk, kChunk);
   ASSERT_TRUE(r->got && r->got->ok());
@@ -116,7 +116,7 @@ TEST_F(LiveFileTest, AHoleReadsAsZeros) {
 
 // A failed copy: the reads that wait fail (EIO), later reads too, and the temporary file's
 // descriptor is closed at once, so its space is freed while handles stay open.
-TEST_F(LiveFileTest, AFailedCopyFailsItsReadsAndFreesItsSpace) {
+TEST_F(LiveCopyTest, AFailedCopyFailsItsReadsAndFreesItsSpace) {
   write_chunk(0);
   write_chunk(5);
   auto present = read(5 * kChunk + 1, 100);
@@ -141,7 +141,7 @@ TEST_F(LiveFileTest, AFailedCopyFailsItsReadsAndFreesItsSpace) {
 }
 
 // A late failure (the watchdog's, after the transfer ended well) must not close a good copy.
-TEST_F(LiveFileTest, TheFirstOutcomeStands) {
+TEST_F(LiveCopyTest, TheFirstOutcomeStands) {
   for (uint64_t i = 0; i < 11; ++i) write_chunk(i);
   live_->end(true);
   live_->end(false);
@@ -151,16 +151,16 @@ TEST_F(LiveFileTest, TheFirstOutcomeStands) {
   EXPECT_EQ(r->got->value(), data_.substr(3 * kChunk + 7, 100));
 }
 
-TEST_F(LiveFileTest, NotReadyBeforeTheTransferStarts) {
-  LiveFile fresh;
+TEST_F(LiveCopyTest, NotReadyBeforeTheTransferStarts) {
+  LiveCopy fresh;
   EXPECT_FALSE(fresh.ready());
   int started = 0;
-  LiveFile counted([&] { ++started; });
+  LiveCopy counted([&] { ++started; });
   counted.started(meta_, kChunk, *txn_);
   EXPECT_EQ(started, 1);
   EXPECT_TRUE(counted.ready());
   // One chunk or less: the copy is complete one chunk later anyway; opens wait for it.
-  LiveFile one([&] { ++started; });
+  LiveCopy one([&] { ++started; });
   stage::FileMeta small = meta_;
   small.size = kChunk;
   one.started(small, kChunk, *txn_);
@@ -175,7 +175,7 @@ namespace stagefs {
 namespace {
 
 // The core's early open (StageFsCore::materialize_then_open) over a materializer that answers
-// with a LiveFile of a given version: a node compares the version being copied with the one
+// with a LiveCopy of a given version: a node compares the version being copied with the one
 // it looked up by size, times and inode. The device number is each node's own (NFS, Lustre),
 // so a different one must not make early opens fail with ESTALE; a different inode must.
 class EarlyMaterializer final : public Materializer {
@@ -189,11 +189,11 @@ class EarlyMaterializer final : public Materializer {
     auto t = store_.begin(temp_);
     if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
     txn_ = std::move(t.value());
-    live_ = std::make_shared<LiveFile>();
+    live_ = std::make_shared<LiveCopy>();
     live_->started(meta_, 4096, *txn_);
     early(live_);
   }
-  std::shared_ptr<LiveFile> live_;
+  std::shared_ptr<LiveCopy> live_;
   std::unique_ptr<stage::Txn> txn_;
 
  private:

@@ -680,9 +680,9 @@ TEST_F(EnginePipelineTest, EveryRankFollowsTheSourceRanksChunkSize) {
   }
 }
 
-// Reads before the copy ends: a LiveCopy that records the order in which chunks are written
+// A live copy: LiveCopyReaders that record the order in which chunks are written
 // and, on one rank, wants the last chunk from the start.
-class RecordingLive final : public LiveCopy {
+class RecordingLive final : public LiveCopyReaders {
  public:
   explicit RecordingLive(std::optional<uint64_t> want) : want_(want) {}
   void started(const FileMeta& source, uint64_t chunk_size, const Txn& /*txn*/) override {
@@ -736,7 +736,7 @@ TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
         FakeP2P p(net, c.rank());
         if (n > 1) c.attach(&p);
         StageOptions mine = opt;
-        mine.live = live[static_cast<size_t>(c.rank())].get();
+        mine.live_copy = live[static_cast<size_t>(c.rank())].get();
         StageEndpoint ep{path("src.bin"), path("live" + tag + std::to_string(c.rank()) + "/f"), true};
         reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
       });

@@ -259,7 +259,7 @@ TEST_F(UnsyncedLogTest, ABatchThroughTheCacheIsRecordedNotSynced) {
     stage::SelfComm comm;
     stage::StageOptions opt;
     opt.pre = stage::Validate::origin;
-    opt.small_files_max = 1024;
+    opt.selection.max_file_size = 1024;
     const stage::StageEndpoint ep{"many", stage::join_path((*c)->store_root(), "many"), true};
     auto rep = stage::stage_transfer(comm, &source, (*c)->store(), opt, ep);
     ASSERT_TRUE(rep.ok) << (rep.errors.empty() ? "" : rep.errors.front());

@@ -1,0 +1,221 @@
+// The reader thread, on the rank that feeds the stream (the source rank, or a seed): fills
+// free chunk buffers from the input files, each chunk with its CRC, and checks each file's
+// end (still the same file, no longer than its size). Any failure, and a cancellation, goes
+// into the stream as an abort chunk, which every rank sees at the same point.
+#include <cstring>
+
+#include "bcast/crc.h"
+#include "bcast/transfer.h"
+
+namespace stage::engine {
+
+// The reader, steered by a live copy's readers (see LiveCopyReaders): first the wanted chunks not sent
+// yet, then on in file order from the last one, then any chunk left behind.
+uint64_t Transfer::pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t& low) {
+  const uint64_t n = sent.size();
+  {
+    const std::lock_guard lk(want_m_);
+    while (!want_q_.empty()) {
+      const uint64_t w = want_q_.front();
+      want_q_.pop_front();
+      if (w < n && sent[w] == 0) {
+        next = w + 1;
+        return w;
+      }
+    }
+  }
+  if (next < n && sent[next] == 0) return next++;
+  while (low < n && sent[low] != 0) ++low;
+  next = low + 1;
+  return low;
+}
+
+// After a file's last byte: is it still the file it was (size, mtime, ctime, inode), and does
+// it really end there? A read past its recorded size that returns data means the copy would
+// be truncated: a pseudo file whose stat size is not its content, or a file that grew without
+// its mtime telling (yet). Either way nothing is published.
+std::optional<Error> Transfer::check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
+                                         const char* what) {
+  auto now = f.stat_now();
+  if (!now) return now.error();
+  if (*now != expect) return stage_error(Errc::source_changed, what, path);
+  auto more = f.data_past(expect.size);
+  if (!more) return more.error();
+  if (!*more) return std::nullopt;
+  Error err = stage_error(Errc::source_changed, what, path);
+  err.message += " (it is longer than its size of " + std::to_string(expect.size) +
+                 " bytes: it grew, or it is a pseudo file whose size does not describe its content)";
+  return err;
+}
+
+// The reader's end check: the source against the scan, or a seed's copy against its identity
+// when the seed opened it and (the origin rule) its bytes, whose CRC is `crc`, against the CRC
+// the copy recorded when it was written. A copy that reads back otherwise was corrupted on
+// this node's disk: every chunk's CRC is the seed's own, so only this check catches it; the
+// store may then drop it (bad_copy), so that it is not chosen again.
+std::optional<Error> Transfer::check_input_end(SourceFile& f, size_t entry, uint64_t crc) const {
+  const Entry& e = m_.entries[entry];
+  if (!seeded_) return check_end(f, e.meta, join_path(ep_.source, e.path), "source");
+  const std::string path = dest_of(entry);
+  if (auto err = check_end(f, seed_before_[entry], path, "seed copy")) return err;
+  if (!copy_crc_[entry] || *copy_crc_[entry] == crc) return std::nullopt;
+  store_.bad_copy(path, seed_before_[entry]);
+  return Error{make_error_code(Errc::checksum_mismatch),
+               "seed copy " + path + " does not match the checksum it recorded when it was written"};
+}
+
+// The reader's file: from the source, or (a seed) this node's copy, which must still be the
+// copy decide() judged current. It is too late to choose another seed (every node waits for
+// this stream): a copy replaced since fails the transfer.
+Result<std::unique_ptr<SourceFile>> Transfer::open_input(size_t entry) {
+  const Entry& e = m_.entries[entry];
+  if (!seeded_) return src_->open(ep_.source, e);
+  const std::string path = dest_of(entry);
+  auto f = store_.open_copy(path);
+  if (!f) return f.error();
+  auto now = (*f)->stat_now();
+  if (!now) return now.error();
+  if (now->size != e.meta.size || now->mtime_ns != copy_mtime_[entry])
+    return stage_error(Errc::source_changed, "seed copy", path);
+  seed_before_[entry] = *now;
+  return f;
+}
+
+// A seeded transfer, after the stream, on the source rank: is the source still the version
+// the manifest describes (the check the source rank's reader makes after each file's last
+// byte)? Opens each streamed file; reads no data.
+std::optional<Error> Transfer::recheck_source(const Layout& layout) {
+  for (const Segment& seg : layout.segments()) {
+    const Entry& e = m_.entries[seg.entry];
+    auto f = src_->open(ep_.source, e);
+    if (!f) return f.error();
+    if (auto err = check_end(**f, e.meta, join_path(ep_.source, e.path), "source")) return err;
+  }
+  return std::nullopt;
+}
+
+// Empty files have no piece in any chunk, so no end of file in read_chunk(): checked first
+// (a /proc file is empty by stat and full of text by read). False: source_err_ says why.
+bool Transfer::check_empty_files(const Layout& layout) {
+  for (const Segment& seg : layout.segments()) {
+    if (seg.size != 0) continue;
+    auto f = open_input(seg.entry);
+    source_err_ = f ? check_input_end(**f, seg.entry, 0) : std::optional<Error>(f.error());
+    if (source_err_) return false;
+  }
+  return true;
+}
+
+// One piece of a chunk (a part of one file) into buf: read, or zeros for a hole.
+std::optional<Error> Transfer::read_piece(const Layout& layout, Input& in, const Piece& p, Buffer& buf,
+                                          uint64_t& piece_crc, bool& any_data) {
+  const Segment& seg = layout.segments()[p.segment];
+  if (in.segment != p.segment) {
+    auto f = open_input(seg.entry);
+    if (!f) return f.error();
+    in.file = std::move(f.value());
+    in.segment = p.segment;
+  }
+  SourceFile& file = *in.file;
+  const std::span<std::byte> dst(buf.mem->data() + p.chunk_off, p.length);
+  if (file.has_data(p.file_off, p.length)) {
+    if (auto st = file.read_at(p.file_off, dst); !st) {
+      if (seeded_) store_.bad_copy(dest_of(seg.entry), seed_before_[seg.entry]);  // unreadable
+      return st.error();
+    }
+    (seeded_ ? read_seed_ : read_source_) += p.length;
+    any_data = true;
+    piece_crc = crc64(dst);
+    return std::nullopt;
+  }
+  // A hole, or the end of a file that shrank since the scan: zeros only for a hole
+  // (a reader of the copy in progress may see this chunk before the end check).
+  auto now = file.stat_now();
+  if (!now) return now.error();
+  if (now->size < p.file_off + p.length) {
+    Error err = stage_error(Errc::source_changed, seeded_ ? "seed copy" : "source",
+                            seeded_ ? dest_of(seg.entry) : join_path(ep_.source, m_.entries[seg.entry].path));
+    err.message += " (it shrank during the copy)";
+    return err;
+  }
+  std::memset(dst.data(), 0, dst.size());
+  piece_crc = crc64_zeros(p.length);
+  return std::nullopt;
+}
+
+// Chunk i into buf, with its header; `last`: the last chunk this reader reads. A failure or
+// a cancellation sets source_err_ and makes it an abort chunk.
+void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t i, bool last) {
+  const ChunkRange range = chunk_range(layout.bytes(), m_.chunk_size, i);
+  buf.hdr = ChunkHeader{i, range.length, 0, 0, 0};
+  if (opt_.cancelled && opt_.cancelled()) {
+    source_err_ = stage_error(Errc::cancelled, "transfer abandoned (stopping)", ep_.source);
+    buf.hdr.flags = kChunkAbort;
+    return;
+  }
+  bool any_data = false;
+  uint64_t crc = 0;
+  for (const Piece& p : layout.pieces(range.offset, range.length)) {
+    uint64_t piece_crc = 0;
+    source_err_ = read_piece(layout, in, p, buf, piece_crc, any_data);
+    if (source_err_) break;
+    crc = crc64_combine(crc, piece_crc, p.length);
+    if (live_copy_) continue;  // one piece per chunk; the file's CRC and end check below
+    const Segment& seg = layout.segments()[p.segment];
+    reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
+    if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
+      source_err_ = check_input_end(*in.file, seg.entry, reader_file_crc_[p.segment]);
+      if (source_err_) break;
+    }
+  }
+  if (live_copy_ && !source_err_) {
+    reader_chunk_crc_[i] = crc;
+    if (last) {  // every chunk read: the file's CRC, and is it still the same file?
+      for (uint64_t j = 0; j < reader_chunk_crc_.size(); ++j)
+        reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
+                                            chunk_range(layout.bytes(), m_.chunk_size, j).length);
+      source_err_ = check_input_end(*in.file, layout.segments()[0].entry, reader_file_crc_[0]);
+    }
+  }
+  if (source_err_) {
+    buf.hdr.flags = kChunkAbort;
+    return;
+  }
+  buf.hdr.crc = crc;
+  buf.hdr.flags = any_data ? 0 : kChunkZero;
+}
+
+void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
+                           BlockingQueue<BufPtr>& full_q) {
+  const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
+  reader_file_crc_.assign(layout.segments().size(), 0);
+  if (!check_empty_files(layout)) {
+    if (nchunks == 0) return;  // the trailer carries the error
+    auto b = free_q.pop();
+    if (!b) return;
+    (*b)->hdr = ChunkHeader{0, chunk_range(layout.bytes(), m_.chunk_size, 0).length, 0, kChunkAbort, 0};
+    full_q.push(std::move(*b));
+    return;
+  }
+  Input in;
+  std::vector<char> sent(live_copy_ ? nchunks : 0);
+  uint64_t next = 0, low = 0;
+  if (live_copy_) reader_chunk_crc_.assign(nchunks, 0);
+  for (uint64_t k = 0; k < nchunks; ++k) {
+    auto t_wait = Clock::now();
+    auto b = free_q.pop();
+    if (!b) return;
+    // Chosen once a buffer is free: as late as possible, so the latest wants count.
+    const uint64_t i = live_copy_ ? pick_chunk(sent, next, low) : k;
+    if (live_copy_) sent[i] = 1;
+    const auto t_read = Clock::now();
+    r_.pipe.read_wait += seconds_between(t_wait, t_read);
+    const Accumulate busy(r_.pipe.read, t_read);
+    read_chunk(layout, in, **b, i, k + 1 == nchunks);
+    const bool aborted = ((*b)->hdr.flags & kChunkAbort) != 0;
+    full_q.push(std::move(*b));
+    if (aborted) return;
+  }
+}
+
+}  // namespace stage::engine
