@@ -15,8 +15,8 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
-#include "fusefs/cache_rules.h"
+#include "fusefs/cache/cache.h"
+#include "fusefs/cache/rules.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
@@ -565,7 +565,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
 void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
   ask.since = mat_.epoch();  // before the look into the cache
-  // The batch's own rule (cache_rules.h), so an open asks for a batch only if it holds rel.
+  // The batch's own rule (cache/rules.h), so an open asks for a batch only if it holds rel.
   ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size);
   const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs

@@ -27,12 +27,12 @@
 //     through a callback, run on the core's small completion pool.
 //   - Room: an open whose copy does not fit in the cache because other copies are held open
 //     on this node waits for room without holding a thread (the cache room's RoomWaits,
-//     cache_wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
+//     cache/wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
 //     ENOSPC.
 //   - Hard links: the names of one source file (one version of one inode) cost one transfer
-//     (the cache room's LinkedCopies, cache_links.h, says which name's copy serves them). The
+//     (the cache room's LinkedCopies, cache/links.h, says which name's copy serves them). The
 //     first open of a file with several links waits for its whole copy (no early reads).
-//   - Trust in a copy's bytes is the cache room's CopyChecker (cache_verify.h), which the core
+//   - Trust in a copy's bytes is the cache room's CopyChecker (cache/verify.h), which the core
 //     owns for the mount's life and asks once per open: serve this copy, wait for its CRC
 //     read-back (on the checker's threads, once per copy), or miss.
 // Every method is thread-safe (one mutex over the node table; no lock is held while waiting
@@ -62,9 +62,9 @@
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
-#include "fusefs/cache_links.h"
-#include "fusefs/cache_verify.h"
-#include "fusefs/cache_wait.h"
+#include "fusefs/cache/links.h"
+#include "fusefs/cache/verify.h"
+#include "fusefs/cache/wait.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {

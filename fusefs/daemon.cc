@@ -21,7 +21,7 @@
 #include "bcast/paths.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/metrics.h"
 #include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"

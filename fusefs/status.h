@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

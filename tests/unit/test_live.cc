@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "bcast/store.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "tmpdir.h"
 
