@@ -104,7 +104,7 @@ class LocalStore {
   // finished temporary copies in directory dir, to be renamed into place without a sync of
   // their names. By default their data is made durable by one sync of the filesystem; a store
   // may instead make the group durable its own way (the stagefs cache records the names and
-  // syncs them later: fusefs/unsynced.h, so the open that waits for the group never waits for
+  // syncs them later: fusefs/cache/unsynced.h, so the open that waits for the group never waits for
   // the disk).
   virtual std::unique_ptr<Publication> publication(const std::string& dir, std::vector<std::string> paths);
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;

@@ -54,7 +54,7 @@ try:
                         "status=none"], check=True)
         early = os.open(os.path.join(d.mnt, name), os.O_RDONLY)
         h.wait_for(lambda: d.stats()["transfers"] == r + 1, 600, "the copy of %s" % name)
-        assert d.stats()["early_opens"] == r + 1, d.stats()
+        assert d.stats()["opens_during_copy"] == r + 1, d.stats()
         order = ["early handle", "new handle", "cache file"]
         order = order[r % 3:] + order[:r % 3]  # each reader first once in 3 rounds
         for kind in order:

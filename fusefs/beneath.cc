@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "bcast/store.h"
-#include "fusefs/cache_rules.h"
+#include "fusefs/cache/rules.h"
 
 namespace stagefs {
 

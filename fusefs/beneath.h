@@ -35,7 +35,7 @@ std::string proc_fd_path(int fd);
 bool unlink_beneath(int root_fd, const std::string& rel);
 
 // The files a batch of directory dfd (named dir) takes, in the slice's order: those the
-// cache's batch rule admits (batch_eligible, cache_rules.h: small regular files every user
+// cache's batch rule admits (batch_eligible, cache/rules.h: small regular files every user
 // may read, not named like a temporary file), within the slice and its limits
 // (stage::SmallFilesSlice). Lists every name, checks
 // (fstatat, no symlinks) only the slice's; fn(name, stat) for each file taken. Returns the

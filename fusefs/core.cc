@@ -15,8 +15,8 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
-#include "fusefs/cache_rules.h"
+#include "fusefs/cache/cache.h"
+#include "fusefs/cache/rules.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
@@ -500,7 +500,7 @@ void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone
   check_open(id, flags, who, std::move(done), cfg_.read_during_copy);
 }
 
-void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool early_ok,
+void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool live_ok,
                              bool background) {
   ++counters_.opens;
   // Every copy handed out is pinned (not evicted) until its handle is released.
@@ -556,7 +556,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
   }
   Ask ask;
   ask.want = Want{who.uid, background};
-  ask.early_ok = early_ok;
+  ask.live_ok = live_ok;
   post([this, rel, src = st, ask, done = std::move(done)]() mutable {
     serve_or_materialize(rel, src, ask, std::move(done), false);
   });
@@ -565,7 +565,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
 void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
   ask.since = mat_.epoch();  // before the look into the cache
-  // The batch's own rule (cache_rules.h), so an open asks for a batch only if it holds rel.
+  // The batch's own rule (cache/rules.h), so an open asks for a batch only if it holds rel.
   ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size);
   const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
@@ -629,7 +629,7 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
     }
     links_.forget(key, a.other);
   }
-  ask.early_ok = false;  // the others wait for a whole copy
+  ask.live_ok = false;  // the others wait for a whole copy
   done = [this, key, rel, inner = std::move(done)](Result<OpenFile> r) mutable {
     auto waiters = links_.materialized(key, rel, r && !r->from_source && !r->live);
     inner(std::move(r));
@@ -641,7 +641,7 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
 void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_,
                                         Clock::time_point space_deadline) {
   const uint64_t space_epoch = cache_.space_epoch();  // before the transfer decides on room
-  // Exactly one of `then` and `early` is called.
+  // Exactly one of `then` and `on_live` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
   auto then = [this, rel, src, ask, shared, space_deadline, space_epoch](stage::Status outcome) mutable {
     post([this, rel, src, ask, space_deadline, space_epoch, outcome = std::move(outcome),
@@ -676,8 +676,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
     });
   };
   if (ask.small) return mat_.materialize_small_async(rel, ask.since, ask.want, std::move(then));
-  if (!ask.early_ok) return mat_.materialize_async(rel, ask.want, std::move(then));
-  auto early = [this, rel, src, shared](std::shared_ptr<LiveCopy> live) {
+  if (!ask.live_ok) return mat_.materialize_async(rel, ask.want, std::move(then));
+  auto on_live = [this, rel, src, shared](std::shared_ptr<LiveCopy> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
       if (!stage::same_version(live->source(), stage::meta_from_stat(src))) {
@@ -686,7 +686,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         ++counters_.open_errors;
         return done(stage::sys_error(ESTALE, "open (the source changed while it was being staged)", rel));
       }
-      ++counters_.early_opens;
+      ++counters_.opens_during_copy;
       OpenFile f;
       f.live = std::move(live);
       if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
@@ -698,7 +698,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       done(std::move(f));
     });
   };
-  mat_.materialize_live_async(rel, ask.want, std::move(then), std::move(early));
+  mat_.materialize_live_async(rel, ask.want, std::move(then), std::move(on_live));
 }
 
 namespace {

@@ -27,12 +27,12 @@
 //     through a callback, run on the core's small completion pool.
 //   - Room: an open whose copy does not fit in the cache because other copies are held open
 //     on this node waits for room without holding a thread (the cache room's RoomWaits,
-//     cache_wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
+//     cache/wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
 //     ENOSPC.
 //   - Hard links: the names of one source file (one version of one inode) cost one transfer
-//     (the cache room's LinkedCopies, cache_links.h, says which name's copy serves them). The
-//     first open of a file with several links waits for its whole copy (no early reads).
-//   - Trust in a copy's bytes is the cache room's CopyChecker (cache_verify.h), which the core
+//     (the cache room's LinkedCopies, cache/links.h, says which name's copy serves them). The
+//     first open of a file with several links waits for its whole copy (no reads during the copy).
+//   - Trust in a copy's bytes is the cache room's CopyChecker (cache/verify.h), which the core
 //     owns for the mount's life and asks once per open: serve this copy, wait for its CRC
 //     read-back (on the checker's threads, once per copy), or miss.
 // Every method is thread-safe (one mutex over the node table; no lock is held while waiting
@@ -62,9 +62,9 @@
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
-#include "fusefs/cache_links.h"
-#include "fusefs/cache_verify.h"
-#include "fusefs/cache_wait.h"
+#include "fusefs/cache/links.h"
+#include "fusefs/cache/verify.h"
+#include "fusefs/cache/wait.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {
@@ -101,13 +101,13 @@ class Materializer {
     materialize_async(rel, want, std::move(done));
   }
   // Reads before the copy ends: as materialize_async(), but once the transfer of
-  // rel runs on this node with its temporary file open (LiveCopy), early(live) is called
+  // rel runs on this node with its temporary file open (LiveCopy), on_live(live) is called
   // instead of done, and done never: the open returns then and reads wait for their chunks.
   // If that never happens (the transfer failed first, or this materializer cannot), done
   // as above.
-  using Early = std::function<void(std::shared_ptr<LiveCopy>)>;
-  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
-    (void)early;
+  using LiveStarted = std::function<void(std::shared_ptr<LiveCopy>)>;
+  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) {
+    (void)on_live;
     materialize_async(rel, want, std::move(done));
   }
   // A counter of completed transfers (0 if the materializer has none).
@@ -178,7 +178,7 @@ using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
 struct CoreCounters : CheckCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
   std::atomic<uint64_t> stale_opens{0}, denied{0}, prefetches{0};
-  std::atomic<uint64_t> early_opens{0};  // opens answered while their copy was in progress
+  std::atomic<uint64_t> opens_during_copy{0};  // opens answered while their copy was in progress
   std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room);
                                           // notified (atomic wait) once such an open is queued
 };
@@ -289,11 +289,11 @@ class StageFsCore {
   //   open_materialized      the verified copy the materialization made, or the source after
   //                          a stall (--on-stall source).
   // How an open asks the materializer: small (its directory's slice; `since` as
-  // materialize_small_async's), early_ok (answer during the copy).
+  // materialize_small_async's), live_ok (answer during the copy).
   struct Ask {
     Want want;
     bool small = false;
-    bool early_ok = false;
+    bool live_ok = false;
     uint64_t since = 0;
   };
   // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
@@ -304,9 +304,9 @@ class StageFsCore {
   // copy was asked for.
   void no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
                Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
-  // early_ok: answer during the copy (read_during_copy; not for prefetch); background: a
+  // live_ok: answer during the copy (read_during_copy; not for prefetch); background: a
   // prefetch (no open waits for it).
-  void check_open(uint64_t id, int flags, const Caller& who, OpenDone done, bool early_ok,
+  void check_open(uint64_t id, int flags, const Caller& who, OpenDone done, bool live_ok,
                   bool background = false);
   // checked: the copy's CRC read-back (if it needed one) has ended.
   void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
@@ -320,7 +320,7 @@ class StageFsCore {
   // mount, or is being materialized, serves this open from that copy (now, or once that
   // transfer ended) and returns true. Otherwise, rel's open is the one that materializes that
   // version: done is wrapped to record the copy and release the waiting names, and
-  // ask.early_ok is cleared.
+  // ask.live_ok is cleared.
   bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
   LinkedCopies links_;
 

@@ -21,7 +21,7 @@
 #include "bcast/paths.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/metrics.h"
 #include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
@@ -292,9 +292,9 @@ MountStatus Daemon::status() const {
   s.transfer_failures = g.failures;
   s.requests = g.requests_sent;
   s.waiting = g.waiting;
-  s.early_opens = c.early_opens;
+  s.opens_during_copy = c.opens_during_copy;
   s.room_waits = c.room_waits;
-  s.early_reads_waited = g.early_reads_waited;
+  s.reads_waited_during_copy = g.reads_waited_during_copy;
   s.chunks_wanted = g.chunks_wanted;
   s.current = g.current;
   s.current_done = g.current_done;

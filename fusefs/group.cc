@@ -75,23 +75,23 @@ void GroupService::materialize_small_async(const std::string& rel, uint64_t sinc
   wait_for(std::move(ask), std::move(done), since);
 }
 
-void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) {
+void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) {
   if (!cfg_.read_during_copy) return materialize_async(rel, want, std::move(done));
-  wait_for(request(MsgType::materialize, rel, want), std::move(done), UINT64_MAX, std::move(early));
+  wait_for(request(MsgType::materialize, rel, want), std::move(done), UINT64_MAX, std::move(on_live));
 }
 
 // The transfer of rel runs here, its temporary file open: the opens waiting for it go on.
 void GroupService::live_started(const std::string& rel) {
-  std::vector<std::pair<Early, Done>> early;
+  std::vector<std::pair<LiveStarted, Done>> on_live;
   std::shared_ptr<LiveCopy> live;
   {
     std::lock_guard lk(m_);
     auto l = live_.find(rel);
     if (l == live_.end()) return;
     live = l->second;
-    if (auto it = waits_.find(Key{MsgType::materialize, rel}); it != waits_.end()) early = std::move(it->second->early);
+    if (auto it = waits_.find(Key{MsgType::materialize, rel}); it != waits_.end()) on_live = std::move(it->second->on_live);
   }
-  for (auto& [e, d] : early) e(live);
+  for (auto& [e, d] : on_live) e(live);
 }
 
 uint64_t GroupService::epoch() const {
@@ -110,15 +110,15 @@ bool GroupService::batch_running(const std::string& rel) const {
   return batch_running_.contains(dir);
 }
 
-void GroupService::wait_for(Message ask, Done done, uint64_t since, Early early) {
+void GroupService::wait_for(Message ask, Done done, uint64_t since, LiveStarted on_live) {
   const Key key{ask.type, ask.path};
   std::unique_lock lk(m_);
   const std::string& rel = key.second;
-  if (early) {  // the copy is in progress here: no new request, go on with it
+  if (on_live) {  // the copy is in progress here: no new request, go on with it
     if (auto l = live_.find(rel); l != live_.end() && l->second->ready()) {
       auto live = l->second;
       lk.unlock();
-      return early(std::move(live));
+      return on_live(std::move(live));
     }
   }
   if (key.first == MsgType::batch) {
@@ -145,8 +145,8 @@ void GroupService::wait_for(Message ask, Done done, uint64_t since, Early early)
     if (key.first != MsgType::batch || !batch_running_.contains(key.second)) ask_locked(slot->ask);
     watchdog_cv_.notify_all();
   }
-  if (early)
-    slot->early.emplace_back(std::move(early), std::move(done));
+  if (on_live)
+    slot->on_live.emplace_back(std::move(on_live), std::move(done));
   else
     slot->callbacks.push_back(std::move(done));
 }
@@ -155,7 +155,7 @@ void GroupService::wait_for(Message ask, Done done, uint64_t since, Early early)
 void GroupService::watchdog() {
   std::unique_lock lk(m_);
   while (!stop_watchdog_) {
-    // Armed while an open waits, or while a copy that was opened early runs (its reads may
+    // Armed while an open waits, or while a copy opened during its transfer runs (its reads may
     // wait for chunks: the same stall rule for them, checked every stall_timeout / 4).
     if ((waits_.empty() && live_.empty()) || state_ != GroupState::running) {
       watchdog_cv_.wait(lk);
@@ -193,7 +193,7 @@ GroupService::Ready GroupService::fail_all_locked(const stage::Error& e) {
   Ready ready;
   for (auto& [rel, w] : waits_) {
     for (auto& cb : w->callbacks) ready.emplace_back(std::move(cb), e);
-    for (auto& [early, cb] : w->early) ready.emplace_back(std::move(cb), e);
+    for (auto& [on_live, cb] : w->on_live) ready.emplace_back(std::move(cb), e);
   }
   waits_.clear();
   outbox_.clear();
@@ -250,7 +250,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
     auto it = waits_.find(key);
     if (it == waits_.end()) return;
     cbs = std::move(it->second->callbacks);
-    for (auto& [early, cb] : it->second->early) cbs.push_back(std::move(cb));
+    for (auto& [on_live, cb] : it->second->on_live) cbs.push_back(std::move(cb));
     waits_.erase(it);
   }
   for (auto& cb : cbs) cb(st);
@@ -321,7 +321,7 @@ bool GroupService::run_transfer(const Message& a) {
                                             : std::error_code(EIO, std::generic_category()));
     const LiveCopy::Stats ls = live->stats();
     std::lock_guard lk(m_);
-    stats_.early_reads_waited += ls.reads_waited;
+    stats_.reads_waited_during_copy += ls.reads_waited;
     stats_.chunks_wanted += ls.chunks_wanted;
   }
   if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);

@@ -142,7 +142,7 @@ struct GroupStats {
       0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   uint64_t waiting = 0;        // files this node waits for
-  uint64_t early_reads_waited = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
+  uint64_t reads_waited_during_copy = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
   // The transfer in flight, if any.
   std::string current;
   uint64_t current_done = 0, current_total = 0;
@@ -165,7 +165,7 @@ class GroupService final : public Materializer {
   // rel is small: one batch for its directory, a slice that begins with rel (or alone when
   // batches are off).
   void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override;
-  void materialize_live_async(const std::string& rel, const Want& want, Done done, Early early) override;
+  void materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) override;
   [[nodiscard]] uint64_t epoch() const override;
   // Waits until epoch() is at least `at_least` or `timeout` passes; true if it got there.
   bool wait_for_epoch(uint64_t at_least, std::chrono::milliseconds timeout) const;
@@ -184,13 +184,13 @@ class GroupService final : public Materializer {
     Clock::time_point requested;
     Message ask;  // the request it sent (sent again if a prefetch it attached to was skipped)
     std::vector<Done> callbacks;
-    std::vector<std::pair<Early, Done>> early;  // answered by early() once the copy runs here
+    std::vector<std::pair<LiveStarted, Done>> on_live;  // answered by on_live() once the copy runs here
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
   // ask: the request to send if this is the node's first wait for its key.
-  void wait_for(Message ask, Done done, uint64_t since = UINT64_MAX, Early early = {});
+  void wait_for(Message ask, Done done, uint64_t since = UINT64_MAX, LiveStarted on_live = {});
   void live_started(const std::string& rel);  // MPI thread, from the LiveCopy
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.

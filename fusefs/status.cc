@@ -58,9 +58,9 @@ std::string to_json(const MountStatus& s) {
   j["transfer_failures"] = s.transfer_failures;
   j["requests"] = s.requests;
   j["waiting"] = s.waiting;
-  j["early_opens"] = s.early_opens;
+  j["opens_during_copy"] = s.opens_during_copy;
   j["room_waits"] = s.room_waits;
-  j["early_reads_waited"] = s.early_reads_waited;
+  j["reads_waited_during_copy"] = s.reads_waited_during_copy;
   j["chunks_wanted"] = s.chunks_wanted;
   j["cache"] = {{"dir", s.cache_dir},          {"bytes", s.cache.bytes},
                 {"limit", s.cache.limit},      {"files", s.cache.files},

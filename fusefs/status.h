@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 
@@ -27,7 +27,7 @@ struct MountStatus {
   uint64_t waiting = 0;
   // reads before the copy ends: opens answered during their copy; reads of theirs that waited
   // for chunks; chunks this node asked the source to send first
-  uint64_t early_opens = 0, early_reads_waited = 0, chunks_wanted = 0;
+  uint64_t opens_during_copy = 0, reads_waited_during_copy = 0, chunks_wanted = 0;
   uint64_t room_waits = 0;  // opens that waited for room held by copies open on this node
   std::string current;  // the transfer in flight ("" if none): a file, or "DIR/" for a batch
   uint64_t current_done = 0, current_total = 0;

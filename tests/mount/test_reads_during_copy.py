@@ -105,12 +105,12 @@ class Standalone(h.MountTestCase):
                                stdin=h.subprocess.PIPE, stdout=h.subprocess.PIPE, stderr=h.subprocess.PIPE,
                                text=True)
         try:
-            h.wait_for(lambda: d.stats()["early_opens"] == 1, 30, "the open to return during the copy")
+            h.wait_for(lambda: d.stats()["opens_during_copy"] == 1, 30, "the open to return during the copy")
             expect_probe(self, p)
             h.wait_for(lambda: os.path.exists(hold), 30, "the copy to reach the hold")
             s = d.stats()
             self.assertEqual(s["transfers"], 0, s)  # the copy is not done: the open came early
-            self.assertEqual(s["early_opens"], 1, s)
+            self.assertEqual(s["opens_during_copy"], 1, s)
             self.assertTrue(os.path.exists(hold))
             os.unlink(hold)
             p.stdin.write("go\n")
@@ -125,11 +125,11 @@ class Standalone(h.MountTestCase):
         # the reads may end before the transfer's closing steps (sync, rename)
         s = h.wait_for(lambda: (lambda s: s if s["transfers"] == 1 else None)(d.stats()), 60, "the transfer to end")
         self.assertEqual(s["transfer_failures"], 0, s)
-        self.assertGreaterEqual(s["early_reads_waited"], 2, s)  # the tail and the edge waited
+        self.assertGreaterEqual(s["reads_waited_during_copy"], 2, s)  # the tail and the edge waited
         self.assertGreaterEqual(s["chunks_wanted"], 2, s)
         # The next open is an ordinary cache hit (kernel passthrough where it works).
         self.assertEqual(h.sha256_file(os.path.join(d.mnt, "big")), h.sha256_file(os.path.join(self.work.src, "big")))
-        self.assertEqual(d.stats()["early_opens"], 1)
+        self.assertEqual(d.stats()["opens_during_copy"], 1)
 
     def test_an_early_handle_does_not_fail_later_opens(self):
         """The kernel refuses a passthrough open of an inode that has cached-mode opens (and
@@ -170,12 +170,12 @@ class Standalone(h.MountTestCase):
         t.start()
         h.wait_for(lambda: os.path.exists(hold) and d.stats()["waiting"] == 1, 30,
                    "the copy to reach the hold with the open waiting")
-        self.assertEqual(d.stats()["early_opens"], 0)
+        self.assertEqual(d.stats()["opens_during_copy"], 0)
         self.assertTrue(t.is_alive(), "the open returned while the copy was held")
         os.unlink(hold)
         t.join(timeout=60)
         self.assertEqual(got, [data[:4096]])
-        self.assertEqual(d.stats()["early_opens"], 0)
+        self.assertEqual(d.stats()["opens_during_copy"], 0)
 
     def test_a_copy_failing_halfway_fails_only_reads_of_missing_chunks(self):
         size = 16 * MiB
@@ -215,12 +215,12 @@ class Group(h.MountTestCase):
         hold = held.file
         last = h.NP - 1
         p = g.spawn(last, [h.PYTHON, SCRIPT, "probe", os.path.join(g.mnt, "big"), os.path.join(self.work.src, "big")])
-        h.wait_for(lambda: g.stats(last)["early_opens"] == 1, 30, "the open to return during the copy")
+        h.wait_for(lambda: g.stats(last)["opens_during_copy"] == 1, 30, "the open to return during the copy")
         expect_probe(self, p)
         h.wait_for(lambda: os.path.exists(hold), 30, "the copy to reach the hold")
         s = g.stats(last)
         self.assertEqual(s["transfers"], 0, s)
-        self.assertEqual(s["early_opens"], 1, s)
+        self.assertEqual(s["opens_during_copy"], 1, s)
         os.unlink(hold)
         p.stdin.write("go\n")
         p.stdin.flush()

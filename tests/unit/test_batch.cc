@@ -24,7 +24,7 @@
 #include "bcast/store.h"
 #include "fakes.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "tmpdir.h"

@@ -1,4 +1,4 @@
-// NodeCache (fusefs/cache.h): what it refuses, what its sweep removes, its validity rule.
+// NodeCache (fusefs/cache/cache.h): what it refuses, what its sweep removes, its validity rule.
 // Runs as root (the suite does); ownership cases chown to uid 65534 (nobody).
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,10 +12,10 @@
 #include "bcast/crc.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
-#include "fusefs/cache.h"
-#include "fusefs/cache_links.h"
-#include "fusefs/cache_rules.h"
-#include "fusefs/cache_verify.h"
+#include "fusefs/cache/cache.h"
+#include "fusefs/cache/links.h"
+#include "fusefs/cache/rules.h"
+#include "fusefs/cache/verify.h"
 #include "tmpdir.h"
 
 namespace stagefs {

@@ -13,7 +13,7 @@
 #include "bcast/comm.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "fusefs/stagectl_channel.h"

@@ -17,7 +17,7 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/group.h"
 #include "fake_p2p.h"
 #include "thread_comm.h"

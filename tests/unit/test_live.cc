@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "bcast/store.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "tmpdir.h"
 
@@ -185,13 +185,13 @@ class EarlyMaterializer final : public Materializer {
   void materialize_async(const std::string& rel, const Want&, Done done) override {
     done(stage::sys_error(EIO, "not in this test", rel));
   }
-  void materialize_live_async(const std::string& rel, const Want&, Done done, Early early) override {
+  void materialize_live_async(const std::string& rel, const Want&, Done done, LiveStarted on_live) override {
     auto t = store_.begin(temp_);
     if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
     txn_ = std::move(t.value());
     live_ = std::make_shared<LiveCopy>();
     live_->started(meta_, 4096, *txn_);
-    early(live_);
+    on_live(live_);
   }
   std::shared_ptr<LiveCopy> live_;
   std::unique_ptr<stage::Txn> txn_;

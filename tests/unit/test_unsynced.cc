@@ -1,4 +1,4 @@
-// UnsyncedLog (fusefs/unsynced.h): what record() writes, what flush() and close() leave, and
+// UnsyncedLog (fusefs/cache/unsynced.h): what record() writes, what flush() and close() leave, and
 // what recover() does with a log an earlier daemon left: sync its copies on the same boot,
 // remove them after a reboot, never touch a name outside CACHE/data. And NodeCache's store:
 // a batch published through it is recorded, not synced.
@@ -13,8 +13,8 @@
 #include "bcast/comm.h"
 #include "bcast/engine.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
-#include "fusefs/unsynced.h"
+#include "fusefs/cache/cache.h"
+#include "fusefs/cache/unsynced.h"
 #include "tmpdir.h"
 
 namespace stagefs {

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <map>
 
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/status.h"
 #include "fusefs/xattr_cache.h"

@@ -9,7 +9,7 @@
 
 #include "bcast/source.h"
 #include "fusefs/beneath.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

@@ -1,10 +1,10 @@
-// RoomWaits: cache_wait.h states its design, its thread and its lock order.
-#include "fusefs/cache_wait.h"
+// RoomWaits: cache/wait.h states its design, its thread and its lock order.
+#include "fusefs/cache/wait.h"
 
 #include <spdlog/spdlog.h>
 
 #include "bcast/paths.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

@@ -30,14 +30,14 @@
 //     before a byte moves) counts the limit and what eviction freed on each node. A copy
 //     costs its data plus copy_overhead() (its origin xattr's block, measured at open).
 //   - Copies of a batch are published before their data is on disk; the UnsyncedLog
-//     (unsynced.h, CACHE/unsynced) records them first and syncs them in the background
+//     (cache/unsynced.h, CACHE/unsynced) records them first and syncs them in the background
 //     about sync_after later. open() acts on a log an earlier daemon left (after the sweep):
 //     after a reboot its copies are removed, otherwise synced; an unreadable log empties
 //     the cache.
-//   - Admission (cache_admit.cc): before a transfer or a batch, on every node, a stale copy
+//   - Admission (cache/admit.cc): before a transfer or a batch, on every node, a stale copy
 //     goes and room is made; after it, what was published joins the index. What a batch
-//     takes is one rule, batch_eligible() (cache_rules.h). Trust in a copy's bytes (its CRC
-//     checked once per mount) is CopyChecker's (cache_verify.h), which the mount's core owns.
+//     takes is one rule, batch_eligible() (cache/rules.h). Trust in a copy's bytes (its CRC
+//     checked once per mount) is CopyChecker's (cache/verify.h), which the mount's core owns.
 // Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
 // thread that syncs in the background); the rest only reads the held descriptors.
 #pragma once
@@ -60,7 +60,7 @@
 #include "bcast/fd.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
-#include "fusefs/unsynced.h"
+#include "fusefs/cache/unsynced.h"
 
 namespace stagefs {
 
@@ -169,7 +169,7 @@ class NodeCache {
   // source: the source file whose owner asked (dev, inode). A copy recorded as made from
   // another file (the path was swapped since the owner check) is left alone: EBUSY.
   stage::Status evict(const std::string& rel, const struct stat& source);
-  // ---- admission (cache_admit.cc): called on every node by the group's service thread,
+  // ---- admission (cache/admit.cc): called on every node by the group's service thread,
   // through GroupConfig's hooks, around each transfer or batch. source_root: SOURCE_DIR's fd.
   // Before a transfer of rel: removes an outdated copy, then makes room for the new one (an
   // error, logged: no room under the limit; this node then relays without writing).

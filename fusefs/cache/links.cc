@@ -1,5 +1,5 @@
-// LinkedCopies: cache_links.h states what it records and why.
-#include "fusefs/cache_links.h"
+// LinkedCopies: cache/links.h states what it records and why.
+#include "fusefs/cache/links.h"
 
 #include "bcast/manifest.h"
 

@@ -1,4 +1,4 @@
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "fusefs/unsynced.h"
+#include "fusefs/cache/unsynced.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>

@@ -1,11 +1,11 @@
-// CopyChecker: cache_verify.h states its design, its threads and its lock order.
-#include "fusefs/cache_verify.h"
+// CopyChecker: cache/verify.h states its design, its threads and its lock order.
+#include "fusefs/cache/verify.h"
 
 #include <spdlog/spdlog.h>
 
 #include "bcast/source.h"
 #include "bcast/store.h"
-#include "fusefs/cache.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 
