@@ -277,6 +277,65 @@ Result<std::string> StageFsCore::readlink(uint64_t id) {
   return buf;
 }
 
+namespace {
+
+// The file type bits of a directory entry's d_type (0: not known).
+uint32_t mode_of(unsigned char d_type) {
+  uint32_t mode = 0;
+  switch (d_type) {
+    case DT_DIR:
+      mode = S_IFDIR;
+      break;
+    case DT_LNK:
+      mode = S_IFLNK;
+      break;
+    case DT_REG:
+      mode = S_IFREG;
+      break;
+    case DT_FIFO:
+      mode = S_IFIFO;
+      break;
+    case DT_SOCK:
+      mode = S_IFSOCK;
+      break;
+    case DT_CHR:
+      mode = S_IFCHR;
+      break;
+    case DT_BLK:
+      mode = S_IFBLK;
+      break;
+    default:
+      mode = 0;
+  }
+  return mode;
+}
+
+// The entries of directory fd (closed on return), as readdir gives them.
+Result<std::unique_ptr<std::vector<DirEntry>>> list_entries(stage::Fd fd, const std::string& rel) {
+  DIR* d = ::fdopendir(fd.get());
+  if (d == nullptr) return stage::sys_error(errno, "opendir", rel);
+  fd.release();  // now owned by d
+  auto out = std::make_unique<std::vector<DirEntry>>();
+  errno = 0;
+  while (const dirent* de = ::readdir(d))
+    out->push_back(DirEntry{de->d_name, de->d_ino != 0 ? de->d_ino : 1, mode_of(de->d_type)});
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) return stage::sys_error(err, "readdir", rel);
+  out->shrink_to_fit();
+  return out;
+}
+
+// The memory a listing holds, as its user's budget counts it.
+uint64_t listing_size(const std::vector<DirEntry>& entries) {
+  uint64_t bytes = entries.capacity() * sizeof(DirEntry);
+  for (const DirEntry& e : entries)
+    if (e.name.capacity() > 15) bytes += e.name.capacity() + 1;  // past std::string's inline buffer
+  return bytes;
+}
+
+}  // namespace
+
 Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
@@ -291,63 +350,41 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
     if (auto it = dirs_.find(key); it != dirs_.end())
       if (auto snap = it->second.lock()) return snap;
   }
-  DIR* d = ::fdopendir(fd->get());
-  if (d == nullptr) return stage::sys_error(errno, "opendir", *rel);
-  fd->release();  // now owned by d
-  auto out = std::make_unique<std::vector<DirEntry>>();
-  errno = 0;
-  while (const dirent* de = ::readdir(d)) {
-    uint32_t mode = 0;
-    switch (de->d_type) {
-      case DT_DIR:
-        mode = S_IFDIR;
-        break;
-      case DT_LNK:
-        mode = S_IFLNK;
-        break;
-      case DT_REG:
-        mode = S_IFREG;
-        break;
-      case DT_FIFO:
-        mode = S_IFIFO;
-        break;
-      case DT_SOCK:
-        mode = S_IFSOCK;
-        break;
-      case DT_CHR:
-        mode = S_IFCHR;
-        break;
-      case DT_BLK:
-        mode = S_IFBLK;
-        break;
-      default:
-        mode = 0;
-    }
-    out->push_back(DirEntry{de->d_name, de->d_ino != 0 ? de->d_ino : 1, mode});
-  }
-  const int err = errno;
-  ::closedir(d);
-  if (err != 0) return stage::sys_error(err, "readdir", *rel);
-  out->shrink_to_fit();
-  uint64_t bytes = out->capacity() * sizeof(DirEntry);
-  for (const DirEntry& e : *out)
-    if (e.name.capacity() > 15) bytes += e.name.capacity() + 1;  // past std::string's inline buffer
-  if (who.uid != 0) {
+  auto out = list_entries(std::move(*fd), *rel);
+  if (!out) return out.error();
+  const uint64_t bytes = listing_size(**out);
+  if (auto st = charge_listing(who.uid, bytes, *rel); !st) return st.error();
+  DirSnapshot snap = share_listing(std::move(*out), who.uid, bytes);
+  std::lock_guard lk(dirs_m_);
+  for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots
+    it = it->second.expired() ? dirs_.erase(it) : std::next(it);
+  dirs_[key] = snap;
+  return snap;
+}
+
+stage::Status StageFsCore::charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel) {
+  if (uid != 0) {
     std::lock_guard lk(listing_bytes_->m);
-    uint64_t& used = listing_bytes_->by_uid[who.uid];
+    uint64_t& used = listing_bytes_->by_uid[uid];
     if (used + bytes > cfg_.listing_bytes_per_user) {
-      if (used == 0) listing_bytes_->by_uid.erase(who.uid);
+      if (used == 0) listing_bytes_->by_uid.erase(uid);
       return stage::sys_error(ENOMEM,
-                              "opendir: the listings held open by uid " + std::to_string(who.uid) + " would take " +
-                                  std::to_string((used + bytes) >> 20) + " MiB, over the limit of " +
+                              "opendir: the listings held open by uid " + std::to_string(uid) +
+                                  " would take " + std::to_string((used + bytes) >> 20) +
+                                  " MiB, over the limit of " +
                                   std::to_string(cfg_.listing_bytes_per_user >> 20) + " MiB",
-                              *rel);
+                              rel);
     }
     used += bytes;
   }
+  return {};
+}
+
+DirSnapshot StageFsCore::share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
+                                       uint64_t bytes) const {
   // The last handle's release frees the listing, gives the memory back to the system and to
   // its user's budget.
-  DirSnapshot snap(out.release(), [acct = listing_bytes_, uid = who.uid, bytes](const std::vector<DirEntry>* v) {
+  return DirSnapshot(entries.release(), [acct = listing_bytes_, uid, bytes](const std::vector<DirEntry>* v) {
     const bool big = v->size() > 1000;
     delete v;
     if (big) ::malloc_trim(0);
@@ -356,11 +393,6 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
     if (auto it = acct->by_uid.find(uid); it != acct->by_uid.end() && (it->second -= std::min(it->second, bytes)) == 0)
       acct->by_uid.erase(it);
   });
-  std::lock_guard lk(dirs_m_);
-  for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots
-    it = it->second.expired() ? dirs_.erase(it) : std::next(it);
-  dirs_[key] = snap;
-  return snap;
 }
 
 Result<struct statvfs> StageFsCore::statfs() {

@@ -345,6 +345,12 @@ class StageFsCore {
     std::map<uint32_t, uint64_t> by_uid;
   };
   std::shared_ptr<ListingBytes> listing_bytes_ = std::make_shared<ListingBytes>();
+  // The steps of readdir. Counts a listing of `bytes` against uid's budget (root: none), or
+  // fails with ENOMEM if it would go over.
+  stage::Status charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel);
+  // The listing as the handles share it; the last one's release gives its bytes back.
+  DirSnapshot share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
+                            uint64_t bytes) const;
   // Completion pool.
   std::mutex pool_m_;
   std::condition_variable pool_cv_;

@@ -122,6 +122,16 @@ class Daemon {
 
  private:
   std::string setup_local();
+  // The steps of setup_local: each returns why it failed (empty: done).
+  std::string open_cache(const std::string& cache_as_given);
+  void limit_cache();
+  [[nodiscard]] GroupConfig group_config();
+  std::string create_group_core_mount(const GroupConfig& g);
+  // The steps of run.
+  static void set_signals();
+  bool start_mpi(int* argc, char*** argv);
+  int mount_everywhere();
+  int serve();
   std::optional<std::string> control_xattr(const std::string& name, const Caller& who) const;
   MountStatus status() const;
   const char* state_name() const;
@@ -160,6 +170,16 @@ std::string Daemon::setup_local() {
   }
   if (auto why = check_source_and_mount(cfg_); !why.empty()) return why;
   cfg_.mount.mountpoint = cfg_.mountpoint;
+  if (auto why = open_cache(cache_as_given); !why.empty()) return why;
+  source_root_ = stage::Fd(::open(cfg_.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!source_root_.valid()) return "SOURCE_DIR " + cfg_.source_dir + ": " + std::strerror(errno);
+  source_ = std::make_unique<BeneathSource>(source_root_.get());
+  limit_cache();
+  return create_group_core_mount(group_config());
+}
+
+// The node cache, opened; what it recovered and swept is logged.
+std::string Daemon::open_cache(const std::string& cache_as_given) {
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
   // Copies are readable only through the mount.
   auto cache = NodeCache::open(cache_as_given, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700},
@@ -179,12 +199,11 @@ std::string Daemon::setup_local() {
     spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
   if (cache_->swept().untrusted > 0)
     spdlog::warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
-  source_root_ = stage::Fd(::open(cfg_.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!source_root_.valid()) return "SOURCE_DIR " + cfg_.source_dir + ": " + std::strerror(errno);
-  source_ = std::make_unique<BeneathSource>(source_root_.get());
-  GroupConfig g;
-  g.source_dir = cfg_.source_dir;
-  g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
+  return {};
+}
+
+// --cache-size (or its percentage of the cache's file system) as the cache's limit.
+void Daemon::limit_cache() {
   if (cfg_.cache_size_percent > 0) {
     struct statvfs sv {};
     if (::fstatvfs(cache_->data_fd(), &sv) == 0)
@@ -195,6 +214,14 @@ std::string Daemon::setup_local() {
   if (cfg_.cache_size > 0)
     spdlog::info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size, cache_->usage().files,
                  cache_->usage().bytes);
+}
+
+// The group's configuration: the daemon's options, and the cache's admission around every
+// transfer and batch.
+GroupConfig Daemon::group_config() {
+  GroupConfig g;
+  g.source_dir = cfg_.source_dir;
+  g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
   // Admission is the cache's (NodeCache::admit_transfer, admit_batch): the group calls it on
   // every node before a transfer or a batch, and tells it what was published after.
   g.before_transfer = [this](const std::string& rel) { return cache_->admit_transfer(source_root_.get(), rel); };
@@ -234,6 +261,11 @@ std::string Daemon::setup_local() {
     return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
                                                       : read_path_name(ReadPath::splice));
   };
+  return g;
+}
+
+// The group over the cache and the source, the core over the group, and the mount.
+std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   holds_ = std::make_unique<stage::TestHolds>(cache_->store(), *source_, data_->rank());
   group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
@@ -354,9 +386,23 @@ void Daemon::supervise() {
 }
 
 int Daemon::run(int* argc, char*** argv) {
-  // The supervisor takes SIGTERM/SIGINT/SIGHUP with sigtimedwait: block them before any thread
-  // exists (MPI's and libfuse's threads inherit the mask), or the default action would kill
-  // the process and leave a stale mount.
+  set_signals();
+  if (!start_mpi(argc, argv)) return 1;
+  // Set up locally, then agree: either every node is mounted, or none stays mounted.
+  if (const int failed = mount_everywhere(); failed != 0) return failed;
+  state_ = "ready";
+  if (!cfg_.metrics_file.empty())
+    metrics_ = std::make_unique<MetricsFile>(cfg_.metrics_file, cfg_.metrics_interval, cfg_.mountpoint,
+                                             [this] { return status(); });
+  spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
+               data_->size());
+  return serve();
+}
+
+// The supervisor takes SIGTERM/SIGINT/SIGHUP with sigtimedwait: block them before any thread
+// exists (MPI's and libfuse's threads inherit the mask), or the default action would kill
+// the process and leave a stale mount.
+void Daemon::set_signals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sigs, s);
@@ -368,22 +414,26 @@ int Daemon::run(int* argc, char*** argv) {
   // mpirun forwards to every rank and `srun --signal` / `sbatch --signal` send before a time
   // limit; SIGALRM. Set before MPI_Init: the launcher's own handlers come after.
   for (int s : {SIGPIPE, SIGUSR1, SIGUSR2, SIGALRM}) ::signal(s, SIG_IGN);
+}
+
+// The ranks, the data path and the control plane; false (logged) if MPI did not start.
+bool Daemon::start_mpi(int* argc, char*** argv) {
   // One daemon per node: no node topology (every rank is its node's writer).
   auto ranks = stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
   if (!ranks) {
     spdlog::error("{}", ranks.error().message);
-    return 1;
+    return false;
   }
   if (ranks->mpi()) {
     auto c = MpiControlPlane::create(MPI_COMM_WORLD, 0);
     if (!c) {
       spdlog::error("{}", c.error().message);
-      return 1;
+      return false;
     }
     auto n = stage::MpiComm::dup(MPI_COMM_WORLD);
     if (!n) {
       spdlog::error("{}", n.error().message);
-      return 1;
+      return false;
     }
     nested_ = std::move(n.value());
     ctl_ = std::move(c.value());
@@ -394,8 +444,12 @@ int Daemon::run(int* argc, char*** argv) {
   env_ = std::move(ranks->env);
   data_ = std::move(ranks->world);
   spdlog::set_pattern("[stagefs " + stage::host_name() + " r" + std::to_string(data_->rank()) + "] %l: %v");
+  return true;
+}
 
-  // Set up locally, then agree: either every node is mounted, or none stays mounted.
+// This node's setup, then the group's agreement: 0 if every node is mounted, else the exit
+// status (this node's mount is undone).
+int Daemon::mount_everywhere() {
   const std::string err = setup_local();
   if (!err.empty()) spdlog::error("{}", err);
   // 2 (usage: the paths contradict each other) wins over 1, so every rank exits alike.
@@ -406,13 +460,12 @@ int Daemon::run(int* argc, char*** argv) {
     (void)ctl_->close();  // complete the posted announcement so MPI can finalize
     return failed && *failed == 2 ? 2 : 1;
   }
-  state_ = "ready";
-  if (!cfg_.metrics_file.empty())
-    metrics_ = std::make_unique<MetricsFile>(cfg_.metrics_file, cfg_.metrics_interval, cfg_.mountpoint,
-                                             [this] { return status(); });
-  spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
-               data_->size());
+  return 0;
+}
 
+// The mount serves until every node agreed to shut down; then the orderly end (or, with a
+// broken group, an exit without finalizing MPI).
+int Daemon::serve() {
   std::thread fuse([this] {
     if (auto st = mount_->loop(); !st) spdlog::error("{}", st.error().message);
     trigger_shutdown("unmounted");

@@ -363,93 +363,118 @@ bool GroupService::run_transfer(const Message& a) {
 bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
+  ShownTransfer outer = show_batch(shown, t0);
+  // A prefetched batch (no open asked for it when it was announced) never evicts, and is
+  // not run twice: it is only a head start.
+  const bool prefetch = a.type == MsgType::batch_prefetch;
+  const BatchRuns r = stage_batch(a, comm, shown, prefetch);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (coord_ && r.report.ok) {
+    // The source rank's scan knows what the slice left out: the next slice queues behind the
+    // other users' requests. Only while slices find something to copy on some node.
+    // It queues after the requests that arrived during this slice (coordinate()).
+    if (prefetch) coord_->prefetch_ran(a.path, r.report.bytes_total);
+    if (r.report.nodes_needing > 0 && !r.report.batch_next.empty())
+      continuations_.emplace_back(a, r.report.batch_next);
+  }
+  if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
+  count_batch(a, r, std::move(outer), prefetch);
+  finish_batch(a, shown, r, secs, prefetch);
+  return !r.report.comm_broken;
+}
+
+// The engine's options for one slice of a batch: the same selection on every rank.
+stage::StageOptions GroupService::batch_options(const Message& a) const {
   stage::StageOptions opt = transfer_options();
   // A selection on every rank (max_file_size > 0 marks one)
   opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
   opt.selection.range = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
                                                cfg_.batch_max_bytes};
+  return opt;
+}
+
+// Status shows the batch from now on; returns what it showed before.
+GroupService::ShownTransfer GroupService::show_batch(const std::string& shown, Clock::time_point t0) {
+  ShownTransfer outer;
+  std::lock_guard lk(m_);
+  outer.current = std::exchange(stats_.current, shown);
+  outer.done = stats_.current_done;
+  outer.total = stats_.current_total;
+  outer.start = current_start_;
+  stats_.current_done = stats_.current_total = 0;
+  current_start_ = t0;
+  return outer;
+}
+
+// The batch's transfer, run once more if it failed (not a prefetch, nor a broken Comm).
+GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm& comm,
+                                                  const std::string& shown, bool prefetch) {
+  const stage::StageOptions opt = batch_options(a);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
-  // Nested in a transfer: status shows that transfer again afterwards.
-  const bool nested = a.type == MsgType::batch_nested;
-  std::string outer;
-  uint64_t outer_done = 0, outer_total = 0;
-  Clock::time_point outer_start;
-  {
-    std::lock_guard lk(m_);
-    outer = std::exchange(stats_.current, shown);
-    outer_done = stats_.current_done;
-    outer_total = stats_.current_total;
-    outer_start = current_start_;
-    stats_.current_done = stats_.current_total = 0;
-    current_start_ = t0;
-  }
   auto progress = [this](uint64_t done, uint64_t total) {
     std::lock_guard lk(m_);
     last_progress_ = Clock::now();
     stats_.current_done = done;
     stats_.current_total = total;
   };
-  stage::StageReport report;
-  stage::StageReport reads;  // where the runs' bytes were read, summed
-  std::vector<std::string> published;
-  uint64_t streamed = 0;
-  int runs = 0;
-  // A prefetched batch (no open asked for it when it was announced) never evicts, and is
-  // not run twice: it is only a head start.
-  const bool prefetch = a.type == MsgType::batch_prefetch;
-  for (; runs < 2; ++runs) {
+  BatchRuns r;
+  stage::StageReport& report = r.report;
+  stage::StageReport& reads = r.reads;  // where the runs' bytes were read, summed
+  for (; r.runs < 2; ++r.runs) {
     if (cfg_.before_batch) cfg_.before_batch(a.path, opt.selection.range, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
-    streamed += report.bytes_streamed;
+    r.streamed += report.bytes_streamed;
     reads.bytes_read_source += report.bytes_read_source;
     reads.bytes_read_seed += report.bytes_read_seed;
     reads.fed_from_copy = report.fed_from_copy;  // the last run's feeder
     reads.fed_by = report.fed_by;
-    published.insert(published.end(), report.published.begin(), report.published.end());
+    r.published.insert(r.published.end(), report.published.begin(), report.published.end());
     if (report.ok || report.comm_broken || prefetch) break;
     // Identical on every rank (the outcome is collective): try once more, e.g. after a file
     // changed during the copy.
-    if (runs == 0)
+    if (r.runs == 0)
       spdlog::warn("batch {} failed ({}): staging it once more", shown,
                    report.errors.empty() ? "transfer failed" : report.errors.front());
   }
   reads.ok = report.ok;
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (coord_ && report.ok) {
-    // The source rank's scan knows what the slice left out: the next slice queues behind the
-    // other users' requests. Only while slices find something to copy on some node.
-    // It queues after the requests that arrived during this slice (coordinate()).
-    if (prefetch) coord_->prefetch_ran(a.path, report.bytes_total);
-    if (report.nodes_needing > 0 && !report.batch_next.empty())
-      continuations_.emplace_back(a, report.batch_next);
+  return r;
+}
+
+// The batch's counters; a nested batch shows the transfer it interrupted again.
+void GroupService::count_batch(const Message& a, const BatchRuns& r, ShownTransfer outer, bool prefetch) {
+  // Nested in a transfer: status shows that transfer again afterwards.
+  const bool nested = a.type == MsgType::batch_nested;
+  std::lock_guard lk(m_);
+  stats_.current.clear();
+  if (nested) {
+    ++stats_.nested;
+    stats_.current = std::move(outer.current);
+    stats_.current_done = outer.done;
+    stats_.current_total = outer.total;
+    current_start_ = outer.start;
   }
-  if (cfg_.after_batch) cfg_.after_batch(a.path, published, report.ok, secs);
-  {
-    std::lock_guard lk(m_);
-    stats_.current.clear();
-    if (nested) {
-      ++stats_.nested;
-      stats_.current = std::move(outer);
-      stats_.current_done = outer_done;
-      stats_.current_total = outer_total;
-      current_start_ = outer_start;
-    }
-    ++stats_.transfers;
-    ++stats_.batches;
-    stats_.batch_files += published.size();
-    stats_.bytes_broadcast += streamed;
-    count_reads_locked(reads);
-    if (!published.empty()) ++stats_.local_writes;
-    if (!report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
-    last_progress_ = Clock::now();
-  }
+  ++stats_.transfers;
+  ++stats_.batches;
+  stats_.batch_files += r.published.size();
+  stats_.bytes_broadcast += r.streamed;
+  count_reads_locked(r.reads);
+  if (!r.published.empty()) ++stats_.local_writes;
+  if (!r.report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
+  last_progress_ = Clock::now();
+}
+
+// The batch's one log line and its waiters' answer: done, a skipped prefetch asked for
+// again, or failed (its small files are staged alone from then on).
+void GroupService::finish_batch(const Message& a, const std::string& shown, const BatchRuns& r, double secs,
+                                bool prefetch) {
+  const stage::StageReport& report = r.report;
   const Key key{MsgType::batch, a.path};
   const std::string why = report.ok ? std::string() : report.errors.empty() ? "transfer failed" : report.errors.front();
   if (report.ok) {
     // One line per batch, whatever the number of files.
     spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
                  "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
-                 shown, report.files, report.bytes_total, published.size(), secs, runs > 0 ? " (second run)" : "",
+                 shown, report.files, report.bytes_total, r.published.size(), secs, r.runs > 0 ? " (second run)" : "",
                  a.type == MsgType::batch_nested ? " (nested)" : prefetch ? " (prefetched)" : "",
                  report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
                  report.writers, fed_by(report),
@@ -480,7 +505,6 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
                                                   : stage::make_error_code(stage::Errc::peer_failed),
                                why});
   }
-  return !report.comm_broken;
 }
 
 stage::Status GroupService::control_failed(const stage::Error& e, const char* what) {

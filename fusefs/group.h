@@ -196,6 +196,26 @@ class GroupService final : public Materializer {
   // not be used again, so the group stops transferring.
   bool run_transfer(const Message& a);
   bool run_batch(const Message& a, stage::Comm& comm);
+  // The steps of run_batch. The status line a batch replaces (a nested batch puts back the
+  // transfer it interrupted), and its runs (at most two) summed.
+  struct ShownTransfer {
+    std::string current;
+    uint64_t done = 0, total = 0;
+    Clock::time_point start;
+  };
+  struct BatchRuns {
+    stage::StageReport report;  // the last run's
+    stage::StageReport reads;   // where the runs' bytes were read, summed
+    std::vector<std::string> published;
+    uint64_t streamed = 0;
+    int runs = 0;
+  };
+  [[nodiscard]] stage::StageOptions batch_options(const Message& a) const;
+  ShownTransfer show_batch(const std::string& shown, Clock::time_point t0);
+  BatchRuns stage_batch(const Message& a, stage::Comm& comm, const std::string& shown, bool prefetch);
+  void count_batch(const Message& a, const BatchRuns& r, ShownTransfer outer, bool prefetch);
+  void finish_batch(const Message& a, const std::string& shown, const BatchRuns& r, double secs,
+                    bool prefetch);
   // The engine's options for a transfer into the cache (m_ not needed).
   [[nodiscard]] stage::StageOptions transfer_options() const;
   // Counts where a transfer's bytes were read (m_ held).
