@@ -476,8 +476,8 @@ int Daemon::serve() {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
-  core_->stop();
-  metrics_.reset();  // a last write, with the final counters  // opens answered late by the completion pool are done (or dropped) now
+  core_->stop();     // opens answered late by the completion pool are done (or dropped) now
+  metrics_.reset();  // a last write, with the final counters
   if (group_->state() != GroupState::broken) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.
