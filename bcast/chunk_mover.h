@@ -23,7 +23,7 @@
 #include "bcast/buffer.h"
 #include "bcast/comm.h"
 #include "bcast/pipeline.h"
-#include "bcast/stream.h"
+#include "bcast/layout.h"
 
 namespace stage::engine {
 

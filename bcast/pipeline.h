@@ -41,7 +41,7 @@
 
 #include "bcast/comm.h"
 #include "bcast/error.h"
-#include "bcast/stream.h"
+#include "bcast/layout.h"
 
 namespace stage {
 

@@ -26,7 +26,7 @@
 #include "bcast/chunk_mover.h"
 #include "bcast/engine.h"
 #include "bcast/queue.h"
-#include "bcast/stream.h"
+#include "bcast/layout.h"
 
 namespace stage::engine {
 

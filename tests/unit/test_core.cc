@@ -12,7 +12,7 @@
 #include "bcast/engine.h"
 #include "bcast/job.h"
 #include "bcast/manifest.h"
-#include "bcast/stream.h"
+#include "bcast/layout.h"
 #include "fusefs/log.h"
 #include "fusefs/status.h"
 

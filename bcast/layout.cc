@@ -1,4 +1,4 @@
-#include "bcast/stream.h"
+#include "bcast/layout.h"
 
 #include <algorithm>
 
