@@ -283,7 +283,8 @@ lost_link_run() {  # POLICY (eio|source) [seed]
   fi
   info "$name: broadcast in flight $(secs_since "$t0") s after the readers started; written so far: $(for ((k = 1; k <= N; k++)); do printf 'node%d %s MiB  ' "$k" "$(alloc_mib "$k")"; done)"
   if [[ $SEEDED == yes ]]; then
-    grep -q "rank $((CUT - 1)) feeds the transfer from its current copy" "$ROOT/nodes/node1/tmp/stagefs.log" 2>/dev/null &&
+    # (the log reaches the file through the rank's log pipe: wait for the line, not only look)
+    wait_until 10 grep -qs "rank $((CUT - 1)) feeds the transfer from its current copy" "$ROOT/nodes/node1/tmp/stagefs.log" &&
       pass "$name: the transfer is fed by node $CUT's cache (rank $((CUT - 1)), the seed)" ||
       fail "$name: node 1's log does not say rank $((CUT - 1)) feeds the transfer from its copy"
   fi
