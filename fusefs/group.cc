@@ -233,6 +233,15 @@ void GroupService::mark_progress() {
   last_progress_ = Clock::now();
 }
 
+stage::ProgressFn GroupService::transfer_progress() {
+  return [this](uint64_t done, uint64_t total) {
+    std::lock_guard lk(m_);
+    last_progress_ = Clock::now();
+    stats_.current_done = done;
+    stats_.current_total = total;
+  };
+}
+
 void GroupService::ask_locked(const Message& ask) {
   outbox_.push_back(ask);
   ++stats_.requests_sent;
@@ -303,12 +312,7 @@ bool GroupService::run_transfer(const Message& a) {
     stats_.current_done = stats_.current_total = 0;
     current_start_ = t0;
   }
-  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, [this](uint64_t done, uint64_t total) {
-    std::lock_guard lk(m_);
-    last_progress_ = Clock::now();
-    stats_.current_done = done;
-    stats_.current_total = total;
-  });
+  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, transfer_progress());
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (live) {
     {
@@ -411,12 +415,7 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
                                                   const std::string& shown, bool prefetch) {
   const stage::StageOptions opt = batch_options(a);
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), true};
-  auto progress = [this](uint64_t done, uint64_t total) {
-    std::lock_guard lk(m_);
-    last_progress_ = Clock::now();
-    stats_.current_done = done;
-    stats_.current_total = total;
-  };
+  const stage::ProgressFn progress = transfer_progress();
   BatchRuns r;
   stage::StageReport& report = r.report;
   stage::StageReport& reads = r.reads;  // where the runs' bytes were read, summed

@@ -247,6 +247,9 @@ class GroupService final : public Materializer {
   static void run_ready(Ready& r);
   void watchdog();
   void mark_progress();
+  // The engine's progress callback for a transfer or batch: the stall clock and the status's
+  // bytes done (called on the service thread, after each chunk).
+  stage::ProgressFn transfer_progress();
 
   stage::Comm& data_;
   stage::Comm* nested_;
