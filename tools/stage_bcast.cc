@@ -99,7 +99,16 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   app.add_flag("--ranks-as-nodes", job.ranks_as_nodes,
                "treat every rank as its own node (tests on one machine)");
   app.add_flag("--json", job.json, "print the report as JSON on stdout");
-  app.add_flag("-v,--verbose", job.verbose, "log each node's decisions");
+  add_choice(app, "--progress", job.progress,
+             {{"auto", stage::ProgressWhen::automatic},
+              {"on", stage::ProgressWhen::on},
+              {"off", stage::ProgressWhen::off}},
+             "the source rank's progress line on stderr (bytes, percent, rate, ETA): auto shows it "
+             "rewritten in place when stderr is a terminal, and as a line per tenth of the copy "
+             "in a log with --verbose; on shows it in a log too (a line per tenth, or per minute), "
+             "off never");
+  app.add_flag("-v,--verbose", job.verbose,
+               "log each node's decisions (and the progress in a log: --progress)");
   return source_rank;
 }
 
