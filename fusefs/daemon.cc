@@ -252,6 +252,7 @@ GroupConfig Daemon::group_config() {
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
+  g.bcast.pipeline.segment = cfg_.bcast_segment;     // rank 0's (Daemon::run)
   g.bcast.pipeline.stall_timeout = g.stall_timeout;  // a chunk's data path gives up as the opens do
   g.read_path = [this] {
     if (!mount_) return std::string("-");
@@ -388,6 +389,11 @@ void Daemon::supervise() {
 int Daemon::run(int* argc, char*** argv) {
   set_signals();
   if (!start_mpi(argc, argv)) return 1;
+  // Settings every rank's data path must share: rank 0's count.
+  if (auto st = stage::bcast_value(*data_, cfg_.bcast_segment, 0); !st) {
+    spdlog::error("{}", st.error().message);
+    return 1;
+  }
   // Set up locally, then agree: either every node is mounted, or none stays mounted.
   if (const int failed = mount_everywhere(); failed != 0) return failed;
   state_ = "ready";
