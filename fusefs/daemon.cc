@@ -254,14 +254,7 @@ GroupConfig Daemon::group_config() {
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
   g.bcast.pipeline.segment = cfg_.bcast_segment;     // rank 0's (Daemon::run)
   g.bcast.pipeline.stall_timeout = g.stall_timeout;  // a chunk's data path gives up as the opens do
-  g.read_path = [this] {
-    if (!mount_) return std::string("-");
-    if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));
-    // Before the first open tried it, passthrough is a hope, not a fact: say so (the open
-    // logs "reads are served by ..." once it knows).
-    return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
-                                                      : read_path_name(ReadPath::splice));
-  };
+  g.read_path = [this] { return std::string(mount_ ? read_path_name(mount_->read_path()) : "-"); };
   return g;
 }
 
@@ -277,7 +270,9 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
-  auto mount = FuseMount::create(*core_, cfg_.mount);
+  MountOptions mount_opt = cfg_.mount;
+  mount_opt.backing_probe = cache_->dir() + "/.lock";  // a regular file on the cache's filesystem
+  auto mount = FuseMount::create(*core_, mount_opt);
   if (!mount) return mount.error().message;
   mount_ = std::move(mount.value());
   return {};
