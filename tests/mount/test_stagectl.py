@@ -16,43 +16,32 @@ STAGECTL is found beside STAGEFS (build/tools/).
              reads are served, not "not yet known"
   InFlight   the metrics file's stagefs_transfer_done_bytes moves during a copy, stays put while
              the copy is held, and is 0 once it ended
+  Docs       every key of user.stagefs.stats is in the user guide's table and every metric of
+             the metrics file in the admin guide's, and the reverse
 Nothing sleeps to synchronize. Standard library plus python3-prometheus-client.
 """
 import json
 import os
 import pty
 import pwd
+import re
 import subprocess
 import sys
 import threading
-import unittest
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "faults"))
 import stagefs_harness as h  # noqa: E402
+from test_node_cache import parse_metrics, read_all, stagectl, write  # noqa: E402
 
 MiB = h.MiB
-
-
-def stagectl():
-    return os.path.join(os.path.dirname(h.STAGEFS), "stagectl")
+DOCS = os.path.join(HERE, "..", "..", "docs")
 
 
 def ctl(*args, cwd=None, timeout=120):
     return h.run([stagectl()] + [str(a) for a in args], timeout=timeout, check=False, cwd=cwd)
-
-
-def write(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def read_all(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def on_a_terminal(cmd, cwd=None):
@@ -73,15 +62,6 @@ def on_a_terminal(cmd, cwd=None):
     os.close(master)
     out, _ = p.communicate(timeout=h.RUN_TIMEOUT)
     return p.returncode, out.decode(errors="replace"), shown.decode(errors="replace").replace("\r\n", "\n")
-
-
-def parse_metrics(text):
-    from prometheus_client.parser import text_string_to_metric_families
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "mountpoint")))] = s.value
-    return out
 
 
 class Paths(h.MountTestCase):
@@ -281,6 +261,54 @@ class InFlight(h.MountTestCase):
             return m if m and m.get(("stagefs_transfers_total", ())) == 1 else None
         m = h.wait_for(ended, 30, "the metrics file to show the copy ended")
         self.assertEqual((m[("stagefs_transfer_done_bytes", ())], m[("stagefs_transfer_size_bytes", ())]), (0, 0))
+
+
+def table_keys(page, heading):
+    """The backquoted names in the first column of the table(s) under `heading` in page, up to
+    the next heading."""
+    with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+        text = f.read()
+    at = text.index(heading)
+    keys = set()
+    for line in text[at:].splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            keys |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return keys
+
+
+class Docs(h.MountTestCase):
+    def test_every_stats_key_and_metric_is_documented(self):
+        write(os.path.join(self.work.src, "big"), os.urandom(20 * MiB))
+        path = self.work.file("stagefs.prom")
+        with h.Hold(self, "mid-file") as hold:
+            self.daemon(self.work.file("cache"), "--chunk-size", "4M", "--metrics-file", path,
+                        "--metrics-interval", "0.2").wait_ready()
+        reader = threading.Thread(target=lambda: read_all(os.path.join(self.work.mnt, "big")))
+        reader.start()
+        self.addCleanup(lambda: (hold.reached() and hold.release(), reader.join(120)))
+        h.wait_for(hold.reached, 60, "a copy in flight")
+        s = json.loads(os.getxattr(self.work.mnt, "user.stagefs.stats"))
+        keys = set()
+        for k, v in s.items():
+            keys.add(k)
+            if isinstance(v, dict):
+                keys |= {"%s.%s" % (k, sub) for sub in v}
+        keys.add("transfer.hidden")  # what a reader who may not read the file gets instead
+        self.assertEqual(table_keys("user-guide.md", "### The keys of user.stagefs.stats"), keys)
+
+        def names():
+            if not os.path.exists(path):
+                return None
+            with open(path) as f:
+                text = f.read()
+            return {re.sub(r"_(bucket|sum|count)$", "", n) for n, _ in parse_metrics(text)}
+        metrics = h.wait_for(names, 30, "the metrics file")
+        documented = {re.sub(r"\{.*", "", k) for k in table_keys("admin-guide.md", "## Metrics")}
+        self.assertEqual(documented, metrics)
+        hold.release()
+        reader.join(120)
 
 
 if __name__ == "__main__":
