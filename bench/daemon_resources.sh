@@ -14,7 +14,7 @@
 # reclaimed within the limit): the ratio of the transfer times says what the limit costs.
 # Results: bench/results/daemon_resources.md (medians over RUNS rounds) and .raw.csv.
 #
-# Env: SIZE_MB (1024) RANKS (4) IDLE (10) LIMIT_MB (256) RUNS (3) WORK_ROOT BIN RESULTS KEEP=1
+# Env: SIZE_MB (1024) RANKS (4) IDLE (10) LIMIT_MB (256) RUNS (5, lib.sh) WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail
 
 . "$(dirname "$0")/lib.sh"
@@ -25,7 +25,6 @@ SIZE_MB=${SIZE_MB:-1024}
 RANKS=${RANKS:-4}
 IDLE=${IDLE:-10}
 LIMIT_MB=${LIMIT_MB:-256}
-RUNS=${RUNS:-3}
 WORK=$WORK_ROOT/resources
 MNT=$WORK/mnt
 NAME=daemon_resources
