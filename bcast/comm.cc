@@ -10,6 +10,10 @@ Status bcast_string(Comm& comm, std::string& s, int root) {
   return comm.bcast(std::as_writable_bytes(std::span(s.data(), s.size())), root);
 }
 
+Status bcast_value(Comm& comm, uint64_t& v, int root) {
+  return comm.bcast(std::as_writable_bytes(std::span(&v, 1)), root);
+}
+
 Result<int64_t> allreduce_max(Comm& comm, int64_t v) {
   if (auto st = comm.allreduce_max(std::span(&v, 1)); !st) return st.error();
   return v;

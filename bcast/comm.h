@@ -79,6 +79,8 @@ class Comm {
 
 // Convenience wrappers (collective, like the calls they wrap).
 Status bcast_string(Comm& comm, std::string& s, int root);
+// root's v on every rank (a setting every rank must share: root's counts).
+Status bcast_value(Comm& comm, uint64_t& v, int root);
 Result<int64_t> allreduce_max(Comm& comm, int64_t v);
 Result<int64_t> allreduce_sum(Comm& comm, int64_t v);
 

@@ -180,13 +180,22 @@ int run_bcast_job(BcastJob job, int* argc, char*** argv) {
   ep.writer = ranks->role.writer;
   const bool is_root = world.rank() == opt.root;
   if (const int rc = agree_on_paths(world, check_paths(job, ep.dest, is_root, ep.writer)); rc != 0) return rc;
+  // Every rank posts receives of the sender's message size: the source rank's counts.
+  if (auto st = bcast_value(world, job.opt.pipeline.segment, opt.root); !st) {
+    std::fprintf(stderr, "stage-bcast: %s\n", st.error().message.c_str());
+    return 1;
+  }
   PosixSource source;
   PosixStore store(StoreOptions{.direct_io = job.direct_io});
   TestHolds io(store, source, world.rank());  // the crash tests' hold points (bcast/holding.h)
-  ProgressLine progress(is_root && !job.json && isatty(STDERR_FILENO) != 0);
+  ProgressLine progress(is_root ? progress_mode(job.json && job.progress == ProgressWhen::automatic
+                                                    ? ProgressWhen::off
+                                                    : job.progress,
+                                                job.verbose, isatty(STDERR_FILENO) != 0)
+                                : ProgressMode::off);
   auto report = stage_transfer(world, &io.source(), io.store(), opt, ep,
                                [&](uint64_t done, uint64_t total) { progress.update(done, total); });
-  progress.done();
+  progress.finish();
   report.t.topology = ranks->topology_s;  // the report times our work, not MPI start-up
   report.t.total += ranks->topology_s;
   return finish_job(job, report, world, ranks->role, ep.dest);

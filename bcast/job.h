@@ -13,6 +13,7 @@
 
 #include "bcast/engine.h"
 #include "bcast/mpi_start.h"
+#include "bcast/progress.h"
 
 namespace stage {
 
@@ -33,6 +34,9 @@ struct BcastJob {
   bool ranks_as_nodes = false;  // every rank its own node (tests on one machine)
   bool json = false;
   bool verbose = false;
+  // The progress line on the source rank (bcast/progress.h): auto shows it on a terminal, and
+  // as a line per tenth in a log with --verbose; never with --json unless asked (on).
+  ProgressWhen progress = ProgressWhen::automatic;
 };
 
 // Usage errors no rank could get past, checked before MPI starts: an explanation, or empty.

@@ -6,19 +6,6 @@
 
 namespace stage {
 
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  size_t u = 0;
-  while (v >= 1024.0 && u + 1 < std::size(units)) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
-
 static double mbps(uint64_t bytes, double secs) {
   return secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0;
 }
@@ -138,23 +125,6 @@ std::string report_json(const StageReport& r, const std::string& source, const s
   for (size_t i = 0; i < r.skipped.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.skipped[i]) + "\"";
   out += "]}\n";
   return out;
-}
-
-void ProgressLine::update(uint64_t done, uint64_t total) {
-  if (!enabled_) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (done < total && now - last_ < std::chrono::milliseconds(200)) return;
-  last_ = now;
-  const double secs = std::chrono::duration<double>(now - t0_).count();
-  std::fprintf(
-      stderr, "\r  %s / %s (%.0f%%) %.0f MB/s   ", human_bytes(done).c_str(), human_bytes(total).c_str(),
-      total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, mbps(done, secs));
-  shown_ = true;
-}
-
-void ProgressLine::done() {
-  if (shown_) std::fputs("\n", stderr);
-  shown_ = false;
 }
 
 }  // namespace stage

@@ -826,6 +826,18 @@ stage::Status StageFsCore::evict(uint64_t id, const Caller& who) {
   return cache_.evict(*rel, *st);
 }
 
+Result<bool> StageFsCore::has_copy(uint64_t id, const Caller& who) const {
+  auto rel = path_of(id);
+  if (!rel) return rel.error();
+  auto src_fd = open_as_caller(*rel, O_PATH, R_OK, who);
+  if (!src_fd) return src_fd.error();
+  struct stat st {};
+  if (::fstat(src_fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", *rel);
+  if (!S_ISREG(st.st_mode)) return stage::stage_error(stage::Errc::unsupported, "cached", *rel);
+  if (has_temp_component(*rel)) return false;  // never cached
+  return cache_.open_current(*rel, st).ok();
+}
+
 Result<OpenFile> StageFsCore::open(uint64_t id, int flags, const Caller& who) {
   auto p = std::make_shared<std::promise<Result<OpenFile>>>();
   auto f = p->get_future();

@@ -227,6 +227,10 @@ class StageFsCore {
   // stagectl: remove a file's copy from this node's cache (root or the source file's owner;
   // EBUSY while it is open on this node).
   stage::Status evict(uint64_t id, const Caller& who);
+  // stagectl: whether this node's cache holds a current copy of the file (the validity rule,
+  // NodeCache::open_current), for a caller who may read it (the access check of an open:
+  // others learn nothing of the cache, only EACCES). Copies nothing, counts no open.
+  stage::Result<bool> has_copy(uint64_t id, const Caller& who) const;
   // The materializer published these copies in this mount (a batch of small files): they
   // were checked chunk by chunk while written, so their first open skips the CRC re-read that
   // a copy from an earlier mount gets (Verify::crc). Each is named by the stat of the copy

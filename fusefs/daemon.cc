@@ -252,15 +252,9 @@ GroupConfig Daemon::group_config() {
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
+  g.bcast.pipeline.segment = cfg_.bcast_segment;     // rank 0's (Daemon::run)
   g.bcast.pipeline.stall_timeout = g.stall_timeout;  // a chunk's data path gives up as the opens do
-  g.read_path = [this] {
-    if (!mount_) return std::string("-");
-    if (mount_->read_path() != ReadPath::unknown) return std::string(read_path_name(mount_->read_path()));
-    // Before the first open tried it, passthrough is a hope, not a fact: say so (the open
-    // logs "reads are served by ..." once it knows).
-    return std::string(mount_->passthrough().active() ? "kernel passthrough if the kernel takes the backing file"
-                                                      : read_path_name(ReadPath::splice));
-  };
+  g.read_path = [this] { return std::string(mount_ ? read_path_name(mount_->read_path()) : "-"); };
   return g;
 }
 
@@ -276,7 +270,9 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
-  auto mount = FuseMount::create(*core_, cfg_.mount);
+  MountOptions mount_opt = cfg_.mount;
+  mount_opt.backing_probe = cache_->dir() + "/.lock";  // a regular file on the cache's filesystem
+  auto mount = FuseMount::create(*core_, mount_opt);
   if (!mount) return mount.error().message;
   mount_ = std::move(mount.value());
   return {};
@@ -388,6 +384,11 @@ void Daemon::supervise() {
 int Daemon::run(int* argc, char*** argv) {
   set_signals();
   if (!start_mpi(argc, argv)) return 1;
+  // Settings every rank's data path must share: rank 0's count.
+  if (auto st = stage::bcast_value(*data_, cfg_.bcast_segment, 0); !st) {
+    spdlog::error("{}", st.error().message);
+    return 1;
+  }
   // Set up locally, then agree: either every node is mounted, or none stays mounted.
   if (const int failed = mount_everywhere(); failed != 0) return failed;
   state_ = "ready";

@@ -38,6 +38,9 @@ struct DaemonConfig {
   std::string cache_dir;
   uint64_t chunk_size = stage::kDefaultChunk;
   stage::BcastAlgorithm bcast_algorithm = stage::BcastAlgorithm::automatic;  // chunk data path
+  // --bcast-segment: chain/tree message size (0: stage::kDefaultSegment). Every rank posts
+  // receives of the sender's size, so rank 0's value is every rank's (agreed at start).
+  uint64_t bcast_segment = 0;
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
   // Seconds every rank gets to go through MPI start-up (bcast/mpi_start.h); 0: no bound.

@@ -333,14 +333,15 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
   guarded(req, [&] {
     if (const auto request = parse_stagectl_request(name)) {  // stagectl_channel.h
       const Caller who = caller(req, needs_caller_groups(*request));
-      return run_stagectl_request(fm(req).core(), ino, *request, who, [req, size](const stage::Status& st) {
-        guarded(req, [&] {
-          const auto alive = fm(req).reply_guard();
-          if (!alive) return;
-          if (!st) return reply_err(req, st.error());
-          reply_xattr_value(req, std::string(kStagectlDone), size);
-        });
-      });
+      return run_stagectl_request(fm(req).core(), ino, *request, who,
+                                  [req, size](const stage::Result<std::string>& value) {
+                                    guarded(req, [&] {
+                                      const auto alive = fm(req).reply_guard();
+                                      if (!alive) return;
+                                      if (!value) return reply_err(req, value.error());
+                                      reply_xattr_value(req, *value, size);
+                                    });
+                                  });
     }
     // The status attributes on the root name a transfer only to who may read it: the
     // caller's groups count there.

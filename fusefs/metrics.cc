@@ -70,6 +70,11 @@ struct MetricsFile::Impl {
     cache_unsynced = &gauge("stagefs_cache_unsynced_files",
                             "Copies published by a batch whose data is not yet synced to disk (--sync-after)");
     waiting = &gauge("stagefs_waiting_files", "Files this node's opens are waiting for");
+    in_flight_done = &gauge("stagefs_transfer_done_bytes",
+                            "Bytes done so far of the copy in flight on this node (0: none); moves while a "
+                            "long copy is healthy");
+    in_flight_size =
+        &gauge("stagefs_transfer_size_bytes", "Bytes of the copy in flight on this node (0: none)");
     up = &gauge("stagefs_up", "1 while the mount serves");
     transfer_seconds = &pm::BuildHistogram()
                             .Name("stagefs_transfer_seconds")
@@ -105,6 +110,9 @@ struct MetricsFile::Impl {
     cache_files->Set(static_cast<double>(s.cache.files));
     cache_unsynced->Set(static_cast<double>(s.cache.unsynced));
     waiting->Set(static_cast<double>(s.waiting));
+    const bool in_flight = !s.current.empty();  // the figures of the last copy stay behind it
+    in_flight_done->Set(in_flight ? static_cast<double>(s.current_done) : 0);
+    in_flight_size->Set(in_flight ? static_cast<double>(s.current_total) : 0);
     up->Set(s.state == "ready" ? 1 : 0);
   }
   std::shared_ptr<pm::Registry> registry;
@@ -112,7 +120,8 @@ struct MetricsFile::Impl {
   pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *read_source, *read_seed,
       *seeded_here, *evictions, *evicted_bytes, *prefetches;
   std::map<std::string, pm::Counter*> err;
-  pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *up;
+  pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *in_flight_done,
+      *in_flight_size, *up;
   pm::Histogram* transfer_seconds;
   MountStatus last;
   std::mutex m;  // update() and Collect() vs observe

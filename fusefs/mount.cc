@@ -202,6 +202,24 @@ ReadChoice FuseMount::open_read_mode(uint64_t node, int file_fd, const OpenFacts
   return c;
 }
 
+ReadPath FuseMount::read_path() {
+  if (const ReadPath p = read_path_.load(); p != ReadPath::unknown) return p;
+  if (!pt_.initialized()) return ReadPath::unknown;  // before the kernel's first request
+  if (const ReadPath p = probe_read_path(); p != ReadPath::unknown) note_read_path(p);
+  return read_path_.load();
+}
+
+ReadPath FuseMount::probe_read_path() const {
+  if (!opt_.passthrough || !pt_.active()) return ReadPath::splice;
+  if (opt_.backing_probe.empty()) return ReadPath::unknown;
+  const stage::Fd fd(::open(opt_.backing_probe.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return ReadPath::unknown;
+  const int id = pt_.open_backing(fuse_fd_, fd.get());
+  if (id < 0) return ReadPath::splice;
+  pt_.close_backing(fuse_fd_, id);
+  return ReadPath::passthrough;
+}
+
 void FuseMount::note_read_path(ReadPath p) {
   const ReadPath old = read_path_.exchange(p);
   if (old != p) spdlog::info("reads are served by {}", read_path_name(p));

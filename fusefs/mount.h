@@ -22,6 +22,8 @@
 #include "fusefs/passthrough.h"
 #include "fusefs/read_mode.h"
 
+struct fuse_session;  // libfuse's, opaque here (fuse_ops.h)
+
 namespace stagefs {
 
 struct MountOptions {
@@ -33,6 +35,10 @@ struct MountOptions {
                                 // fusermount3 grants it (root, user_allow_other): privilege.h
   int max_threads = 16;
   bool debug = false;
+  // A regular file on the cache's filesystem (the daemon gives CACHE/.lock): registered once
+  // as a backing file, it tells how reads of complete copies will be served before an open of
+  // one did (read_path()). Empty: only opens tell.
+  std::string backing_probe;
 };
 
 class FuseMount {
@@ -44,8 +50,11 @@ class FuseMount {
 
   stage::Status loop();
   void unmount();
-  // How this mount serves reads (known after the first open).
-  [[nodiscard]] ReadPath read_path() const { return read_path_.load(); }
+  // How this mount serves reads of complete copies: what the last open of one found, else
+  // (before any such open: a file may have been read during its copy, through the daemon) what
+  // registering the backing_probe file finds. Unknown only before the kernel's first request.
+  // Thread-safe.
+  [[nodiscard]] ReadPath read_path();
   [[nodiscard]] const MountOptions& options() const { return opt_; }
 
   // Used by the callbacks (fuse_ops.cc).
@@ -66,6 +75,8 @@ class FuseMount {
  private:
   FuseMount(StageFsCore& core, const MountOptions& opt);
   void note_read_path(ReadPath p);
+  // Whether the kernel takes a backing file on the cache's filesystem (unknown without a probe file).
+  [[nodiscard]] ReadPath probe_read_path() const;
   StageFsCore& core_;
   MountOptions opt_;
   Passthrough pt_;

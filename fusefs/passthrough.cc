@@ -93,6 +93,7 @@ ssize_t Passthrough::writev_hook(int fd, struct iovec* iov, int count, void* sel
         pt->active_ = true;
       }
       pt->init_unique_ = 0;
+      pt->initialized_ = true;
     } else if (armed_backing_id >= 0 && h.error == 0 && iov[1].iov_len == sizeof(OpenOut)) {
       auto* out = static_cast<OpenOut*>(iov[1].iov_base);
       out->open_flags |= kFopenPassthrough;

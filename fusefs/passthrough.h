@@ -33,6 +33,8 @@ class Passthrough {
 
   // After INIT: the kernel offered passthrough and our INIT reply accepted it.
   [[nodiscard]] bool active() const { return active_.load(); }
+  // Our INIT reply went out: active() is final.
+  [[nodiscard]] bool initialized() const { return initialized_.load(); }
   [[nodiscard]] bool offered() const { return offered_.load(); }
   // Registers file_fd as a backing file on the /dev/fuse fd; the id, or -errno.
   int open_backing(int fuse_fd, int file_fd) const;
@@ -45,6 +47,7 @@ class Passthrough {
   bool wanted_;
   std::atomic<bool> offered_{false};
   std::atomic<bool> active_{false};
+  std::atomic<bool> initialized_{false};
   std::atomic<uint64_t> init_unique_{0};
 };
 

@@ -8,6 +8,9 @@
 //   user.stagefs.prefetch.nowait   the same, answered at once (the copy goes on)
 //   user.stagefs.evict             remove the file's copy from this node's cache (root or the
 //                                  source file's owner; EBUSY while it is open on this node)
+//   user.stagefs.cached            "yes" if this node's cache holds a current copy of the file,
+//                                  else "no" (copies nothing; the access check of an open first:
+//                                  stagectl prefetch asks it to count what was already cached)
 //
 // The status attributes on the root (user.stagefs.status, .stats, .state) are answered by the
 // core's getxattr, not here. Nothing here knows FUSE: fuse_ops.cc parses the attribute name,
@@ -23,19 +26,20 @@
 
 namespace stagefs {
 
-enum class StagectlRequest : uint8_t { prefetch, prefetch_nowait, evict };
+enum class StagectlRequest : uint8_t { prefetch, prefetch_nowait, evict, cached };
 
 // The request an attribute name stands for, if it is one.
 std::optional<StagectlRequest> parse_stagectl_request(std::string_view attribute);
 // Whether answering needs the caller's supplementary groups (the daemon checks access as an
-// open would): prefetch yes; evict no (root or the owner).
+// open would): prefetch and cached yes; evict no (root or the owner).
 bool needs_caller_groups(StagectlRequest r);
-// The attribute value of a request that succeeded.
+// The attribute value of a request that succeeded (cached: "yes" or "no").
 inline constexpr std::string_view kStagectlDone = "ok";
 
-// Runs r on the file `id` of the core for `who`; done is called once with the outcome, on
-// this thread or later on the core's completion pool (a waiting prefetch holds no thread).
+// Runs r on the file `id` of the core for `who`; done is called once with the attribute's
+// value or the error, on this thread or later on the core's completion pool (a waiting
+// prefetch holds no thread).
 void run_stagectl_request(StageFsCore& core, uint64_t id, StagectlRequest r, const Caller& who,
-                          std::function<void(const stage::Status&)> done);
+                          std::function<void(const stage::Result<std::string>&)> done);
 
 }  // namespace stagefs

@@ -8,21 +8,34 @@
 // Names are other users' bytes: the text output escapes what a terminal would act on
 // (stage::escape_controls, as the daemon's log does); --json is ASCII, its strings escaped.
 // Each function prints its result (stdout) and its errors (stderr, "stagectl: ...") and
-// returns the exit status: 0 done, 1 a request failed or MOUNTPOINT is not a running stagefs.
+// returns the exit status: 0 done, 1 a request failed or the path is not in a running stagefs
+// mount, 2 usage. Paths are relative to the current directory, or absolute; the mount is the
+// one they lie in (fusefs/stagectl_mount.h, which also keeps the older MOUNTPOINT PATH... form).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "bcast/progress.h"
+
 namespace stagefs::ctl {
 
-// `stagectl status` (counters false) or `stagectl stats` (counters true).
-int show_status(const std::string& mnt, bool counters, bool as_json);
+struct Options {
+  bool json = false;
+  bool verbose = false;                                           // prefetch: list every file as it is done
+  stage::ProgressWhen progress = stage::ProgressWhen::automatic;  // prefetch's progress line
+};
 
-enum class Request { prefetch, prefetch_no_wait, evict };
-// `stagectl prefetch|evict MOUNTPOINT PATH...`: PATH relative to the mount point or absolute;
-// a prefetched directory stands for every regular file below it (symlinks not followed).
-int send_requests(const std::string& mnt, const std::vector<std::string>& paths, Request request, bool as_json);
+// `stagectl status PATH` (counters false) or `stagectl stats PATH` (counters true): the mount
+// PATH lies in.
+int show_status(const std::string& path, bool counters, bool as_json);
+
+// `stagectl prefetch [--no-wait] PATH...` (fusefs/stagectl_prefetch.cc): a directory stands
+// for every regular file below it (symlinks not followed); a progress line, then one summary.
+int prefetch(const std::vector<std::string>& args, bool no_wait, const Options& o);
+
+// `stagectl evict PATH...`: one line per file.
+int evict(const std::vector<std::string>& args, bool as_json);
 
 // A name as the text output shows it (controls escaped).
 std::string shown(const std::string& name);

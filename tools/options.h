@@ -57,6 +57,23 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target, std::
       ->default_str(shown);
 }
 
+// --bcast-segment, for both tools: the chain/tree message size (0, the default, is
+// kDefaultSegment); `whose` says which rank's value every rank follows.
+inline CLI::Option* add_bcast_segment(CLI::App& app, uint64_t& target, const std::string& whose) {
+  const std::string range = "give a size from 4K to 64M";
+  return add_size(
+             app, "--bcast-segment", target,
+             "chain/tree message size, 4K..64M (default 60K: under Open MPI's TCP eager limit; try 1M on "
+             "RDMA fabrics); " +
+                 whose,
+             [range](uint64_t n) -> std::optional<std::string> {
+               if (n >= 4096 && n <= 64 * stage::kMiB) return std::nullopt;
+               return range + ": '" + stage::size_text(n) + "'";
+             },
+             range)
+      ->default_str("");
+}
+
 // --bcast-algorithm's words, for both tools: the names bcast/pipeline.h gives the algorithms.
 inline std::vector<std::pair<std::string, stage::BcastAlgorithm>> bcast_algorithms() {
   std::vector<std::pair<std::string, stage::BcastAlgorithm>> words;

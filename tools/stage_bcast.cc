@@ -67,16 +67,7 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
              "segments over point-to-point messages: the source sends each byte once, time "
              "nearly flat in the node count), tree (pipelined binary tree), mpi (the MPI "
              "library's MPI_Bcast, chunk by chunk), auto (chain for transfers over 64 KiB)");
-  const std::string segment_range = "give a size from 4K to 64M";
-  stagetools::add_size(
-      app, "--bcast-segment", opt.pipeline.segment,
-      "chain/tree message size, 4K..64M (default 60K: under Open MPI's TCP eager limit)",
-      [segment_range](uint64_t n) -> std::optional<std::string> {
-        if (n >= 4096 && n <= 64 * stage::kMiB) return std::nullopt;
-        return segment_range + ": '" + stage::size_text(n) + "'";
-      },
-      segment_range)
-      ->default_str("");
+  stagetools::add_bcast_segment(app, opt.pipeline.segment, "every rank uses the source rank's");
   std::ostringstream stall;
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
@@ -99,7 +90,16 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   app.add_flag("--ranks-as-nodes", job.ranks_as_nodes,
                "treat every rank as its own node (tests on one machine)");
   app.add_flag("--json", job.json, "print the report as JSON on stdout");
-  app.add_flag("-v,--verbose", job.verbose, "log each node's decisions");
+  add_choice(app, "--progress", job.progress,
+             {{"auto", stage::ProgressWhen::automatic},
+              {"on", stage::ProgressWhen::on},
+              {"off", stage::ProgressWhen::off}},
+             "the source rank's progress line on stderr (bytes, percent, rate, ETA): auto shows it "
+             "rewritten in place when stderr is a terminal, and as a line per tenth of the copy "
+             "in a log with --verbose; on shows it in a log too (a line per tenth, or per minute), "
+             "off never");
+  app.add_flag("-v,--verbose", job.verbose,
+               "log each node's decisions (and the progress in a log: --progress)");
   return source_rank;
 }
 

@@ -1,11 +1,13 @@
 // stagectl: inspect and steer a running stagefs mount on this node.
-//   stagectl status MOUNTPOINT          state, nodes, cache use and limit, transfer in flight
-//   stagectl stats MOUNTPOINT           the counters
-//   stagectl prefetch [--no-wait] MOUNTPOINT PATH...   materialize files (directories: every
-//                                       regular file below) before anyone opens them
-//   stagectl evict MOUNTPOINT PATH...   drop files' copies from this node's cache
-// --json on every command. Exit 0: done; 1: a request failed (or MOUNTPOINT is not a running
-// stagefs); 2: usage.
+//   stagectl status PATH                state, nodes, cache use and limit, transfer in flight
+//   stagectl stats PATH                 the counters
+//   stagectl prefetch [--no-wait] PATH...   materialize files (directories: every regular
+//                                       file below) before anyone opens them: a progress line,
+//                                       then one summary (files, bytes, copied, cached, failed)
+//   stagectl evict PATH...              drop files' copies from this node's cache
+// PATH: relative to the current directory or absolute; the mount is the one it lies in (the
+// older form CMD MOUNTPOINT PATH... still works: fusefs/stagectl_mount.h). --json on every
+// command. Exit 0: done; 1: a request failed (or PATH is not in a running stagefs); 2: usage.
 // A thin shell over fusefs/stagectl_client.h (the channel, and how names are shown).
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -14,34 +16,47 @@
 
 #include "fusefs/stagectl_client.h"
 #include "tools/help_format.h"
+#include "tools/options.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "stagectl: inspect and steer a running stagefs mount on this node.\n"
       "Requests travel as attribute reads through the mount: a user may prefetch what they may\n"
       "read, evict what they own (root: anything), and the cache stays private.\n"
+      "PATH is relative to the current directory, or absolute; the mount is the one it lies in\n"
+      "(stagectl prefetch /stage/images). The older form CMD MOUNTPOINT PATH... still works.\n"
       "Exit status: 0 done, 1 a request failed (or no stagefs mounted there), 2 usage.",
       "stagectl"};
   stagetools::use_help_format(app);
   app.set_version_flag("--version", std::string("stagectl ") + STAGEFS_VERSION);
-  bool as_json = false, no_wait = false;
-  std::string mnt;
+  stagefs::ctl::Options o;
+  bool no_wait = false;
+  std::string where;
   std::vector<std::string> paths;
-  app.add_flag("--json", as_json, "print JSON (one object) instead of text");
+  app.add_flag("--json", o.json, "print JSON (one object) instead of text");
   app.require_subcommand(1);
   auto* status = app.add_subcommand("status", "state, nodes, cache use and limit, transfer in flight");
-  status->add_option("MOUNTPOINT", mnt, "the stagefs mount point")->required();
+  status->add_option("PATH", where, "the mount point, or any path inside the mount")->required();
   auto* stats = app.add_subcommand("stats", "the mount's counters on this node");
-  stats->add_option("MOUNTPOINT", mnt, "the stagefs mount point")->required();
+  stats->add_option("PATH", where, "the mount point, or any path inside the mount")->required();
   auto* prefetch = app.add_subcommand(
-      "prefetch", "materialize files on every node before they are opened (directories: every file below)");
+      "prefetch",
+      "materialize files on every node before they are opened (directories: every file below); shows "
+      "progress, then one summary: files, bytes, copied, already cached, failed");
   prefetch->add_flag("--no-wait", no_wait, "return once the requests are queued");
-  prefetch->add_option("MOUNTPOINT", mnt, "the stagefs mount point")->required();
-  prefetch->add_option("PATH", paths, "files or directories (relative to MOUNTPOINT, or absolute)")->required();
+  prefetch->add_flag("-v,--verbose", o.verbose, "list every file as it is done (copied, cached, queued)");
+  stagetools::add_choice(
+      *prefetch, "--progress", o.progress,
+      {{"auto", stage::ProgressWhen::automatic},
+       {"on", stage::ProgressWhen::on},
+       {"off", stage::ProgressWhen::off}},
+      "the progress line on stderr (files, bytes, rate, ETA): auto shows it rewritten in "
+      "place when stderr is a terminal; on shows it in a log too (a line per tenth, or per "
+      "minute); off never");
+  prefetch->add_option("PATH", paths, "files or directories in a stagefs mount")->required();
   auto* evict = app.add_subcommand("evict", "remove files' copies from this node's cache (not while open)");
-  evict->add_option("MOUNTPOINT", mnt, "the stagefs mount point")->required();
-  evict->add_option("PATH", paths, "files (relative to MOUNTPOINT, or absolute)")->required();
-  for (auto* sub : {status, stats, prefetch, evict}) sub->add_flag("--json", as_json, "print JSON");
+  evict->add_option("PATH", paths, "files in a stagefs mount")->required();
+  for (auto* sub : {status, stats, prefetch, evict}) sub->add_flag("--json", o.json, "print JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -58,9 +73,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagectl: %s\nTry 'stagectl --help'.\n", stagefs::ctl::shown(e.what()).c_str());
     return 2;
   }
-  if (*status || *stats) return stagefs::ctl::show_status(mnt, stats->parsed(), as_json);
-  using stagefs::ctl::Request;
-  return stagefs::ctl::send_requests(mnt, paths,
-                                     *evict ? Request::evict : no_wait ? Request::prefetch_no_wait : Request::prefetch,
-                                     as_json);
+  if (*status || *stats) return stagefs::ctl::show_status(where, stats->parsed(), o.json);
+  if (*evict) return stagefs::ctl::evict(paths, o.json);
+  return stagefs::ctl::prefetch(paths, no_wait, o);
 }

@@ -100,6 +100,7 @@ void add_options(CLI::App& app, Cli& cli) {
              "segments, the source sends each byte once; time nearly flat in the node count), "
              "tree (pipelined binary tree), mpi (the MPI library's MPI_Bcast, chunk by chunk), "
              "auto (chain for transfers over 64 KiB)");
+  stagetools::add_bcast_segment(app, cfg.bcast_segment, "every node uses rank 0's");
   app.add_option("--attr-timeout", cfg.mount.attr_timeout, "seconds the kernel caches attributes")
       ->capture_default_str()
       ->check(seconds(0, 1e9));

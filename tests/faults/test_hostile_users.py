@@ -180,11 +180,12 @@ class Names(UserCase):
         t.join(60)
         d.wait_transfers(1)
 
-        # Names stagectl found below a directory, and errors about them.
-        rc, out, err = run_raw([stagectl(), "prefetch", self.work.mnt, "ds"])
+        # Names stagectl found below a directory (listed with --verbose), and errors about them.
+        rc, out, err = run_raw([stagectl(), "prefetch", "--verbose", self.work.mnt, "ds"])
         self.assertEqual(rc, 0, err)
-        self.assertIn("prefetched", out)
-        self.assert_no_raw_control(out, "stagectl prefetch")
+        self.assertIn("cached", out)
+        self.assertIn("evil", out)
+        self.assert_no_raw_control(out, "stagectl prefetch --verbose")
         rc, out, err = run_raw(self.user_cmd(stagectl(), "evict", self.work.mnt, b"ds/" + self.EVIL))
         self.assertEqual(rc, 1)
         self.assertIn("evil", err)

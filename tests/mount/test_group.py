@@ -7,7 +7,8 @@ Usage: test_group.py STAGEFS NP [MPIRUN ARGS...] [-- UNITTEST ARGS (test classes
 (exits 77 without /dev/fuse, root or mpirun)
 
   Staging      an open on node 1 (not the coordinator) stages the file into every node's
-               cache with one transfer; the other nodes' opens are cache hits
+               cache with one transfer; the other nodes' opens are cache hits; daemons
+               started with different --bcast-segment values follow rank 0's
   Concurrency  (NP >= 2) 4 readers per node opening one new file at once: one transfer;
                different files opened at once on different nodes
   Shutdown     fusermount3 -u on one node, or SIGTERM to mpirun, ends every rank
@@ -132,6 +133,21 @@ class Staging(GroupCase):
         self.assertEqual(g.sha256_on(1, mp)[mp], (want, size))
         a = g.stats(1)
         self.assertEqual((a["opens"], a["cache_hits"], a["materializations"], a["transfers"]), (2, 1, 1, 1), a)
+
+    def test_every_node_follows_rank0s_bcast_segment(self):
+        # Daemons started with different --bcast-segment values (rank 0: 1M, the others: 64K)
+        # use rank 0's: a chain's receivers post receives of the sender's message size.
+        size = 9 * MiB + 77
+        h.write_random(os.path.join(self.work.src, "seg.bin"), size, seed=5)
+        want = h.sha256_file(os.path.join(self.work.src, "seg.bin"))
+        per_rank = '$([ "$OMPI_COMM_WORLD_RANK" = 0 ] && echo 1M || echo 64K)'
+        g = self.start("--bcast-algorithm", "chain", "--bcast-segment", per_rank)
+        mp = os.path.join(g.mnt, "seg.bin")
+        self.assertEqual(g.sha256_on(g.np - 1, mp)[mp], (want, size))
+        for k in range(g.np):
+            s = g.wait_transfers(k, 1)
+            self.assertEqual((s["transfer_failures"], s["local_writes"]), (0, 1), s)
+            self.assertTrue(h.files_equal(g.cache_file(k, "seg.bin"), os.path.join(self.work.src, "seg.bin")))
 
 
 class Concurrency(GroupCase):

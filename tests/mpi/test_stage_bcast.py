@@ -806,6 +806,60 @@ class StageBcastTest(unittest.TestCase):
             self.assert_copy(src, self.dest(k))
         self.assert_no_temps()
 
+    # ---- 15, 16. progress: one line on a terminal, bounded lines in a log, nothing unasked
+    def test_15_progress_line_on_a_terminal(self):
+        # stderr on a terminal (a pty), stdout a pipe (the report): one progress line,
+        # rewritten in place and ended once, with bytes, percent and rate.
+        import pty
+        src = self.make_source("img.bin", 24 * MiB + 3)
+        dst = os.path.join(self.work, "local", "img.bin")
+        master, slave = pty.openpty()
+        p = subprocess.Popen([BIN, "--source", src, "--dest", dst, "--chunk-size", "1M"], stdout=subprocess.PIPE,
+                             stderr=slave, stdin=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
+        os.close(slave)
+        shown = b""
+        while True:  # until the pty's writer end is closed (the process ended): EIO
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(master)
+        out, _ = p.communicate(timeout=RUN_TIMEOUT)
+        self.assertEqual(p.returncode, 0, shown)
+        text = shown.decode(errors="replace").replace("\r\n", "\n")  # the pty turns \n into \r\n
+        self.assertIn("\r", text)
+        self.assertEqual(text.count("\n"), 1, repr(text))  # one line, ended once
+        self.assertRegex(text, r"24\.00 MiB / 24\.00 MiB \(100%\), \d+ MB/s")
+        self.assertIn(b"stage-bcast done", out)  # the report still goes to stdout
+        self.assert_copy(src, dst)
+
+    def test_16_progress_in_a_log(self):
+        # srun's and mpirun's pipes are no terminal: no progress unless asked; asked (--progress
+        # on, or --verbose), whole lines from the source rank only, a tenth at a time at most.
+        src = self.make_source("img.bin", 40 * MiB + 7)
+        common = ["--source", src, "--dest", self.dest_pattern(), "--chunk-size", "256K", "--overwrite"]
+        quiet = self.stage(common)
+        self.assertEqual(quiet.returncode, 0, quiet.stderr)
+        self.assertNotIn("MB/s", quiet.stderr)
+        for extra in (["--progress", "on"], ["-v"]):
+            r = self.stage(common + extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lines = [ln for ln in r.stderr.splitlines() if " MB/s" in ln]
+            self.assertNotIn("\r", r.stderr)
+            self.assertGreaterEqual(len(lines), 1, r.stderr)
+            self.assertLessEqual(len(lines), 11, r.stderr)  # 160 chunks: never a line per chunk
+            self.assertEqual(sum("(100%)" in ln for ln in lines), 1, r.stderr)  # one rank shows it
+        off = self.stage(common + ["--progress", "off", "-v"])
+        self.assertEqual(off.returncode, 0, off.stderr)
+        self.assertNotIn("MB/s", off.stderr)
+        bad = self.stage(common + ["--progress", "sometimes"])
+        self.assertEqual(bad.returncode, 2)
+        for k in range(NP):
+            self.assert_copy(src, self.dest(k))
+
 
 def main():
     global BIN, NP, MPIRUN

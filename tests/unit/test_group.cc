@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <filesystem>
@@ -161,37 +162,64 @@ TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
 }
 
 // stagectl's requests run without a mount: the attribute names parse to requests, a
-// prefetch answers once the copy is in the cache, an evict removes it, others are refused.
+// prefetch answers once the copy is in the cache, an evict removes it, others are refused;
+// whether a copy is cached is answered to who may read the file only.
 TEST_F(GroupTest, StagectlRequestsRunOnTheCoreWithoutAMount) {
   EXPECT_EQ(parse_stagectl_request("user.stagefs.prefetch"), StagectlRequest::prefetch);
   EXPECT_EQ(parse_stagectl_request("user.stagefs.prefetch.nowait"), StagectlRequest::prefetch_nowait);
   EXPECT_EQ(parse_stagectl_request("user.stagefs.evict"), StagectlRequest::evict);
+  EXPECT_EQ(parse_stagectl_request("user.stagefs.cached"), StagectlRequest::cached);
   EXPECT_FALSE(parse_stagectl_request("user.stagefs.status"));
   EXPECT_FALSE(parse_stagectl_request("user.stagefs.prefetchx"));
   EXPECT_TRUE(needs_caller_groups(StagectlRequest::prefetch));
   EXPECT_FALSE(needs_caller_groups(StagectlRequest::evict));
+  EXPECT_TRUE(needs_caller_groups(StagectlRequest::cached));
   const std::string data = random_bytes(200000, 3);
   write_file(path("src/dir/f"), data);
+  write_file(path("src/dir/secret"), "s");
+  fs::permissions(path("src/dir/secret"), fs::perms::owner_read | fs::perms::owner_write);
   Mount m(*this, config());
   GroupService& group = m.group;
   const auto core = this->core(StallPolicy::eio, group);
   ASSERT_TRUE(core);
   const uint64_t dir = core->lookup(StageFsCore::kRootId, "dir")->first;
   const uint64_t f = core->lookup(dir, "f")->first;
-  auto run = [&](uint64_t id, StagectlRequest r, Caller who = {}) {
-    std::promise<stage::Status> answer;
-    run_stagectl_request(*core, id, r, who, [&](const stage::Status& st) { answer.set_value(st); });
+  const uint64_t secret = core->lookup(dir, "secret")->first;
+  auto ask = [&](uint64_t id, StagectlRequest r, Caller who = {}) {
+    std::promise<stage::Result<std::string>> answer;
+    run_stagectl_request(*core, id, r, who,
+                         [&](const stage::Result<std::string>& v) { answer.set_value(v); });
     return answer.get_future().get();
   };
+  auto run = [&](uint64_t id, StagectlRequest r, Caller who = {}) -> stage::Status {
+    auto v = ask(id, r, who);
+    if (!v) return v.error();
+    EXPECT_EQ(*v, kStagectlDone);
+    return {};
+  };
+  auto cached = [&](uint64_t id, Caller who = {}) {
+    auto v = ask(id, StagectlRequest::cached, who);
+    return v ? *v : "error " + std::to_string(v.error().to_errno());
+  };
+  EXPECT_EQ(cached(f), "no");
   const stage::Status prefetched = run(f, StagectlRequest::prefetch);
   EXPECT_TRUE(prefetched) << prefetched.error().message;
   EXPECT_EQ(read_file(path("cache/data/dir/f")), data);
   EXPECT_EQ(group.stats().transfers, 1U);
+  EXPECT_EQ(cached(f), "yes");
   cache_->added("dir/f");  // what the daemon's admission does after a transfer
   EXPECT_EQ(run(f, StagectlRequest::evict, Caller{12345, 12345, {}}).error().to_errno(), EPERM);
+  EXPECT_EQ(cached(f, Caller{12345, 12345, {}}), "yes");
+  if (::geteuid() == 0) {  // a daemon that is not root checks no other user's access
+    // Whether a copy is cached is told only to who may read the file.
+    EXPECT_EQ(cached(secret, Caller{12345, 12345, {}}), "error " + std::to_string(EACCES));
+    EXPECT_EQ(cached(secret), "no");
+  }
+  EXPECT_EQ(cached(dir).substr(0, 5), "error");  // not a regular file
   const stage::Status evicted = run(f, StagectlRequest::evict);
   EXPECT_TRUE(evicted) << evicted.error().message;
   EXPECT_FALSE(fs::exists(path("cache/data/dir/f")));
+  EXPECT_EQ(cached(f), "no");
   EXPECT_FALSE(run(dir, StagectlRequest::evict));  // not a regular file
   // .nowait answers at once; the copy goes on, and a waiting prefetch finds it.
   EXPECT_TRUE(run(f, StagectlRequest::prefetch_nowait));
