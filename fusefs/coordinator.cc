@@ -48,30 +48,51 @@ void Coordinator::on_request(const Message& m) {
 
 void Coordinator::enqueue(Key key, Pending p) {
   auto& q = by_uid_[p.uid];
-  if (q.empty()) turns_.push_back(p.uid);
+  if (q.empty()) {
+    turns_.push_back(p.uid);
+    uint64_t& tally = tally_[p.uid];  // nothing banked while it had nothing queued
+    tally = std::max(tally, served_tally_);
+  }
   q.push_back(key);
   queued_.emplace(std::move(key), std::move(p));
 }
 
 std::optional<Coordinator::Key> Coordinator::take_turn(bool batch_only) {
+  // The uid with the lowest tally (the first in turn order among equals) that has something
+  // to announce (with batch_only: a batch).
+  auto best = turns_.end();
+  std::deque<Key>::iterator pick;
   for (auto t = turns_.begin(); t != turns_.end(); ++t) {
-    const uint32_t uid = *t;
-    auto& q = by_uid_[uid];
+    if (best != turns_.end() && tally_[*t] >= tally_[*best]) continue;
+    auto& q = by_uid_[*t];
     auto it = batch_only
                   ? std::find_if(q.begin(), q.end(), [](const Key& k) { return k.first == MsgType::batch; })
                   : q.begin();
     if (it == q.end()) continue;
-    Key key = std::move(*it);
-    q.erase(it);
-    // This uid had its turn: the others go first next time.
-    turns_.erase(t);
-    if (q.empty())
-      by_uid_.erase(uid);
-    else
-      turns_.push_back(uid);
-    return key;
+    best = t;
+    pick = it;
   }
-  return std::nullopt;
+  if (best == turns_.end()) return std::nullopt;
+  const uint32_t uid = *best;
+  auto& q = by_uid_[uid];
+  Key key = std::move(*pick);
+  q.erase(pick);
+  served_tally_ = tally_[uid];
+  // This uid had its turn: among equal tallies, the others go first next time.
+  turns_.erase(best);
+  if (q.empty())
+    by_uid_.erase(uid);
+  else
+    turns_.push_back(uid);
+  return key;
+}
+
+void Coordinator::charge(const Message& a, uint64_t cost) {
+  auto it = charge_to_.find(a.id);
+  if (it == charge_to_.end()) return;
+  uint64_t& tally = tally_[it->second];
+  tally = cost > UINT64_MAX - tally ? UINT64_MAX : tally + cost;
+  charge_to_.erase(it);
 }
 
 Message Coordinator::announce(MsgType type, const Key& key, const Pending& p) {
@@ -167,6 +188,7 @@ std::optional<Message> Coordinator::next_announcement() {
     if (!key) return std::nullopt;
     auto node = queued_.extract(*key);
     m = announce(MsgType::batch_nested, *key, node.mapped());
+    charge_to_[m.id] = m.uid;
     nested_open_ = m.id;
     ++stats_.nested;
   } else if (shutdown_queued_) {
@@ -194,6 +216,7 @@ std::optional<Message> Coordinator::next_announcement() {
     if (!key) return std::nullopt;
     auto node = queued_.extract(*key);
     m = announce(key->first, *key, node.mapped());
+    charge_to_[m.id] = m.uid;
   }
   outstanding_ = true;
   return m;

@@ -33,11 +33,18 @@
 //     So the source reads and broadcasts the next directories while readers read the last.
 //     It is announced as batch_prefetch (no open asked for it yet), which never evicts a
 //     copy; when one did not fit, the caller drops the rest of the queue (drop_prefetches).
-//   - Turns (fairness between users): requests queue per uid (the requester's, Message::uid),
-//     first come first served within a uid, and the uids take turns: each announcement goes
-//     to the next uid in turn that has something queued. So one user's backlog (a directory
-//     of 100,000 files in slices, a prefetch of thousands of names) delays another user's
-//     open by at most the one transfer or slice in progress and one per other waiting user.
+//   - Turns (fairness between users, by cost): requests queue per uid (the requester's,
+//     Message::uid), first come first served within a uid. Each uid has a tally of the work
+//     run for it (charge(): what a transfer cost, transfer_cost(), known once it ran, so no
+//     request can understate it), and each announcement goes to the uid with something
+//     queued whose tally is lowest; ties go to the uid whose turn came longest ago (so with
+//     equal costs the uids take turns, one announcement each). A uid with nothing queued
+//     banks nothing: when it asks again its tally is raised to the tally of the last uid
+//     served. So one user's backlog (a directory of 100,000 files in slices, a prefetch of
+//     thousands of names, large files) delays another user's open by at most the one
+//     transfer or slice in progress and one per other waiting user, and a user whose
+//     transfers cost more gets fewer of them: another user's cheap opens go before its next
+//     expensive one until their costs are even.
 //   - Slices (bounded batches): a batch stages at most the group's batch limits of files and
 //     bytes, the slice of the directory's names from Message::from (the opened file) on,
 //     round to where it started. When a slice leaves names out, the group's node tells the
@@ -84,6 +91,18 @@ struct CoordinatorStats {
   uint64_t continued = 0;         // next slices queued by continue_batch
 };
 
+// What a transfer cost the group, in bytes: the bytes it moved, plus a fixed cost for each
+// chunk (a chunk of holes moves no bytes but still takes a turn of every rank's loop), for
+// each file (its stat and, on every writing node, its open, origin record and rename) and for
+// the transfer (its collectives). A sparse file's holes of whole chunks cost nothing: they
+// never travel.
+inline constexpr uint64_t kChunkCost = uint64_t{64} << 10;
+inline constexpr uint64_t kFileCost = uint64_t{64} << 10;
+inline constexpr uint64_t kTransferCost = uint64_t{1} << 20;
+inline uint64_t transfer_cost(uint64_t bytes_moved, uint64_t chunks, uint64_t files) {
+  return bytes_moved + chunks * kChunkCost + files * kFileCost + kTransferCost;
+}
+
 class Coordinator {
  public:
   // A request from any rank (the coordinator's own node included).
@@ -96,6 +115,10 @@ class Coordinator {
   // The coordinator's node starts / ends running announcement m (nested ones included).
   void on_started(const Message& m);
   void on_finished(const Message& m);
+  // Announcement a ran (on every rank) and cost `cost` (transfer_cost): the uid whose request
+  // it answered is charged (see Turns). Prefetched and background ones charge nobody: they run
+  // only when no request waits.
+  void charge(const Message& a, uint64_t cost);
   void set_nesting(bool on) { nesting_ = on; }
   // Walks: the parents found walked since the last call (each parent once per coordinator).
   void set_walks(bool on) { walks_on_ = on; }
@@ -139,10 +162,16 @@ class Coordinator {
   std::optional<Key> take_turn(bool batch_only);
   Message announce(MsgType type, const Key& key, const Pending& p);
   // Requests: per uid in arrival order; turns_ holds each uid with a non-empty queue once,
-  // the one whose turn comes next first.
+  // the one whose turn came longest ago first (it breaks ties of tally_).
   std::map<Key, Pending> queued_;
   std::map<uint32_t, std::deque<Key>> by_uid_;
   std::deque<uint32_t> turns_;
+  // Turns by cost: each uid's tally of what was run for it, the tally of the uid served last
+  // (where a uid that asks again starts), and the uid each announcement taken from the
+  // queues is charged to (until charge()).
+  std::map<uint32_t, uint64_t> tally_;
+  uint64_t served_tally_ = 0;
+  std::map<uint64_t, uint32_t> charge_to_;
   // Prefetched batches and background requests, behind every request: later_set_ holds the
   // ones still queued, later_ their order (a promoted one stays in later_ until reached, then
   // is skipped).

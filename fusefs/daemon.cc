@@ -318,6 +318,7 @@ MountStatus Daemon::status() const {
   s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
+  s.chunks_broadcast = g.chunks_broadcast;
   s.bytes_from_source = g.bytes_from_source;
   s.bytes_from_seeds = g.bytes_from_seeds;
   s.seeded_here = g.seeded_here;

@@ -288,7 +288,7 @@ std::string GroupService::fed_by(const stage::StageReport& r) const {
          (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string());
 }
 
-bool GroupService::run_transfer(const Message& a) {
+GroupService::Ran GroupService::run_transfer(const Message& a) {
   const auto t0 = Clock::now();
   stage::StageOptions opt = transfer_options();
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
@@ -334,6 +334,7 @@ bool GroupService::run_transfer(const Message& a) {
     stats_.current.clear();
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
+    stats_.chunks_broadcast += report.chunks;
     count_reads_locked(report);
     if (report.ok && report.this_node_wrote) ++stats_.local_writes;
     if (!report.ok) ++stats_.failures;
@@ -358,13 +359,13 @@ bool GroupService::run_transfer(const Message& a) {
              stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
                           why});
   }
-  return !report.comm_broken;
+  return Ran{!report.comm_broken, transfer_cost(report.bytes_streamed, report.chunks, report.files)};
 }
 
 // A batch: every small file of directory a.path in one transfer. Collective like a single
 // transfer: every rank runs it, every rank sees the same outcome, so every rank agrees on
 // the one retry.
-bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
+GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
   ShownTransfer outer = show_batch(shown, t0);
@@ -384,7 +385,7 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
   count_batch(a, r, std::move(outer), prefetch);
   finish_batch(a, shown, r, secs, prefetch);
-  return !r.report.comm_broken;
+  return Ran{!r.report.comm_broken, transfer_cost(r.streamed, r.chunks, r.report.files)};
 }
 
 // The engine's options for one slice of a batch: the same selection on every rank.
@@ -423,6 +424,7 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
     if (cfg_.before_batch) cfg_.before_batch(a.path, opt.selection.range, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     r.streamed += report.bytes_streamed;
+    r.chunks += report.chunks;
     reads.bytes_read_source += report.bytes_read_source;
     reads.bytes_read_seed += report.bytes_read_seed;
     reads.fed_from_copy = report.fed_from_copy;  // the last run's feeder
@@ -456,6 +458,7 @@ void GroupService::count_batch(const Message& a, const BatchRuns& r, ShownTransf
   ++stats_.batches;
   stats_.batch_files += r.published.size();
   stats_.bytes_broadcast += r.streamed;
+  stats_.chunks_broadcast += r.chunks;
   count_reads_locked(r.reads);
   if (!r.published.empty()) ++stats_.local_writes;
   if (!r.report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
@@ -618,11 +621,16 @@ bool GroupService::run_announcement(const Message& m) {
   last_seen_id_ = std::max(last_seen_id_, m.id);
   running_.emplace_back(is_batch(m.type) ? MsgType::batch : m.type, m.path);
   if (coord_) coord_->on_started(m);
-  const bool ok = m.type == MsgType::materialize ? run_transfer(m)
-                  : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
-  if (coord_) coord_->on_finished(m);
+  const Ran ran =
+      m.type == MsgType::materialize
+          ? run_transfer(m)
+          : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
+  if (coord_) {
+    coord_->charge(m, ran.cost);
+    coord_->on_finished(m);
+  }
   running_.pop_back();
-  return ok;
+  return ran.data_ok;
 }
 
 // Inside a transfer (the engine's copy loop, service thread): what run() does between

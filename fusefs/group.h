@@ -130,6 +130,7 @@ struct GroupStats {
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
+  uint64_t chunks_broadcast = 0;  // chunks through the broadcast (a sparse file's skipped holes are none)
   // Where the broadcast bytes were read (every node counts each transfer, as bytes_broadcast):
   // the shared source, or a node's cached copy (a seed); and the transfers this node fed from
   // its own cache that succeeded.
@@ -194,8 +195,14 @@ class GroupService final : public Materializer {
   void live_started(const std::string& rel);  // MPI thread, from the LiveCopy
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
-  bool run_transfer(const Message& a);
-  bool run_batch(const Message& a, stage::Comm& comm);
+  // What running an announcement did: data_ok false when the data path broke (see above), and
+  // what it cost the group (transfer_cost, coordinator.h: the coordinator charges its uid).
+  struct Ran {
+    bool data_ok = true;
+    uint64_t cost = 0;
+  };
+  Ran run_transfer(const Message& a);
+  Ran run_batch(const Message& a, stage::Comm& comm);
   // The steps of run_batch. The status line a batch replaces (a nested batch puts back the
   // transfer it interrupted), and its runs (at most two) summed.
   struct ShownTransfer {
@@ -207,7 +214,7 @@ class GroupService final : public Materializer {
     stage::StageReport report;  // the last run's
     stage::StageReport reads;   // where the runs' bytes were read, summed
     std::vector<std::string> published;
-    uint64_t streamed = 0;
+    uint64_t streamed = 0, chunks = 0;
     int runs = 0;
   };
   [[nodiscard]] stage::StageOptions batch_options(const Message& a) const;
