@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <algorithm>
 #include <atomic>
@@ -614,6 +615,48 @@ TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
   mount.end();
 }
 
+// A POSIX access ACL that denies one user (nobody) what the mode grants everyone, as
+// `setfacl -m u:nobody:---` writes it. False where the filesystem has no ACLs.
+bool deny_nobody(const std::string& p) {
+  struct Ace {
+    uint16_t tag, perm;
+    uint32_t id;
+  };
+  constexpr uint32_t kNobody = 65534, kUndefined = UINT32_MAX;
+  const uint32_t version = 2;
+  const Ace aces[] = {{0x01, 6, kUndefined}, {0x02, 0, kNobody}, {0x04, 4, kUndefined},
+                      {0x10, 4, kUndefined}, {0x20, 4, kUndefined}};  // user_obj, user, group_obj, mask, other
+  std::string v(reinterpret_cast<const char*>(&version), 4);
+  v.append(reinterpret_cast<const char*>(aces), sizeof aces);
+  return ::setxattr(p.c_str(), "system.posix_acl_access", v.data(), v.size(), 0) == 0;
+}
+
+// A small file with an ACL is never in a batch, whatever its mode says (the batch runs for
+// every user alike: an ACL may deny the very user whose open asked for it); nor is one its
+// owner's group may not read (0604). Their own opens stage them alone.
+TEST_F(BatchTest, AFileWithAnAclOrNotReadableByItsGroupIsLeftOutAndStagedAlone) {
+  if (!deny_nobody(path("src/many/" + name(7)))) GTEST_SKIP() << "no POSIX ACLs here";
+  ASSERT_EQ(::chmod(path("src/many/" + name(8)).c_str(), 0604), 0);
+  Mount mount(*this, *source_, config());
+  GroupService& group = mount.group;
+  make_core(group);
+  const uint64_t dir = lookup(StageFsCore::kRootId, "many");
+  auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
+  ASSERT_TRUE(r) << r.error().message;
+  core_->release(r->pinned);
+  EXPECT_EQ(group.stats().batch_files, 48U);
+  EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(7))));
+  EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(8))));
+  auto p = core_->open(lookup(dir, name(7)), O_RDONLY);  // root: the ACL does not deny it
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(read_fd(p->fd.get()), small_[7]);
+  core_->release(p->pinned);
+  const auto s = group.stats();
+  EXPECT_EQ(s.transfers, 2U) << "its own transfer, no batch first (the core asks the same rule)";
+  EXPECT_EQ(s.batches, 1U);
+  mount.end();
+}
+
 // An open that looked into the cache just before its directory's batch published the copy, and
 // asks after the batch completed, is answered at once (it looks again and finds the copy)
 // instead of costing the group another batch; one that looked after the batch asks anew.
@@ -766,11 +809,15 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
 // Walks: opens in two sibling directories stage the parent's other subdirectories
 // that every user may list and enter, without an open; never a private one, nor a symlink.
 TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
-  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) small_dir(d, {"f0", "f1", "f2"});
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private", "w/nogroup", "w/acl"})
+    small_dir(d, {"f0", "f1", "f2"});
   ASSERT_EQ(::chmod(path("src/w/private").c_str(), 0750), 0);
+  ASSERT_EQ(::chmod(path("src/w/nogroup").c_str(), 0705), 0);  // its owner's group may not enter
+  if (!deny_nobody(path("src/w/acl"))) fs::remove_all(path("src/w/acl"));  // no ACLs here
   fs::create_directory_symlink("../many", path("src/w/link"));
   write_file(path("src/w/plain"), small_[4]);
-  // The listing itself: o+rx directories only, at most max of them.
+  // The listing itself: directories every user may list and enter (ugo+rx, no ACL) only, at
+  // most max of them.
   auto all = source_->list_dirs("w", 100);
   ASSERT_TRUE(all) << all.error().message;
   std::vector<std::string> names = *all;
@@ -794,6 +841,8 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   EXPECT_TRUE(fs::exists(path("cache/data/w/c/f2")));
   EXPECT_TRUE(fs::exists(path("cache/data/w/d/f0")));
   EXPECT_FALSE(fs::exists(path("cache/data/w/private")));
+  EXPECT_FALSE(fs::exists(path("cache/data/w/nogroup")));
+  EXPECT_FALSE(fs::exists(path("cache/data/w/acl")));
   EXPECT_FALSE(fs::exists(path("cache/data/many")));
   // An open in c is a cache hit: no transfer.
   auto c = core_->open(lookup(lookup(w, "c"), "f2"), O_RDONLY);
