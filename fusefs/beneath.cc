@@ -136,12 +136,12 @@ stage::Result<std::string> for_each_small_file(
     // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
     if (::fstatat(dfd, name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!batch_eligible(fst, name, max_size) || has_access_acl(dfd, name)) continue;
-    const auto size = static_cast<uint64_t>(fst.st_size);
+    const uint64_t charge = copy_charge(static_cast<uint64_t>(fst.st_size));
     if (files > 0 && ((slice.max_files > 0 && files >= slice.max_files) ||
-                      (slice.max_bytes > 0 && bytes + size > slice.max_bytes)))
+                      (slice.max_bytes > 0 && bytes + charge > slice.max_bytes)))
       return name;  // the next slice starts here
     ++files;
-    bytes += size;
+    bytes += charge;
     fn(name, fst);
   }
   return std::string();

@@ -44,7 +44,7 @@ bool has_access_acl_beneath(int root_fd, const std::string& rel);
 // The files a batch of directory dfd (named dir) takes, in the slice's order: those the
 // cache's batch rule admits (batch_eligible, cache/rules.h: small regular files every user
 // may read by their mode, not named like a temporary file) and that have no ACL, within the
-// slice and its limits (stage::SmallFilesSlice).
+// slice and its limits (stage::SmallFilesSlice; its bytes count each file's copy_charge).
 // Lists every name, checks (fstatat, no symlinks; lgetxattr) only the slice's; fn(name,
 // stat) for each file taken. Returns the first name the limits left out ("" none). The
 // batch's scan and the mount's room-making before a batch both use it, so they agree on what

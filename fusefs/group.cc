@@ -32,7 +32,7 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
     coord_.emplace();
     coord_->set_nesting(cfg_.nest_batches && nested_ != nullptr);
     coord_->set_walks(cfg_.prefetch_siblings && cfg_.small_file_size > 0);
-    coord_->set_walk_bytes(cfg_.walk_max_bytes);
+    coord_->set_budget(cfg_.walk_max_bytes, cfg_.walk_max_files);
   }
   watchdog_ = std::thread([this] { watchdog(); });
 }
@@ -374,13 +374,25 @@ GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const bool prefetch = a.type == MsgType::batch_prefetch;
   const BatchRuns r = stage_batch(a, comm, shown, prefetch);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (coord_ && r.report.ok) {
+  if (coord_) {
+    // What the slice listed counts against its walk's or sequence's budget.
+    const auto tally =
+        coord_->batch_ran(a, r.report.bytes_total + r.report.files * cfg_.file_charge, r.report.files);
+    if (tally.walk && tally.over) {
+      {
+        std::lock_guard lk(m_);
+        ++stats_.budget_stops;
+      }
+      spdlog::info(
+          "readers walk {}/: its budget is spent ({} small file(s), {} bytes charged): {} more director(ies) "
+          "left to their own opens (--prefetch-max-files, --prefetch-max-bytes)",
+          batch_dir_of(a.path), tally.spent.files, tally.spent.bytes, tally.dropped);
+    }
     // The source rank's scan knows what the slice left out: the next slice queues behind the
     // other users' requests. Only while slices find something to copy on some node.
     // It queues after the requests that arrived during this slice (coordinate()).
-    if (prefetch) coord_->prefetch_ran(a.path, r.report.bytes_total);
-    if (r.report.nodes_needing > 0 && !r.report.batch_next.empty())
-      continuations_.emplace_back(a, r.report.batch_next);
+    if (r.report.ok && r.report.nodes_needing > 0 && !r.report.batch_next.empty())
+      continuations_.push_back(Continuation{a, r.report.batch_next, tally.spent});
   }
   if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
   count_batch(a, r, std::move(outer), prefetch);
@@ -395,6 +407,18 @@ stage::StageOptions GroupService::batch_options(const Message& a) const {
   opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
   opt.selection.range = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
                                                cfg_.batch_max_bytes};
+  // A walk's slice, or one after a sequence's first, lists at most what its budget has left.
+  // Only the source rank's scan uses these limits (the other ranks make room for a slice as
+  // large as the batch limits allow: a slice of at most that).
+  if (auto left = coord_ ? coord_->slice_left(a) : std::nullopt) {
+    const auto cap = [](uint64_t limit, uint64_t rest) {
+      if (rest == UINT64_MAX) return limit;
+      rest = std::max<uint64_t>(rest, 1);  // the slice's first file is always in
+      return limit == 0 ? rest : std::min(limit, rest);
+    };
+    opt.selection.range.max_files = cap(opt.selection.range.max_files, left->files);
+    opt.selection.range.max_bytes = cap(opt.selection.range.max_bytes, left->bytes);
+  }
   return opt;
 }
 
@@ -569,7 +593,17 @@ stage::Result<bool> GroupService::coordinate() {
     busy = true;
     coord_->on_request(**r);
   }
-  for (auto& [a, next] : std::exchange(continuations_, {})) coord_->continue_batch(a, next);
+  for (auto& [a, next, spent] : std::exchange(continuations_, {})) {
+    if (coord_->continue_batch(a, next, spent)) continue;
+    {
+      std::lock_guard lk(m_);
+      ++stats_.budget_stops;
+    }
+    spdlog::info(
+        "batch {}/: {} small file(s) ({} bytes charged) listed for the open that asked for it; the rest "
+        "is staged at its own opens (--prefetch-max-files, --prefetch-max-bytes)",
+        a.path, spent.files, spent.bytes);
+  }
   expand_walks();
   if (auto next = coord_->next_announcement()) {
     if (auto st = ctl_.announce(*next); !st) return st.error();

@@ -1,9 +1,9 @@
 // The node cache's admission rules that other rooms must apply the same way: what a batch of
-// small files takes. The batch's scan (BeneathSource::scan_small_files), the cache's
-// room-making before a batch (NodeCache) and the core's choice between a batch and a
-// transfer of one file (StageFsCore) all ask batch_eligible (and, beneath.h, whether the file
-// has an ACL: for_each_small_file), so they never disagree on what a batch holds. Pure
-// functions of a stat and a name: thread-safe.
+// small files takes, and what a copy of one costs. The batch's scan
+// (BeneathSource::scan_small_files), the cache's room-making before a batch (NodeCache) and
+// the core's choice between a batch and a transfer of one file (StageFsCore) all ask
+// batch_eligible (and, beneath.h, whether the file has an ACL: for_each_small_file), so they
+// never disagree on what a batch holds. Pure functions of a stat and a name: thread-safe.
 #pragma once
 
 #include <sys/stat.h>
@@ -30,6 +30,14 @@ inline bool batch_eligible(const struct stat& st, std::string_view name, uint64_
   constexpr mode_t kEveryone = S_IRUSR | S_IRGRP | S_IROTH;
   return max_size > 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) <= max_size &&
          (st.st_mode & kEveryone) == kEveryone && !stage::is_temp_name(name);
+}
+
+// What a small file's copy costs, as a batch's byte limit and the walks' byte budgets count
+// it: its bytes and 8 KiB more (its data rounded up to 4 KiB blocks, its inode, and its
+// origin record's block where the filesystem needs one), so an empty file is not free.
+inline constexpr uint64_t kCopyCharge = 8192;
+inline uint64_t copy_charge(uint64_t size) {
+  return size + kCopyCharge;
 }
 
 }  // namespace stagefs

@@ -26,6 +26,7 @@
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "tmpdir.h"
@@ -1391,6 +1392,67 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
   mount.end();
   EXPECT_EQ(mount.group.stats().batches, 12U);  // the new file's slice, then one with nothing new
   EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles) + 200U);
+}
+
+// Waits (60 s is only a bound) until the group counts n budget stops.
+bool wait_budget_stops(GroupService& g, uint64_t n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (g.stats().budget_stops < n)
+    if (std::chrono::steady_clock::now() > until) return false;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return true;
+}
+
+size_t cached_in(const std::string& dir) {
+  if (!fs::exists(dir)) return 0;
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+// One open in a directory of 1,000 empty files, with batches of at most 100 files and a
+// budget of 250 files: its batch and the slices that follow list 250 files (the last slice
+// only what is left), then stop; an empty file counts (it is not free in the cache).
+TEST_F(BatchTest, OneOpenInAHugeDirectoryOfEmptyFilesStagesItsBudgetNotTheDirectory) {
+  fs::create_directories(path("src/empty"));
+  for (int i = 0; i < 1000; ++i) write_file(path("src/empty/" + huge_name(i)), "");
+  auto cfg = config();
+  cfg.batch_max_files = 100;
+  cfg.walk_max_files = 250;
+  cfg.file_charge = kCopyCharge;
+  Mount mount(*this, *source_, cfg);
+  make_core(mount.group);
+  EXPECT_EQ(open_and_read(lookup(lookup(StageFsCore::kRootId, "empty"), huge_name(567))), "");
+  ASSERT_TRUE(wait_budget_stops(mount.group, 1));
+  mount.end();
+  EXPECT_EQ(cached_in(path("cache/data/empty")), 250U);
+  EXPECT_EQ(mount.group.stats().batches, 3U);  // 100, 100, then the 50 left
+}
+
+// A walk counts its files too: with a budget of 250 files (or of 4 KiB: one empty file's copy
+// is charged 8 KiB), the walk over three directories of 300 empty files stops after 250 files
+// (the last slice listing only what is left), or one; the rest waits for its own opens.
+TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e"}) {  // the reader's two, then three to prefetch
+    fs::create_directories(path("src/") + d);
+    for (int i = 0; i < (d[2] < 'c' ? 1 : 300); ++i) write_file(path("src/") + d + "/" + huge_name(i), "");
+  }
+  for (bool by_bytes : {false, true}) {
+    SCOPED_TRACE(by_bytes ? "byte budget" : "file budget");
+    fs::remove_all(path("cache/data/w"));
+    auto cfg = config();
+    cfg.batch_max_files = 100;
+    cfg.walk_max_files = by_bytes ? 0 : 250;
+    cfg.walk_max_bytes = by_bytes ? 4096 : 0;
+    cfg.file_charge = kCopyCharge;
+    Mount mount(*this, *source_, cfg);
+    make_core(mount.group);
+    const uint64_t w = lookup(StageFsCore::kRootId, "w");
+    for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), huge_name(0))), "") << d;
+    ASSERT_TRUE(wait_budget_stops(mount.group, 1));
+    mount.end();
+    size_t prefetched = 0;
+    for (const char* d : {"c", "d", "e"}) prefetched += cached_in(path("cache/data/w/") + d);
+    EXPECT_EQ(prefetched, by_bytes ? 1U : 250U);
+  }
 }
 
 // A walk prefetches at most walk_max_dirs subdirectories of its parent.

@@ -916,7 +916,7 @@ TEST(FairQueueTest, TheNextSliceQueuesBehindOtherUsersAndCoversTheRestOfTheCircl
 TEST(FairQueueTest, AWalkOverItsByteBudgetDropsItsOwnPrefetchesOnly) {
   Coordinator c;
   c.set_walks(true);
-  c.set_walk_bytes(1000);
+  c.set_budget(1000, 0);
   c.on_request(user_req(1, "w/a", MsgType::batch));
   c.on_request(user_req(1, "w/b", MsgType::batch));
   c.on_request(user_req(1, "v/a", MsgType::batch));
@@ -927,16 +927,80 @@ TEST(FairQueueTest, AWalkOverItsByteBudgetDropsItsOwnPrefetchesOnly) {
   auto p = run_next(c);
   ASSERT_TRUE(p);
   EXPECT_EQ(*p, (Message{MsgType::batch_prefetch, 5, "w/c"}));
-  c.prefetch_ran("w/c", 600);
+  EXPECT_EQ(c.slice_left(*p)->bytes, 1000U);
+  EXPECT_FALSE(c.batch_ran(*p, 600, 3).over);
   auto q = run_next(c);
   ASSERT_TRUE(q);
   EXPECT_EQ(q->path, "w/d");
-  c.prefetch_ran("w/d", 600);  // 1200 > 1000: w/e goes
-  c.continue_batch(*q, "n");   // nor is the rest of w/d queued
+  EXPECT_EQ(c.slice_left(*q)->bytes, 400U) << "what the walk has left";
+  EXPECT_EQ(c.slice_left(*q)->files, UINT64_MAX) << "no file budget";
+  const auto t = c.batch_ran(*q, 600, 3);  // 1200 > 1000: w/e goes
+  EXPECT_TRUE(t.over);
+  EXPECT_EQ(t.dropped, 1U);
+  c.continue_batch(*q, "n", t.spent);  // nor is the rest of w/d queued
   std::vector<std::string> rest;
   while (auto m = run_next(c)) rest.push_back(m->path);
   EXPECT_EQ(rest, (std::vector<std::string>{"v/c", "v/d"}));
   EXPECT_EQ(c.stats().prefetch_dropped, 1U);
+}
+
+// Walks count files too: a walk of empty files (no bytes, 8 KiB charged each by the group,
+// here 0) stops at its file budget.
+TEST(FairQueueTest, AWalkOverItsFileBudgetDropsItsPrefetches) {
+  Coordinator c;
+  c.set_walks(true);
+  c.set_budget(0, 100);
+  c.on_request(user_req(1, "w/a", MsgType::batch));
+  c.on_request(user_req(1, "w/b", MsgType::batch));
+  ASSERT_EQ(c.take_walks(), (std::vector<std::string>{"w"}));
+  for (const char* d : {"w/c", "w/d", "w/e"}) c.prefetch(d);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(run_next(c));
+  auto p = run_next(c);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(c.slice_left(*p)->files, 100U);
+  const auto t = c.batch_ran(*p, 0, 100);
+  EXPECT_TRUE(t.over);
+  EXPECT_EQ(t.dropped, 2U);
+  EXPECT_FALSE(run_next(c));
+}
+
+// One open's batch and the slices that follow it list at most the budget: each slice after
+// the first lists at most what is left, and once it is spent no further slice is queued (the
+// rest waits for its own opens, each of which starts a sequence of its own). A background
+// request's batch (stagectl prefetch of a small file) is held to the same.
+TEST(FairQueueTest, TheSlicesThatFollowABatchStopAtTheBudget) {
+  for (uint8_t flags : {uint8_t{0}, kBackground}) {
+    Coordinator c;
+    c.set_budget(0, 1000);
+    c.on_request(user_req(1000, "huge", MsgType::batch, flags, "f0"));
+    auto s1 = run_next(c);
+    ASSERT_TRUE(s1);
+    EXPECT_FALSE(c.slice_left(*s1)) << "the slice the open asked for: the batch limits only";
+    auto t = c.batch_ran(*s1, 0, 400);
+    EXPECT_TRUE(c.continue_batch(*s1, "f400", t.spent));
+    auto s2 = run_next(c);
+    ASSERT_TRUE(s2);
+    EXPECT_EQ(s2->from, "f400");
+    EXPECT_EQ(c.slice_left(*s2)->files, 600U);
+    t = c.batch_ran(*s2, 0, 400);
+    EXPECT_TRUE(c.continue_batch(*s2, "f800", t.spent));
+    auto s3 = run_next(c);
+    ASSERT_TRUE(s3);
+    EXPECT_EQ(c.slice_left(*s3)->files, 200U);
+    t = c.batch_ran(*s3, 0, 200);
+    EXPECT_TRUE(t.over);
+    EXPECT_FALSE(c.continue_batch(*s3, "f1000", t.spent)) << "the budget is spent";
+    EXPECT_FALSE(c.next_announcement());
+    EXPECT_EQ(c.stats().budget_stopped, 1U);
+    // An open further on (its node has seen s3) starts a sequence of its own.
+    Message further = user_req(1000, "huge", MsgType::batch, flags, "f1500");
+    further.id = s3->id;
+    c.on_request(further);
+    auto again = run_next(c);
+    ASSERT_TRUE(again);
+    EXPECT_FALSE(c.slice_left(*again));
+    EXPECT_TRUE(c.continue_batch(*again, "f1900", c.batch_ran(*again, 0, 400).spent));
+  }
 }
 
 TEST(ControlMessageTest, UidsFlagsAndSlicesRoundTripAndBadSlicesAreRefused) {
