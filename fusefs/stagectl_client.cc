@@ -115,6 +115,25 @@ void print_stats(const json& s) {
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s["cache"].value(k, uint64_t{0})));
 }
 
+// The regular files in directory dir and below (symlinks not followed); a directory that
+// cannot be listed (one the caller may not read, say) is a failed result of its own: nothing
+// in it was staged, and the caller is told so rather than seeing fewer files.
+void expand_dir(const std::string& dir, std::vector<std::string>& files, json& results) {
+  std::error_code ec;
+  std::vector<std::string> subdirs;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code eec;
+    const auto st = it->symlink_status(eec);
+    if (eec) continue;  // gone since the listing
+    if (fs::is_directory(st))
+      subdirs.push_back(it->path().string());
+    else if (fs::is_regular_file(st))
+      files.push_back(it->path().string());
+  }
+  if (ec) results.push_back({{"path", dir}, {"ok", false}, {"error", ec.message()}});
+  for (const auto& d : subdirs) expand_dir(d, files, results);
+}
+
 // Every regular file at or below path (symlinks not followed), or the error.
 void expand(const std::string& path, std::vector<std::string>& files, json& results) {
   std::error_code ec;
@@ -124,10 +143,7 @@ void expand(const std::string& path, std::vector<std::string>& files, json& resu
     return;
   }
   if (fs::is_directory(st)) {
-    for (auto it = fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-      if (it->is_regular_file(ec) && !it->is_symlink(ec)) files.push_back(it->path().string());
-    if (ec) results.push_back({{"path", path}, {"ok", false}, {"error", ec.message()}});
+    expand_dir(path, files, results);
   } else if (fs::is_regular_file(st)) {
     files.push_back(path);
   } else {

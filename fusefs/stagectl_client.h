@@ -21,7 +21,11 @@ int show_status(const std::string& mnt, bool counters, bool as_json);
 
 enum class Request { prefetch, prefetch_no_wait, evict };
 // `stagectl prefetch|evict MOUNTPOINT PATH...`: PATH relative to the mount point or absolute;
-// a prefetched directory stands for every regular file below it (symlinks not followed).
+// a prefetched directory stands for every regular file below it (symlinks not followed). Exit
+// status 1 when anything asked for was not done: a path or a file that failed, or a directory
+// (named, or below one named) that could not be listed, each a result with its errno's text.
+// So a prefetch of a directory the caller cannot list fails with the reason, never "ok"
+// with nothing staged.
 int send_requests(const std::string& mnt, const std::vector<std::string>& paths, Request request, bool as_json);
 
 // A name as the text output shows it (controls escaped).
