@@ -712,6 +712,33 @@ class RecordingLive final : public LiveCopyReaders {
   std::optional<uint64_t> want_;
 };
 
+// A transfer of `source` on n ranks (one rank: the MPI path), each with a RecordingLive, the
+// last one wanting chunk `want` from the start; rank r writes (dir + r)/f.
+struct LiveRun {
+  std::vector<std::unique_ptr<RecordingLive>> live;
+  std::vector<StageReport> reports;
+};
+LiveRun run_live(int n, const StageOptions& opt, const std::string& source, const std::string& dir,
+                 uint64_t want) {
+  World w(n);
+  FakeNet net(n);
+  PosixSource src;
+  PosixStore store;
+  LiveRun out;
+  for (int r = 0; r < n; ++r)
+    out.live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(want) : std::nullopt));
+  out.reports.resize(static_cast<size_t>(n));
+  run_ranks(w, [&](ThreadComm& c) {
+    FakeP2P p(net, c.rank());
+    if (n > 1) c.attach(&p);
+    StageOptions mine = opt;
+    mine.live_copy = out.live[static_cast<size_t>(c.rank())].get();
+    StageEndpoint ep{source, dir + std::to_string(c.rank()) + "/f", true};
+    out.reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
+  });
+  return out;
+}
+
 // The last chunk, wanted by the chain's last rank (or, alone, by the source rank itself),
 // is written long before its turn in file order; every chunk is written once, and the copy
 // is the source byte for byte.
@@ -720,32 +747,16 @@ TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
   const uint64_t nchunks = 64;
   const std::string data = random_bytes(chunk * nchunks, 9);
   write_file(path("src.bin"), data);
-  PosixSource src;
-  PosixStore store;
   for (int n : {1, 3}) {
     for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
       if (n == 1 && algo == BcastAlgorithm::tree) continue;  // one rank: the MPI path
-      World w(n);
-      FakeNet net(n);
       StageOptions opt;
       opt.chunk_size = chunk;
       opt.bcast_algorithm = algo;
       opt.pipeline.segment = 1024;
       opt.pre = Validate::none;
-      std::vector<std::unique_ptr<RecordingLive>> live;
-      for (int r = 0; r < n; ++r)
-        live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(nchunks - 1)
-                                                                  : std::nullopt));
-      std::vector<StageReport> reports(static_cast<size_t>(n));
       const std::string tag = std::to_string(n) + to_string(algo);
-      run_ranks(w, [&](ThreadComm& c) {
-        FakeP2P p(net, c.rank());
-        if (n > 1) c.attach(&p);
-        StageOptions mine = opt;
-        mine.live_copy = live[static_cast<size_t>(c.rank())].get();
-        StageEndpoint ep{path("src.bin"), path("live" + tag + std::to_string(c.rank()) + "/f"), true};
-        reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
-      });
+      auto [live, reports] = run_live(n, opt, path("src.bin"), path("live" + tag), nchunks - 1);
       for (int r = 0; r < n; ++r) {
         const auto i = static_cast<size_t>(r);
         ASSERT_TRUE(reports[i].ok) << tag << " rank " << r << ": "
@@ -785,29 +796,13 @@ TEST_F(EnginePipelineTest, ASparseFilesLiveCopyNamesChunksOfTheFile) {
   struct stat st {};
   ASSERT_EQ(::stat(path("sparse.bin").c_str(), &st), 0);
   if (static_cast<uint64_t>(st.st_blocks) * 512U >= 64 * chunk) GTEST_SKIP() << "no sparse files here";
-  PosixSource src;
-  PosixStore store;
   const int n = 3;
-  World w(n);
-  FakeNet net(n);
   StageOptions opt;
   opt.chunk_size = chunk;
   opt.bcast_algorithm = BcastAlgorithm::chain;
   opt.pipeline.segment = 1024;
   opt.pre = Validate::none;
-  std::vector<std::unique_ptr<RecordingLive>> live;
-  for (int r = 0; r < n; ++r)
-    live.push_back(
-        std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(nchunks - 1) : std::nullopt));
-  std::vector<StageReport> reports(static_cast<size_t>(n));
-  run_ranks(w, [&](ThreadComm& c) {
-    FakeP2P p(net, c.rank());
-    c.attach(&p);
-    StageOptions mine = opt;
-    mine.live_copy = live[static_cast<size_t>(c.rank())].get();
-    StageEndpoint ep{path("sparse.bin"), path("sparse" + std::to_string(c.rank()) + "/f"), true};
-    reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
-  });
+  auto [live, reports] = run_live(n, opt, path("sparse.bin"), path("sparse"), nchunks - 1);
   std::vector<uint64_t> data_chunks;
   for (uint64_t k = 0; k < nchunks; ++k)
     if (k < 24 || k >= 104) data_chunks.push_back(k);
