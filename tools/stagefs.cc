@@ -156,7 +156,8 @@ void add_options(CLI::App& app, Cli& cli) {
                  "(only the setting of rank 0 counts). 0: no limit")
       ->capture_default_str();
   add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
-           "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit");
+           "a batch stages at most this many bytes (K/M/G), as --batch-max-files, each file "
+           "counted as its size and 8K more (what its copy takes beyond its bytes). 0: no limit");
   app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
