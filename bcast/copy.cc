@@ -28,15 +28,17 @@ Status Transfer::poll_nest() {
   return opt_.nest->poll();
 }
 
-void Transfer::route_wants(ChunkMover& mover) {
+void Transfer::route_wants(const Layout& layout, ChunkMover& mover) {
   if (!live_copy_) return;
   want_scratch_.clear();
   if (opt_.live_copy != nullptr) opt_.live_copy->take_wanted(want_scratch_);
-  for (uint64_t w : want_scratch_) {
+  for (uint64_t c : want_scratch_) {
+    const auto w = layout.stream_chunk(c, m_.chunk_size);  // readers name chunks of the file
+    if (!w) continue;                                      // a hole: nothing to send
     if (is_reader())
-      push_want(w);
+      push_want(*w);
     else if (mover.carries_wants())
-      mover.want(w);
+      mover.want(*w);
   }
   if (is_reader())
     while (auto w = mover.take_want()) push_want(*w);
@@ -157,7 +159,7 @@ Status Transfer::move_chunks(const Layout& layout, ChunkMover& mover, bool write
   while (s.completed < s.nchunks && !s.ended) {
     s.t_turn = Clock::now();
     s.moved = false;
-    if (is_reader() || mover.carries_wants()) route_wants(mover);
+    if (is_reader() || mover.carries_wants()) route_wants(layout, mover);
     if (auto st = nest_turn(mover, s); !st) return st;
     if (auto st = feed(mover, q, s); !st) return st;
     if (s.closed) return {};
@@ -194,13 +196,15 @@ Status Transfer::run_chunks(const Layout& layout, bool write_here, Queues& q) {
 // state per chunk and rank).
 void Transfer::start_live(const Layout& layout, bool write_here) {
   const uint64_t nchunks = chunk_count(layout.bytes(), m_.chunk_size);
-  live_copy_ =
-      !m_.tree && !opt_.selection.active() && layout.segments().size() == 1 && nchunks <= kMaxLiveCopyChunks;
+  // A sparse file's holes are whole chunks of the file (the manifest's rule), so each stream
+  // chunk is one chunk of the file; readers name chunks of the file (LiveCopyReaders).
+  live_copy_ = !m_.tree && !opt_.selection.active() && layout.one_file_in_chunks(m_.chunk_size) &&
+               chunk_count(layout.segments()[0].size, m_.chunk_size) <= kMaxLiveCopyChunks;
   if (!live_copy_) return;
   const size_t e = layout.segments()[0].entry;
   writer_chunk_crc_.assign(nchunks, 0);
   if (opt_.live_copy != nullptr && write_here && need_local_[e] != 0 && txn_[e])
-    opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, *txn_[e]);
+    opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, m_.entries[e].holes, *txn_[e]);
 }
 
 // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the

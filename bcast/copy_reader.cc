@@ -94,19 +94,23 @@ std::optional<Error> Transfer::recheck_source(const Layout& layout) {
   return std::nullopt;
 }
 
-// Empty files have no piece in any chunk, so no end of file in read_chunk(): checked first
-// (a /proc file is empty by stat and full of text by read). False: source_err_ says why.
+// Files with nothing in the stream (empty, or all hole) have no piece in any chunk, so no end
+// of file in read_chunk(): checked first (a /proc file is empty by stat and full of text by
+// read). False: source_err_ says why.
 bool Transfer::check_empty_files(const Layout& layout) {
   for (const Segment& seg : layout.segments()) {
-    if (seg.size != 0) continue;
+    if (seg.length != 0) continue;
     auto f = open_input(seg.entry);
-    source_err_ = f ? check_input_end(**f, seg.entry, 0) : std::optional<Error>(f.error());
+    source_err_ =
+        f ? check_input_end(**f, seg.entry, crc64_zeros(seg.size)) : std::optional<Error>(f.error());
     if (source_err_) return false;
   }
   return true;
 }
 
-// One piece of a chunk (a part of one file) into buf: read, or zeros for a hole.
+// One piece of a chunk (a part of one file) into buf: read, or (hole: any_data left alone)
+// nothing at all: the caller zeroes hole pieces only in a chunk that holds data, since a chunk
+// of holes travels as a flag and nobody reads its buffer.
 std::optional<Error> Transfer::read_piece(const Layout& layout, Input& in, const Piece& p, Buffer& buf,
                                           uint64_t& piece_crc, bool& any_data) {
   const Segment& seg = layout.segments()[p.segment];
@@ -138,7 +142,6 @@ std::optional<Error> Transfer::read_piece(const Layout& layout, Input& in, const
     err.message += " (it shrank during the copy)";
     return err;
   }
-  std::memset(dst.data(), 0, dst.size());
   piece_crc = crc64_zeros(p.length);
   return std::nullopt;
 }
@@ -155,15 +158,21 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
   }
   bool any_data = false;
   uint64_t crc = 0;
-  for (const Piece& p : layout.pieces(range.offset, range.length)) {
+  const auto pieces = layout.pieces(range.offset, range.length);
+  std::vector<char> hole(pieces.size(), 0);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& p = pieces[k];
     uint64_t piece_crc = 0;
-    source_err_ = read_piece(layout, in, p, buf, piece_crc, any_data);
+    bool data = false;
+    source_err_ = read_piece(layout, in, p, buf, piece_crc, data);
     if (source_err_) break;
+    hole[k] = data ? 0 : 1;
+    any_data = any_data || data;
     crc = crc64_combine(crc, piece_crc, p.length);
     if (live_copy_) continue;  // one piece per chunk; the file's CRC and end check below
     const Segment& seg = layout.segments()[p.segment];
-    reader_file_crc_[p.segment] = crc64_combine(reader_file_crc_[p.segment], piece_crc, p.length);
-    if (p.file_off + p.length == seg.size) {  // end of this file: is it still the same file?
+    reader_file_crc_[p.segment] = crc_through(reader_file_crc_[p.segment], p, piece_crc, seg);
+    if (p.ends_file) {  // end of this file: is it still the same file?
       source_err_ = check_input_end(*in.file, seg.entry, reader_file_crc_[p.segment]);
       if (source_err_) break;
     }
@@ -171,9 +180,7 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
   if (live_copy_ && !source_err_) {
     reader_chunk_crc_[i] = crc;
     if (last) {  // every chunk read: the file's CRC, and is it still the same file?
-      for (uint64_t j = 0; j < reader_chunk_crc_.size(); ++j)
-        reader_file_crc_[0] = crc64_combine(reader_file_crc_[0], reader_chunk_crc_[j],
-                                            chunk_range(layout.bytes(), m_.chunk_size, j).length);
+      reader_file_crc_[0] = layout.crc_of_chunks(m_.chunk_size, reader_chunk_crc_);
       source_err_ = check_input_end(*in.file, layout.segments()[0].entry, reader_file_crc_[0]);
     }
   }
@@ -181,6 +188,9 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
     buf.hdr.flags = kChunkAbort;
     return;
   }
+  if (any_data)  // its holes travel as zeros
+    for (size_t k = 0; k < pieces.size(); ++k)
+      if (hole[k] != 0) std::memset(buf.mem->data() + pieces[k].chunk_off, 0, pieces[k].length);
   buf.hdr.crc = crc;
   buf.hdr.flags = any_data ? 0 : kChunkZero;
 }

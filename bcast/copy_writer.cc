@@ -83,16 +83,15 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
     }
     if (live_copy_) {  // chunks in any order: the file's CRC once all are here
       writer_chunk_crc_[buf.hdr.index] = piece_crc[k];
-      if (opt_.live_copy != nullptr) opt_.live_copy->chunk_written(buf.hdr.index, zero);
+      if (opt_.live_copy != nullptr)
+        opt_.live_copy->chunk_written(layout.file_chunk(buf.hdr.index, m_.chunk_size), zero);
       if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
-      for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
-        file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
-                                             chunk_range(layout.bytes(), m_.chunk_size, j).length);
+      file_crc_[seg.entry] = layout.crc_of_chunks(m_.chunk_size, writer_chunk_crc_);
       finish_file(t, seg.entry);
       continue;
     }
-    file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], piece_crc[k], p.length);
-    if (p.file_off + p.length == seg.size) finish_file(t, seg.entry);
+    file_crc_[seg.entry] = crc_through(file_crc_[seg.entry], p, piece_crc[k], seg);
+    if (p.ends_file) finish_file(t, seg.entry);
   }
 }
 

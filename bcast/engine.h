@@ -58,9 +58,12 @@ namespace stage {
 class LiveCopyReaders {
  public:
   virtual ~LiveCopyReaders() = default;
+  // Chunks are chunks of the file: chunk i is its bytes [i x chunk_size, ...).
   // The calling thread, on a rank that writes the file, once its temporary file exists (after
-  // the prepare agreement, before any chunk): the source version being copied.
-  virtual void started(const FileMeta& source, uint64_t chunk_size, const Txn& txn) = 0;
+  // the prepare agreement, before any chunk): the source version being copied, and its holes
+  // (whole chunks, or a last chunk's tail: never sent, they read as zeros from the start).
+  virtual void started(const FileMeta& source, uint64_t chunk_size, const std::vector<Extent>& holes,
+                       const Txn& txn) = 0;
   // The writer thread: chunk `index` is verified (its CRC) and in the temporary file; zero: it
   // is a hole (nothing written: it reads as zeros).
   virtual void chunk_written(uint64_t index, bool zero) = 0;

@@ -16,9 +16,10 @@ std::vector<size_t> Transfer::my_files() const {
 }
 
 void Transfer::finish_empty_files(const std::vector<size_t>& mine) {
-  for (size_t i : mine) {  // zero-length files never saw a chunk
+  for (size_t i : mine) {  // files with nothing in the stream (empty, or all hole) never saw a chunk
     if (finished_[i] == 0) {
-      if (auto st = txn_[i]->finish(m_.entries[i].meta, crc64_zeros(0)); !st) fail_local(st.error());
+      const FileMeta& meta = m_.entries[i].meta;
+      if (auto st = txn_[i]->finish(meta, crc64_zeros(meta.size)); !st) fail_local(st.error());
       finished_[i] = 1;
     }
   }

@@ -57,6 +57,9 @@ class HoldingFile final : public SourceFile {
   bool has_data(uint64_t off, uint64_t len) override { return inner_->has_data(off, len); }
   Result<FileMeta> stat_now() override { return inner_->stat_now(); }
   Result<bool> data_past(uint64_t size) override { return inner_->data_past(size); }
+  std::optional<Sparseness> sparseness(uint64_t size, uint64_t align, size_t max_extents) override {
+    return inner_->sparseness(size, align, max_extents);
+  }
 
  private:
   std::unique_ptr<SourceFile> inner_;

@@ -8,9 +8,11 @@
 namespace stage {
 namespace {
 
-constexpr uint32_t kMagic = 0x53544733;  // "STG3": ranks of different versions refuse each other
+constexpr uint32_t kMagic = 0x53544734;  // "STG4": ranks of different versions refuse each other
 constexpr uint64_t kMaxEntries = 1ULL << 26;
 constexpr uint32_t kMaxPath = 4096;
+// Holes listed in one manifest, all files together (16 bytes each on the wire).
+constexpr uint64_t kMaxHoles = 1ULL << 20;
 
 class Writer {
  public:
@@ -42,6 +44,7 @@ class Reader {
     return true;
   }
   [[nodiscard]] bool at_end() const { return pos_ == b_.size(); }
+  [[nodiscard]] size_t remaining() const { return b_.size() - pos_; }
 
  private:
   bool raw(void* p, size_t n) {
@@ -113,9 +116,46 @@ std::string encode(const Manifest& m) {
     w.u64(e.meta.dev);
     w.u32(e.meta.mode);
     w.str(e.link_target);
+    w.u32(static_cast<uint32_t>(e.holes.size()));
+    for (const Extent& h : e.holes) {
+      w.u64(h.off);
+      w.u64(h.len);
+    }
   }
   return w.take();
 }
+
+uint64_t streamed_bytes(const Entry& e) {
+  uint64_t holes = 0;
+  for (const Extent& h : e.holes) holes += h.len;
+  return e.meta.size - holes;
+}
+
+namespace {
+
+// A file's holes, as decode() accepts them: in order, disjoint, not empty, inside the file,
+// each from a multiple of the chunk size to one (or to the file's end).
+bool holes_fit(const std::vector<Extent>& holes, uint64_t size, uint64_t chunk) {
+  uint64_t end = 0;
+  for (const Extent& h : holes) {
+    if (h.len == 0 || h.off < end || h.off > size || h.len > size - h.off) return false;
+    if (h.off % chunk != 0 || ((h.off + h.len) % chunk != 0 && h.off + h.len != size)) return false;
+    end = h.off + h.len;
+  }
+  return true;
+}
+
+bool read_holes(Reader& r, uint64_t& budget, std::vector<Extent>& holes) {
+  uint32_t n = 0;
+  if (!r.u32(n) || n > budget || n > r.remaining() / 16) return false;
+  budget -= n;
+  holes.resize(n);
+  for (Extent& h : holes)
+    if (!r.u64(h.off) || !r.u64(h.len)) return false;
+  return true;
+}
+
+}  // namespace
 
 Result<Manifest> decode(std::span<const std::byte> bytes) {
   Reader r(bytes);
@@ -132,6 +172,7 @@ Result<Manifest> decode(std::span<const std::byte> bytes) {
   m.chunk_size = chunk;
   m.entries.reserve(count);
   std::unordered_set<std::string> dirs;  // a parent must be a directory listed earlier
+  uint64_t hole_budget = kMaxHoles;
   for (uint64_t i = 0; i < count; ++i) {
     Entry e;
     uint8_t type = 0;
@@ -139,7 +180,7 @@ Result<Manifest> decode(std::span<const std::byte> bytes) {
     uint64_t ctime = 0;
     if (!r.str(e.path) || !r.u8(type) || !r.u64(e.meta.size) || !r.u64(e.allocated) || !r.u64(mtime) ||
         !r.u64(ctime) || !r.u64(e.meta.ino) || !r.u64(e.meta.dev) || !r.u32(e.meta.mode) ||
-        !r.str(e.link_target))
+        !r.str(e.link_target) || !read_holes(r, hole_budget, e.holes))
       return bad("truncated entry");
     if (type < 1 || type > 3) return bad("bad entry type");
     e.type = static_cast<EntryType>(type);
@@ -154,6 +195,8 @@ Result<Manifest> decode(std::span<const std::byte> bytes) {
     if (e.type != EntryType::file && e.meta.size != 0 && e.type != EntryType::symlink)
       return bad("size on a directory");
     if (e.meta.size > (1ULL << 62)) return bad("size out of range");
+    if (!e.holes.empty() && (e.type != EntryType::file || !holes_fit(e.holes, e.meta.size, m.chunk_size)))
+      return bad("bad holes");
     if (!e.path.empty()) {
       const size_t slash = e.path.rfind('/');
       const std::string parent = slash == std::string::npos ? "" : e.path.substr(0, slash);

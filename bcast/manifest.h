@@ -1,6 +1,8 @@
 // What the source rank found under --source, sent to every rank before any data.
 // A manifest is a list of entries (regular files, directories, symlinks) with the source's
-// metadata; for a single file it holds one entry whose path is "". The wire encoding is a
+// metadata; for a single file it holds one entry whose path is "". A sparse file's entry also
+// lists its holes of at least one chunk (aligned to the chunk size): the stream skips them, so
+// a 1 TiB file with one written byte costs one chunk, not 65,536. The wire encoding is a
 // flat little-endian byte string; decode() validates every length, type and path (no "..",
 // no absolute path, no NUL, no empty component) before anything is used, so a corrupt or
 // hostile message cannot make a rank touch a path outside its destination. Pure functions.
@@ -43,14 +45,27 @@ inline bool same_version(const FileMeta& a, const FileMeta& b) {
 int64_t to_ns(const struct timespec& ts) noexcept;
 struct timespec from_ns(int64_t ns) noexcept;
 
+// A byte range of a file.
+struct Extent {
+  uint64_t off = 0;
+  uint64_t len = 0;
+  bool operator==(const Extent&) const = default;
+};
+
 struct Entry {
   std::string path;  // relative to the source root; "" for the root itself
   EntryType type = EntryType::file;
   FileMeta meta;
   std::string link_target;  // symlinks only
-  // Regular files: bytes the source occupies on its disk (st_blocks x 512). Holes stay holes
-  // in a copy, so this, not meta.size, is what a copy needs (the free-space check).
+  // Regular files: bytes a copy may occupy on disk. The source's allocation (st_blocks x 512),
+  // raised by the scan where the file's data, in 4 KiB blocks, takes more (a source that
+  // compresses, or allocates smaller blocks). Holes stay holes in a copy, so this, not
+  // meta.size, is what a copy needs (the free-space check).
   uint64_t allocated = 0;
+  // Regular files: the holes the stream skips (they read as zeros), in order, disjoint, inside
+  // the file, none empty; each starts at a multiple of the manifest's chunk size and ends at
+  // one or at the file's end (decode() checks all of it). Empty: every byte is streamed.
+  std::vector<Extent> holes{};
 };
 
 struct Manifest {
@@ -64,6 +79,9 @@ struct Manifest {
 
 std::string encode(const Manifest& m);
 Result<Manifest> decode(std::span<const std::byte> bytes);
+
+// The bytes of e that the stream carries: its size less its holes.
+uint64_t streamed_bytes(const Entry& e);
 
 // True for a path that stays below its root: relative, no "." or ".." or empty component.
 bool is_safe_relative(std::string_view path);

@@ -71,7 +71,8 @@ Status Transfer::share_manifest() {
   if (is_root()) {
     Result<Manifest> scanned = scan_source();
     if (scanned) {
-      scanned->chunk_size = opt_.chunk_size;  // every rank follows the source rank's
+      scanned->chunk_size = opt_.chunk_size;           // every rank follows the source rank's
+      scan_sparse_files(*src_, ep_.source, *scanned);  // holes the stream skips, what copies take
       bytes = encode(*scanned);
     } else {
       err = scanned.error();

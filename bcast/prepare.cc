@@ -9,16 +9,21 @@ namespace stage::engine {
 
 namespace {
 
-// What a copy will occupy: the source's allocation, since holes stay holes (a sparse 4.5 GiB
-// file with 1 MiB of data needs about 1 MiB), at most its size. A source filesystem that
-// reports no blocks for a non-empty file (some FUSE and object-store mounts) gets the size.
-// Holes stay holes within a chunk too (copy_writer.cc), so the estimate holds however the data
-// is spread. It can still fall short for a source on a compressing filesystem (allocation
-// below the data's size); if the disk fills, the copy fails with ENOSPC and nothing is
-// published.
+// What a copy will occupy: its size in 4 KiB blocks, or less for a sparse file, since holes
+// stay holes (a sparse 4.5 GiB file with 1 MiB of data needs about 1 MiB). The source rank
+// looked at every sparse file's data extents (scan_sparse_files): `allocated` is then what its
+// data takes in 4 KiB blocks, rounded out, and its extent map, or more if the source says it
+// allocates more. So a source that allocates less than its copy will take (one that
+// compresses, or has smaller blocks) does not get less room than the copy needs. Holes stay
+// holes within a chunk too (copy_writer.cc), so the estimate holds however the data is spread.
+// A source filesystem that reports no blocks for a non-empty file (some FUSE and object-store
+// mounts) gets the size. The inode and the origin record are the store's to count (the
+// mount's cache does: its copy overhead).
 uint64_t expected_disk_bytes(const Entry& e) {
   if (e.type != EntryType::file) return 0;
-  return e.allocated == 0 ? e.meta.size : std::min(e.meta.size, e.allocated);
+  constexpr uint64_t kBlock = 4096;
+  const uint64_t whole = (e.meta.size + kBlock - 1) / kBlock * kBlock;
+  return e.allocated == 0 ? whole : std::min(whole, e.allocated);
 }
 
 }  // namespace
@@ -43,7 +48,7 @@ void Transfer::check_space() {
 void Transfer::allocate_buffers() {
   uint64_t stream = 0;
   for (size_t i = 0; i < m_.entries.size(); ++i)
-    if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += m_.entries[i].meta.size;
+    if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += streamed_bytes(m_.entries[i]);
   const uint64_t bufsize = std::min<uint64_t>(m_.chunk_size, std::max<uint64_t>(stream, 1));
   // A stream of one chunk (a batch of small files, a small file) needs one buffer, not
   // pipeline_depth buffers of its whole size (each one freshly mapped and zeroed).

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,13 @@
 #include "bcast/manifest.h"
 
 namespace stage {
+
+// What a look at a file's data and holes found (SourceFile::sparseness).
+struct Sparseness {
+  std::vector<Extent> holes;  // each at least `align` long, aligned to it (or ending at the file's end)
+  uint64_t copy_bytes = 0;    // what a copy takes: the data in 4 KiB blocks (rounded out), its extent map
+  size_t extents = 0;         // data extents looked at
+};
 
 class SourceFile {
  public:
@@ -34,6 +42,14 @@ class SourceFile {
   // or it is a pseudo file whose stat size is not its content (/proc reports 0 bytes). The
   // engine asks once per file, after its last byte. Readers that cannot tell say false.
   virtual Result<bool> data_past(uint64_t /*size*/) { return false; }
+  // The file's data and holes (a file of `size` bytes), looking at no more than max_extents
+  // data extents (the rest counts as data): the holes a transfer may skip, as chunks of
+  // `align` bytes, and what a copy takes. nullopt: this reader cannot tell (its allocation is
+  // trusted).
+  virtual std::optional<Sparseness> sparseness(uint64_t /*size*/, uint64_t /*align*/,
+                                               size_t /*max_extents*/) {
+    return std::nullopt;
+  }
 };
 
 // A batch's slice of its directory: the names in byte order, circularly, from the first at
@@ -88,6 +104,13 @@ class PosixSource final : public SourceReader {
   Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) override;
   Result<std::unique_ptr<SourceFile>> open(const std::string& root, const Entry& e) override;
 };
+
+// The source rank, after its scan: every sparse regular file of m (allocated below its size)
+// gets the holes the stream may skip (chunks of m.chunk_size) and, in `allocated`, what its
+// copy takes (SourceFile::sparseness), looking at no more than kMaxScanExtents data extents in
+// all. A file past that budget keeps no holes and counts its whole size.
+inline constexpr size_t kMaxScanExtents = size_t{1} << 20;
+void scan_sparse_files(SourceReader& src, const std::string& root, Manifest& m);
 
 FileMeta meta_from_stat(const struct stat& st);
 // Bytes a regular file occupies on disk (st_blocks x 512); 0 for anything else.

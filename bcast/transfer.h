@@ -209,7 +209,7 @@ class Transfer : private TransferState {
   }
   // Calling thread: the wants of this rank's readers go to the reader (root) or up the
   // stream (elsewhere, when the mover carries them); the reader also takes its subtree's.
-  void route_wants(ChunkMover& mover);
+  void route_wants(const Layout& layout, ChunkMover& mover);
 
   // copy_reader.cc
   void reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q, BlockingQueue<BufPtr>& full_q);

@@ -41,23 +41,6 @@ for i in range(n):
 fi
 chmod 755 "$SRC" "$SRC/u" "$SRC/other"
 
-as_user() { setpriv --reuid="$1" --regid="$1" --clear-groups -- "${@:2}"; }
-timed_cat() {  # seconds of one `cat FILE > /dev/null` as uid $1
-  local t0 t1
-  t0=$(now)
-  as_user "$1" cat "$2" > /dev/null
-  t1=$(now)
-  elapsed "$t0" "$t1"
-}
-status() { getfattr --only-values -n user.stagefs.status "$MNT" 2>/dev/null || true; }
-wait_in_flight() {  # until the status names a transfer of $1, or process $2 ended (at most 60 s)
-  for _ in $(seq 1200); do
-    status | grep -q "\"path\":\"$1" && return 0
-    kill -0 "$2" 2>/dev/null || return 0
-    sleep 0.05
-  done
-  die "no transfer of $1 in flight: $(status)"
-}
 wait_idle() {  # until nothing is in flight and no open waits (at most 600 s)
   for _ in $(seq 12000); do
     s=$(status)

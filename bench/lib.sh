@@ -149,6 +149,26 @@ unmount_if() {
   fusermount3 -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
 }
 
+# Users of one standalone mount at $MNT (bench_fair.sh, bench_sparse.sh): a command as uid $1,
+# the mount's status attribute, one timed read, and a wait for a transfer in flight.
+as_user() { setpriv --reuid="$1" --regid="$1" --clear-groups -- "${@:2}"; }
+status() { getfattr --only-values -n user.stagefs.status "$MNT" 2>/dev/null || true; }
+timed_cat() {  # seconds of one `cat FILE > /dev/null` as uid $1
+  local t0 t1
+  t0=$(now)
+  as_user "$1" cat "$2" > /dev/null
+  t1=$(now)
+  elapsed "$t0" "$t1"
+}
+wait_in_flight() {  # until the status names a transfer of $1, or process $2 ended (at most ${3:-60} s)
+  for _ in $(seq $((${3:-60} * 20))); do
+    status | grep -q "\"path\":\"$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 0
+    sleep 0.05
+  done
+  die "no transfer of $1 in flight: $(status)"
+}
+
 # --- the netns benches (bench_scale.sh, bench_hol_scale.sh) ---------------------------------
 # netns_bench_begin TAG TMPFS_MB NET: the cluster's root (NETNS_SIM_ROOT, ROOT) on a tmpfs of
 # its own at WORK_ROOT/TAG-ram (RAM=1, the default: simulated nodes share one real disk,

@@ -5,6 +5,7 @@
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,20 @@ bool has_temp_component(const std::string& rel) {  // on every open: no allocati
 
 std::string proc_fd_path(int fd) {
   return "/proc/self/fd/" + std::to_string(fd);
+}
+
+bool has_access_acl(int dfd, const std::string& name) {
+  const std::string p = proc_fd_path(dfd) + "/" + name;
+  if (::lgetxattr(p.c_str(), "system.posix_acl_access", nullptr, 0) >= 0) return true;
+  return errno != ENODATA && errno != ENOTSUP;  // ENOTSUP: the filesystem has no ACLs
+}
+
+bool has_access_acl_beneath(int root_fd, const std::string& rel) {
+  const std::string dir = stage::parent_dir(rel);
+  auto parent = open_beneath(root_fd, dir == "." ? "" : dir, O_PATH | O_DIRECTORY);
+  if (!parent) return true;
+  return has_access_acl(parent->get(),
+                        rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1));
 }
 
 bool unlink_beneath(int root_fd, const std::string& rel) {
@@ -120,13 +135,13 @@ stage::Result<std::string> for_each_small_file(
     struct stat fst {};
     // Gone or replaced since the listing: not part of the batch (an open of it stages it alone).
     if (::fstatat(dfd, name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!batch_eligible(fst, name, max_size)) continue;
-    const auto size = static_cast<uint64_t>(fst.st_size);
+    if (!batch_eligible(fst, name, max_size) || has_access_acl(dfd, name)) continue;
+    const uint64_t charge = copy_charge(static_cast<uint64_t>(fst.st_size));
     if (files > 0 && ((slice.max_files > 0 && files >= slice.max_files) ||
-                      (slice.max_bytes > 0 && bytes + size > slice.max_bytes)))
+                      (slice.max_bytes > 0 && bytes + charge > slice.max_bytes)))
       return name;  // the next slice starts here
     ++files;
-    bytes += size;
+    bytes += charge;
     fn(name, fst);
   }
   return std::string();
@@ -167,9 +182,10 @@ stage::Result<std::vector<std::string>> BeneathSource::list_dirs(const std::stri
     if (out.size() >= max) break;
     struct stat st {};
     // Only what every user may reach: a walk by one user never stages a directory the
-    // others (or that user) could not list.
+    // others (or that user) could not list, by its mode or an ACL.
+    constexpr mode_t kEveryone = S_IRUSR | S_IXUSR | S_IRGRP | S_IXGRP | S_IROTH | S_IXOTH;
     if (!stage::is_temp_name(name) && ::fstatat(fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISDIR(st.st_mode) && (st.st_mode & (S_IROTH | S_IXOTH)) == (S_IROTH | S_IXOTH))
+        S_ISDIR(st.st_mode) && (st.st_mode & kEveryone) == kEveryone && !has_access_acl(fd->get(), name))
       out.push_back(name);
   }
   return out;

@@ -34,13 +34,21 @@ std::string proc_fd_path(int fd);
 // Returns true if it was removed.
 bool unlink_beneath(int root_fd, const std::string& rel);
 
+// True when the entry `name` of directory dfd has an access ACL (system.posix_acl_access; the
+// kernel keeps none that only restates the mode bits), or when that cannot be told: then its
+// mode bits do not say who may read it. One lgetxattr, not following a symlink.
+bool has_access_acl(int dfd, const std::string& name);
+// The same for rel beneath the root (its parent resolved as open_beneath does).
+bool has_access_acl_beneath(int root_fd, const std::string& rel);
+
 // The files a batch of directory dfd (named dir) takes, in the slice's order: those the
 // cache's batch rule admits (batch_eligible, cache/rules.h: small regular files every user
-// may read, not named like a temporary file), within the slice and its limits
-// (stage::SmallFilesSlice). Lists every name, checks
-// (fstatat, no symlinks) only the slice's; fn(name, stat) for each file taken. Returns the
-// first name the limits left out ("" none). The batch's scan and the mount's room-making
-// before a batch both use it, so they agree on what a batch holds.
+// may read by their mode, not named like a temporary file) and that have no ACL, within the
+// slice and its limits (stage::SmallFilesSlice; its bytes count each file's copy_charge).
+// Lists every name, checks (fstatat, no symlinks; lgetxattr) only the slice's; fn(name,
+// stat) for each file taken. Returns the first name the limits left out ("" none). The
+// batch's scan and the mount's room-making before a batch both use it, so they agree on what
+// a batch holds.
 stage::Result<std::string> for_each_small_file(
     int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
     const std::function<void(const std::string&, const struct stat&)>& fn);
@@ -55,7 +63,8 @@ class BeneathSource final : public stage::SourceReader {
   // directory's fd (fstatat without following symlinks), sorted by name.
   stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
                                                     const stage::SmallFilesSlice& slice) override;
-  // Listed through the directory's fd; each entry checked with fstatat (no symlinks).
+  // Listed through the directory's fd; each entry checked with fstatat (no symlinks): those
+  // every user may list and enter by their mode (u+rx, g+rx, o+rx) and that have no ACL.
   stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override;
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& rel,
                                                          const stage::Entry& e) override;

@@ -48,30 +48,51 @@ void Coordinator::on_request(const Message& m) {
 
 void Coordinator::enqueue(Key key, Pending p) {
   auto& q = by_uid_[p.uid];
-  if (q.empty()) turns_.push_back(p.uid);
+  if (q.empty()) {
+    turns_.push_back(p.uid);
+    uint64_t& tally = tally_[p.uid];  // nothing banked while it had nothing queued
+    tally = std::max(tally, served_tally_);
+  }
   q.push_back(key);
   queued_.emplace(std::move(key), std::move(p));
 }
 
 std::optional<Coordinator::Key> Coordinator::take_turn(bool batch_only) {
+  // The uid with the lowest tally (the first in turn order among equals) that has something
+  // to announce (with batch_only: a batch).
+  auto best = turns_.end();
+  std::deque<Key>::iterator pick;
   for (auto t = turns_.begin(); t != turns_.end(); ++t) {
-    const uint32_t uid = *t;
-    auto& q = by_uid_[uid];
+    if (best != turns_.end() && tally_[*t] >= tally_[*best]) continue;
+    auto& q = by_uid_[*t];
     auto it = batch_only
                   ? std::find_if(q.begin(), q.end(), [](const Key& k) { return k.first == MsgType::batch; })
                   : q.begin();
     if (it == q.end()) continue;
-    Key key = std::move(*it);
-    q.erase(it);
-    // This uid had its turn: the others go first next time.
-    turns_.erase(t);
-    if (q.empty())
-      by_uid_.erase(uid);
-    else
-      turns_.push_back(uid);
-    return key;
+    best = t;
+    pick = it;
   }
-  return std::nullopt;
+  if (best == turns_.end()) return std::nullopt;
+  const uint32_t uid = *best;
+  auto& q = by_uid_[uid];
+  Key key = std::move(*pick);
+  q.erase(pick);
+  served_tally_ = tally_[uid];
+  // This uid had its turn: among equal tallies, the others go first next time.
+  turns_.erase(best);
+  if (q.empty())
+    by_uid_.erase(uid);
+  else
+    turns_.push_back(uid);
+  return key;
+}
+
+void Coordinator::charge(const Message& a, uint64_t cost) {
+  auto it = charge_to_.find(a.id);
+  if (it == charge_to_.end()) return;
+  uint64_t& tally = tally_[it->second];
+  tally = cost > UINT64_MAX - tally ? UINT64_MAX : tally + cost;
+  charge_to_.erase(it);
 }
 
 Message Coordinator::announce(MsgType type, const Key& key, const Pending& p) {
@@ -79,6 +100,8 @@ Message Coordinator::announce(MsgType type, const Key& key, const Pending& p) {
   announced_id_[key] = m.id;
   ++stats_.announced;
   if (is_batch(type)) ++stats_.batches;
+  if (is_batch(type) && !(type == MsgType::batch_prefetch && p.walk))  // a sequence's slice
+    sequence_of_[m.id] = {p.continued, p.spent};
   return m;
 }
 
@@ -109,8 +132,8 @@ bool Coordinator::prefetch(const std::string& dir) {
   return true;
 }
 
-void Coordinator::continue_batch(const Message& a, const std::string& next) {
-  if (shutdown_queued_ || !is_batch(a.type) || next.empty()) return;
+bool Coordinator::continue_batch(const Message& a, const std::string& next, Spent spent) {
+  if (shutdown_queued_ || !is_batch(a.type) || next.empty()) return true;
   // The rest of a's range: from next to where a's range ends (a whole circle from "" ends at
   // the last name).
   Pending p;
@@ -122,32 +145,71 @@ void Coordinator::continue_batch(const Message& a, const std::string& next) {
   else if (a.until.empty())
     p.until = a.from;
   Key key{MsgType::batch, a.path};
-  if (queued_.contains(key) || later_set_.contains(key)) return;  // a slice of it is queued already
-  ++stats_.continued;
-  if (a.type == MsgType::batch_prefetch) {
-    auto w = walk_of_.find(a.path);
-    if (w != walk_of_.end()) {
-      if (walk_bytes_ > 0 && walk_spent_[w->second] >= walk_bytes_) return;
-      p.walk = w->second;
+  if (queued_.contains(key) || later_set_.contains(key)) return true;  // a slice of it is queued already
+  const auto w = a.type == MsgType::batch_prefetch ? walk_of_.find(a.path) : walk_of_.end();
+  if (w != walk_of_.end()) {
+    if (over(walk_spent_[w->second])) return true;  // the walk's own budget (batch_ran said so)
+    p.walk = w->second;
+  } else {
+    if (over(spent)) {
+      ++stats_.budget_stopped;
+      return false;
     }
+    p.continued = true;
+    p.spent = spent;
+  }
+  ++stats_.continued;
+  if (a.type == MsgType::batch_prefetch) {  // a walk's, or a background request's: behind every request
     later_set_.emplace(key, std::move(p));
     later_.push_back(std::move(key));
-    return;
+    return true;
   }
   enqueue(std::move(key), std::move(p));
+  return true;
 }
 
-void Coordinator::prefetch_ran(const std::string& dir, uint64_t bytes) {
-  auto w = walk_of_.find(dir);
-  if (w == walk_of_.end() || walk_bytes_ == 0) return;
+Coordinator::Tally Coordinator::batch_ran(const Message& a, uint64_t bytes, uint64_t files) {
+  Tally t;
+  const auto w = a.type == MsgType::batch_prefetch ? walk_of_.find(a.path) : walk_of_.end();
+  if (w == walk_of_.end()) {  // a sequence's slice
+    auto node = sequence_of_.extract(a.id);
+    if (!node.empty()) t.spent = node.mapped().second;
+    t.spent.bytes += bytes;
+    t.spent.files += files;
+    t.over = over(t.spent);
+    return t;
+  }
   const std::string walk = w->second;
-  if ((walk_spent_[walk] += bytes) < walk_bytes_) return;
+  t.walk = true;
+  Spent& s = walk_spent_[walk];
+  const bool was_over = over(s);
+  s.bytes += bytes;
+  s.files += files;
+  t.spent = s;
+  t.over = over(s) && !was_over;  // this slice spent it
+  if (!t.over) return t;
   // Over budget: this walk's prefetches still queued go (requests and other walks stay).
-  std::erase_if(later_set_, [&](const auto& kv) {
-    const bool drop = kv.second.walk == walk;
-    if (drop) ++stats_.prefetch_dropped;
-    return drop;
-  });
+  t.dropped = std::erase_if(later_set_, [&](const auto& kv) { return kv.second.walk == walk; });
+  stats_.prefetch_dropped += t.dropped;
+  return t;
+}
+
+Coordinator::Spent Coordinator::left(const Spent& s) const {
+  const auto rest = [](uint64_t budget, uint64_t used) {
+    return budget == 0 ? UINT64_MAX : budget > used ? budget - used : 0;
+  };
+  return Spent{rest(budget_.bytes, s.bytes), rest(budget_.files, s.files)};
+}
+
+std::optional<Coordinator::Spent> Coordinator::slice_left(const Message& a) const {
+  if (a.type == MsgType::batch_prefetch)
+    if (auto w = walk_of_.find(a.path); w != walk_of_.end()) {
+      auto s = walk_spent_.find(w->second);
+      return left(s == walk_spent_.end() ? Spent{} : s->second);
+    }
+  auto q = sequence_of_.find(a.id);
+  if (q == sequence_of_.end() || !q->second.first) return std::nullopt;
+  return left(q->second.second);
 }
 
 size_t Coordinator::drop_prefetches() {
@@ -167,6 +229,7 @@ std::optional<Message> Coordinator::next_announcement() {
     if (!key) return std::nullopt;
     auto node = queued_.extract(*key);
     m = announce(MsgType::batch_nested, *key, node.mapped());
+    charge_to_[m.id] = m.uid;
     nested_open_ = m.id;
     ++stats_.nested;
   } else if (shutdown_queued_) {
@@ -194,6 +257,7 @@ std::optional<Message> Coordinator::next_announcement() {
     if (!key) return std::nullopt;
     auto node = queued_.extract(*key);
     m = announce(key->first, *key, node.mapped());
+    charge_to_[m.id] = m.uid;
   }
   outstanding_ = true;
   return m;

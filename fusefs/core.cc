@@ -597,8 +597,10 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
 void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
                                        bool checked) {
   ask.since = mat_.epoch();  // before the look into the cache
-  // The batch's own rule (cache/rules.h), so an open asks for a batch only if it holds rel.
-  ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size);
+  // The batch's own rule (cache/rules.h, beneath.h), so an open asks for a batch only if it
+  // holds rel.
+  ask.small = batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size) &&
+              !has_access_acl_beneath(root_.get(), rel);
   const bool small = ask.small;
   // A copy that its directory's batch is publishing on this node right now (a walk runs
   // batches ahead of the readers): the batch vouches for it when it ends; no CRC read-back.

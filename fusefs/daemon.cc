@@ -22,6 +22,7 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/rules.h"
 #include "fusefs/metrics.h"
 #include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
@@ -237,6 +238,8 @@ GroupConfig Daemon::group_config() {
   g.batch_max_bytes = cfg_.batch_max_bytes;
   g.walk_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
   g.walk_max_bytes = cfg_.prefetch_max_bytes;
+  g.walk_max_files = cfg_.prefetch_max_files;
+  g.file_charge = kCopyCharge;
   g.before_batch = [this](const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict) {
     cache_->admit_batch(source_root_.get(), dir, cfg_.small_file_size, slice, may_evict);
   };
@@ -314,6 +317,8 @@ MountStatus Daemon::status() const {
   s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
+  s.chunks_broadcast = g.chunks_broadcast;
+  s.budget_stops = g.budget_stops;
   s.bytes_from_source = g.bytes_from_source;
   s.bytes_from_seeds = g.bytes_from_seeds;
   s.seeded_here = g.seeded_here;

@@ -69,10 +69,13 @@ struct DaemonConfig {
   // do not wait long behind it.
   uint64_t batch_max_files = 4096;
   uint64_t batch_max_bytes = uint64_t{256} << 20;
-  // --prefetch-max-dirs, --prefetch-max-bytes: what one walk (--prefetch-siblings) stages
-  // ahead of the readers: subdirectories queued, bytes of small files listed (0: no limit).
+  // --prefetch-max-dirs, --prefetch-max-bytes, --prefetch-max-files: what one walk
+  // (--prefetch-siblings) stages ahead of the readers: subdirectories queued, bytes and files
+  // of small files listed (each file charged at least what its copy takes); and what one
+  // open's batch with the slices that follow it may list (0: no limit).
   uint64_t prefetch_max_dirs = 64;
   uint64_t prefetch_max_bytes = uint64_t{1} << 30;
+  uint64_t prefetch_max_files = 16384;
   double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem

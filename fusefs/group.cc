@@ -32,7 +32,7 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
     coord_.emplace();
     coord_->set_nesting(cfg_.nest_batches && nested_ != nullptr);
     coord_->set_walks(cfg_.prefetch_siblings && cfg_.small_file_size > 0);
-    coord_->set_walk_bytes(cfg_.walk_max_bytes);
+    coord_->set_budget(cfg_.walk_max_bytes, cfg_.walk_max_files);
   }
   watchdog_ = std::thread([this] { watchdog(); });
 }
@@ -288,7 +288,7 @@ std::string GroupService::fed_by(const stage::StageReport& r) const {
          (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string());
 }
 
-bool GroupService::run_transfer(const Message& a) {
+GroupService::Ran GroupService::run_transfer(const Message& a) {
   const auto t0 = Clock::now();
   stage::StageOptions opt = transfer_options();
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
@@ -334,6 +334,7 @@ bool GroupService::run_transfer(const Message& a) {
     stats_.current.clear();
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
+    stats_.chunks_broadcast += report.chunks;
     count_reads_locked(report);
     if (report.ok && report.this_node_wrote) ++stats_.local_writes;
     if (!report.ok) ++stats_.failures;
@@ -358,13 +359,13 @@ bool GroupService::run_transfer(const Message& a) {
              stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
                           why});
   }
-  return !report.comm_broken;
+  return Ran{!report.comm_broken, transfer_cost(report.bytes_streamed, report.chunks, report.files)};
 }
 
 // A batch: every small file of directory a.path in one transfer. Collective like a single
 // transfer: every rank runs it, every rank sees the same outcome, so every rank agrees on
 // the one retry.
-bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
+GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
   const std::string shown = a.path.empty() ? std::string("/") : a.path + "/";
   ShownTransfer outer = show_batch(shown, t0);
@@ -373,18 +374,30 @@ bool GroupService::run_batch(const Message& a, stage::Comm& comm) {
   const bool prefetch = a.type == MsgType::batch_prefetch;
   const BatchRuns r = stage_batch(a, comm, shown, prefetch);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (coord_ && r.report.ok) {
+  if (coord_) {
+    // What the slice listed counts against its walk's or sequence's budget.
+    const auto tally =
+        coord_->batch_ran(a, r.report.bytes_total + r.report.files * cfg_.file_charge, r.report.files);
+    if (tally.walk && tally.over) {
+      {
+        std::lock_guard lk(m_);
+        ++stats_.budget_stops;
+      }
+      spdlog::info(
+          "readers walk {}/: its budget is spent ({} small file(s), {} bytes charged): {} more director(ies) "
+          "left to their own opens (--prefetch-max-files, --prefetch-max-bytes)",
+          batch_dir_of(a.path), tally.spent.files, tally.spent.bytes, tally.dropped);
+    }
     // The source rank's scan knows what the slice left out: the next slice queues behind the
     // other users' requests. Only while slices find something to copy on some node.
     // It queues after the requests that arrived during this slice (coordinate()).
-    if (prefetch) coord_->prefetch_ran(a.path, r.report.bytes_total);
-    if (r.report.nodes_needing > 0 && !r.report.batch_next.empty())
-      continuations_.emplace_back(a, r.report.batch_next);
+    if (r.report.ok && r.report.nodes_needing > 0 && !r.report.batch_next.empty())
+      continuations_.push_back(Continuation{a, r.report.batch_next, tally.spent});
   }
   if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
   count_batch(a, r, std::move(outer), prefetch);
   finish_batch(a, shown, r, secs, prefetch);
-  return !r.report.comm_broken;
+  return Ran{!r.report.comm_broken, transfer_cost(r.streamed, r.chunks, r.report.files)};
 }
 
 // The engine's options for one slice of a batch: the same selection on every rank.
@@ -394,6 +407,18 @@ stage::StageOptions GroupService::batch_options(const Message& a) const {
   opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
   opt.selection.range = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
                                                cfg_.batch_max_bytes};
+  // A walk's slice, or one after a sequence's first, lists at most what its budget has left.
+  // Only the source rank's scan uses these limits (the other ranks make room for a slice as
+  // large as the batch limits allow: a slice of at most that).
+  if (auto left = coord_ ? coord_->slice_left(a) : std::nullopt) {
+    const auto cap = [](uint64_t limit, uint64_t rest) {
+      if (rest == UINT64_MAX) return limit;
+      rest = std::max<uint64_t>(rest, 1);  // the slice's first file is always in
+      return limit == 0 ? rest : std::min(limit, rest);
+    };
+    opt.selection.range.max_files = cap(opt.selection.range.max_files, left->files);
+    opt.selection.range.max_bytes = cap(opt.selection.range.max_bytes, left->bytes);
+  }
   return opt;
 }
 
@@ -423,6 +448,7 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
     if (cfg_.before_batch) cfg_.before_batch(a.path, opt.selection.range, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     r.streamed += report.bytes_streamed;
+    r.chunks += report.chunks;
     reads.bytes_read_source += report.bytes_read_source;
     reads.bytes_read_seed += report.bytes_read_seed;
     reads.fed_from_copy = report.fed_from_copy;  // the last run's feeder
@@ -456,6 +482,7 @@ void GroupService::count_batch(const Message& a, const BatchRuns& r, ShownTransf
   ++stats_.batches;
   stats_.batch_files += r.published.size();
   stats_.bytes_broadcast += r.streamed;
+  stats_.chunks_broadcast += r.chunks;
   count_reads_locked(r.reads);
   if (!r.published.empty()) ++stats_.local_writes;
   if (!r.report.ok) ++(prefetch ? stats_.prefetch_skipped : stats_.failures);
@@ -566,7 +593,17 @@ stage::Result<bool> GroupService::coordinate() {
     busy = true;
     coord_->on_request(**r);
   }
-  for (auto& [a, next] : std::exchange(continuations_, {})) coord_->continue_batch(a, next);
+  for (auto& [a, next, spent] : std::exchange(continuations_, {})) {
+    if (coord_->continue_batch(a, next, spent)) continue;
+    {
+      std::lock_guard lk(m_);
+      ++stats_.budget_stops;
+    }
+    spdlog::info(
+        "batch {}/: {} small file(s) ({} bytes charged) listed for the open that asked for it; the rest "
+        "is staged at its own opens (--prefetch-max-files, --prefetch-max-bytes)",
+        a.path, spent.files, spent.bytes);
+  }
   expand_walks();
   if (auto next = coord_->next_announcement()) {
     if (auto st = ctl_.announce(*next); !st) return st.error();
@@ -618,11 +655,16 @@ bool GroupService::run_announcement(const Message& m) {
   last_seen_id_ = std::max(last_seen_id_, m.id);
   running_.emplace_back(is_batch(m.type) ? MsgType::batch : m.type, m.path);
   if (coord_) coord_->on_started(m);
-  const bool ok = m.type == MsgType::materialize ? run_transfer(m)
-                  : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
-  if (coord_) coord_->on_finished(m);
+  const Ran ran =
+      m.type == MsgType::materialize
+          ? run_transfer(m)
+          : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
+  if (coord_) {
+    coord_->charge(m, ran.cost);
+    coord_->on_finished(m);
+  }
   running_.pop_back();
-  return ok;
+  return ran.data_ok;
 }
 
 // Inside a transfer (the engine's copy loop, service thread): what run() does between

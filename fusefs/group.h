@@ -113,9 +113,14 @@ struct GroupConfig {
   uint64_t batch_max_files = 4096;
   uint64_t batch_max_bytes = uint64_t{256} << 20;
   // Walk budget: at most this many subdirectories of one walked parent are prefetched, and
-  // their prefetched slices list at most this many bytes of small files (0: no limit).
+  // their prefetched slices list at most this many bytes and files of small files; so do the
+  // slices of one sequence (a batch an open or a prefetch asked for, and the slices that
+  // follow it: coordinator.h, Budgets). 0: no limit. Each file is charged its bytes and
+  // file_charge more (the cache's copy_charge: an empty file's copy is not free).
   size_t walk_max_dirs = 64;
   uint64_t walk_max_bytes = uint64_t{1} << 30;
+  uint64_t walk_max_files = 16384;
+  uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy
   // and roots the broadcast; the source is only scanned (bcast/engine.h). Every rank's
@@ -130,6 +135,7 @@ struct GroupStats {
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
+  uint64_t chunks_broadcast = 0;  // chunks through the broadcast (a sparse file's skipped holes are none)
   // Where the broadcast bytes were read (every node counts each transfer, as bytes_broadcast):
   // the shared source, or a node's cached copy (a seed); and the transfers this node fed from
   // its own cache that succeeded.
@@ -141,6 +147,8 @@ struct GroupStats {
   uint64_t prefetch_queued =
       0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
+  // coordinator's node: walks and batch sequences stopped at their budget (walk_max_files...)
+  uint64_t budget_stops = 0;
   uint64_t waiting = 0;        // files this node waits for
   uint64_t reads_waited_during_copy = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
   // The transfer in flight, if any.
@@ -194,8 +202,14 @@ class GroupService final : public Materializer {
   void live_started(const std::string& rel);  // MPI thread, from the LiveCopy
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
-  bool run_transfer(const Message& a);
-  bool run_batch(const Message& a, stage::Comm& comm);
+  // What running an announcement did: data_ok false when the data path broke (see above), and
+  // what it cost the group (transfer_cost, coordinator.h: the coordinator charges its uid).
+  struct Ran {
+    bool data_ok = true;
+    uint64_t cost = 0;
+  };
+  Ran run_transfer(const Message& a);
+  Ran run_batch(const Message& a, stage::Comm& comm);
   // The steps of run_batch. The status line a batch replaces (a nested batch puts back the
   // transfer it interrupted), and its runs (at most two) summed.
   struct ShownTransfer {
@@ -207,7 +221,7 @@ class GroupService final : public Materializer {
     stage::StageReport report;  // the last run's
     stage::StageReport reads;   // where the runs' bytes were read, summed
     std::vector<std::string> published;
-    uint64_t streamed = 0;
+    uint64_t streamed = 0, chunks = 0;
     int runs = 0;
   };
   [[nodiscard]] stage::StageOptions batch_options(const Message& a) const;
@@ -294,7 +308,12 @@ class GroupService final : public Materializer {
   uint64_t marked_ = 0;  // source rank: the latest nested batch it put a mark in the stream for
   // Coordinator's node: slices that left names out (announcement, first name left out), for
   // the Coordinator once the requests that arrived meanwhile are in (coordinate()).
-  std::vector<std::pair<Message, std::string>> continuations_;
+  struct Continuation {
+    Message after;
+    std::string next;
+    Coordinator::Spent spent;
+  };
+  std::vector<Continuation> continuations_;
 };
 
 }  // namespace stagefs

@@ -10,7 +10,8 @@
 
 namespace stagefs {
 
-void LiveCopy::started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) {
+void LiveCopy::started(const stage::FileMeta& source, uint64_t chunk_size,
+                       const std::vector<stage::Extent>& holes, const stage::Txn& txn) {
   // A file of one chunk is complete one chunk later anyway: its opens wait for the verified
   // copy as before (and a pseudo file, empty by stat, fails its open rather than reading as
   // an empty file).
@@ -29,6 +30,9 @@ void LiveCopy::started(const stage::FileMeta& source, uint64_t chunk_size, const
     chunk_ = std::max<uint64_t>(chunk_size, 1);
     const uint64_t n = (source.size + chunk_ - 1) / chunk_;
     state_.assign(n, kMissing);
+    for (const stage::Extent& h : holes)  // whole chunks (or a last chunk's tail): never sent
+      for (uint64_t c = h.off / chunk_; c < std::min(n, (h.off + h.len + chunk_ - 1) / chunk_); ++c)
+        state_[c] = kZero;
     asked_.assign(n, 0);
     started_ = true;
   }

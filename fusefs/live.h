@@ -13,7 +13,8 @@
 //     once, so the failed copy's disk space is freed even while handles stay open (else a
 //     user who can change a source file could pin one unlinked, almost complete copy per
 //     handle). Every read of the handle then fails.
-// Holes travel as "zero" chunks and read as zeros. Bytes past the source's size read as EOF.
+// Holes travel as "zero" chunks, or not at all (a sparse file's holes of whole chunks are
+// here from the start), and read as zeros. Bytes past the source's size read as EOF.
 // A file of one chunk or less never becomes ready: its opens wait for the whole copy.
 //
 // Thread-safety: every method is thread-safe. started() and take_wanted() come from the MPI
@@ -48,7 +49,8 @@ class LiveCopy final : public stage::LiveCopyReaders {
   explicit LiveCopy(std::function<void()> on_started = {}) : on_started_(std::move(on_started)) {}
 
   // stage::LiveCopyReaders
-  void started(const stage::FileMeta& source, uint64_t chunk_size, const stage::Txn& txn) override;
+  void started(const stage::FileMeta& source, uint64_t chunk_size, const std::vector<stage::Extent>& holes,
+               const stage::Txn& txn) override;
   void chunk_written(uint64_t index, bool zero) override;
   void take_wanted(std::vector<uint64_t>& out) override;
 

@@ -41,25 +41,41 @@ struct Outcome {
   std::string error;
 };
 
+// The regular files in directory dir and below (symlinks not followed). A directory that
+// cannot be listed (one the caller may not read, say) is a failed outcome of its own: nothing
+// in it was staged, and the caller is told so rather than seeing fewer files.
+void expand_dir(const std::string& mount, const fs::path& dir, std::vector<File>& files,
+                std::vector<Outcome>& failed) {
+  std::error_code ec;
+  std::vector<fs::path> subdirs;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code eec;
+    const auto st = it->symlink_status(eec);
+    if (eec) continue;  // gone since the listing
+    if (fs::is_directory(st)) {
+      subdirs.push_back(it->path());
+    } else if (fs::is_regular_file(st)) {
+      std::error_code size_ec;
+      const auto n = fs::file_size(it->path(), size_ec);
+      files.push_back({mount, it->path().string(), size_ec ? 0 : n});
+    }
+  }
+  if (ec) failed.push_back({dir.string(), false, false, ec.message()});
+  for (const auto& d : subdirs) expand_dir(mount, d, files, failed);
+}
+
 // Every regular file at or below t.path (symlinks not followed), or the error.
 void expand(const Target& t, std::vector<File>& files, std::vector<Outcome>& failed) {
   std::error_code ec;
   const auto st = fs::symlink_status(t.path, ec);
-  auto add = [&](const fs::path& p) {
-    std::error_code size_ec;
-    const auto n = fs::file_size(p, size_ec);
-    files.push_back({t.mount, p.string(), size_ec ? 0 : n});
-  };
   if (ec) {
     failed.push_back({t.path, false, false, ec.message()});
   } else if (fs::is_directory(st)) {
-    for (auto it =
-             fs::recursive_directory_iterator(t.path, fs::directory_options::skip_permission_denied, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-      if (it->is_regular_file(ec) && !it->is_symlink(ec)) add(it->path());
-    if (ec) failed.push_back({t.path, false, false, ec.message()});
+    expand_dir(t.mount, t.path, files, failed);
   } else if (fs::is_regular_file(st)) {
-    add(t.path);
+    std::error_code size_ec;
+    const auto n = fs::file_size(t.path, size_ec);
+    files.push_back({t.mount, t.path, size_ec ? 0 : n});
   } else {
     failed.push_back({t.path, false, false, "not a regular file or directory"});
   }

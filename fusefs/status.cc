@@ -52,6 +52,8 @@ std::string to_json(const MountStatus& s) {
   j["batch_files"] = s.batch_files;
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;
+  j["chunks_broadcast"] = s.chunks_broadcast;
+  j["budget_stops"] = s.budget_stops;
   j["bytes_from_source"] = s.bytes_from_source;
   j["bytes_from_seeds"] = s.bytes_from_seeds;
   j["seeded_here"] = s.seeded_here;

@@ -19,6 +19,8 @@ struct MountStatus {
   uint64_t verified = 0, verify_waits = 0, corrupt = 0, stale_opens = 0, denied = 0, prefetches = 0;
   // group (this node's view of the collective transfers)
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
+  uint64_t chunks_broadcast = 0;  // chunks the transfers moved (a sparse file's holes are none)
+  uint64_t budget_stops = 0;      // coordinator's node: walks and batch sequences stopped at their budget
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here
   uint64_t nested_batches = 0;  // of the batches, run nested in a single-file transfer
   // where the transfers' bytes were read: the shared source, or a node's cached copy (a

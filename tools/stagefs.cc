@@ -157,14 +157,22 @@ void add_options(CLI::App& app, Cli& cli) {
                  "(only the setting of rank 0 counts). 0: no limit")
       ->capture_default_str();
   add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
-           "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit");
+           "a batch stages at most this many bytes (K/M/G), as --batch-max-files, each file "
+           "counted as its size and 8K more (what its copy takes beyond its bytes). 0: no limit");
   app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
       ->capture_default_str();
   add_size(app, "--prefetch-max-bytes", cfg.prefetch_max_bytes,
            "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
-           "walked parent; what is left waits for its opens (rank 0's setting). 0: no limit");
+           "walked parent, each file counted as its size and 8K more (what its copy takes "
+           "beyond its bytes); so do the batches one open or prefetch of a small file starts "
+           "(its directory's slices, taken together). What is left waits for its own opens "
+           "(rank 0's setting). 0: no limit");
+  app.add_option("--prefetch-max-files", cfg.prefetch_max_files,
+                 "as --prefetch-max-bytes, in small files: at most this many per walked parent, and "
+                 "per open or prefetch of a small file (rank 0's setting). 0: no limit")
+      ->capture_default_str();
   add_size(app, "--small-file-size", cfg.small_file_size,
            "files of at most this size (bytes with K/M/G) are staged by directory: the first "
            "open of one copies every small file of its directory (not subdirectories) in one "

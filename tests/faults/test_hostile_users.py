@@ -18,6 +18,17 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
             stagefs_up 1
   Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
             SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
+  Sparse    the user's 1 TiB file with one written byte, opened through the mount, moves one
+            chunk (its holes never travel, and stay holes in the cache), and another user's
+            open after it is served with the chunks of its own data
+  BatchAcl  a file that an ACL (setfacl) denies to the user is not copied into the cache by
+            the user's open of a sibling; the user's own open of it is refused
+  Prefetch  stagectl prefetch of a directory the user cannot list fails with the reason (exit
+            1, "Permission denied") and stages nothing; of a directory with such a
+            subdirectory it stages the rest and names the subdirectory that failed
+  Budgets   a walk over directories of empty files with --prefetch-max-bytes 4K stages one
+            file, not thousands; one open in a directory of 30,000 empty files stages the
+            default budget of 16,384, not the directory
 
 Transfers are held at a chunk (bcast/holding.h: STAGE_TEST_HOLD=mid-file,
 STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
@@ -305,5 +316,149 @@ class Signals(h.MountTestCase):
         self.assertEqual(d.stop(), 0)
 
 
+PROBE_AT = r"""
+import errno, os, sys
+path, off = sys.argv[1], int(sys.argv[2])
+try:
+    fd = os.open(path, os.O_RDONLY)
+    print("ok", os.pread(fd, 4, off).hex())
+    os.close(fd)
+except OSError as e:
+    print("err", errno.errorcode.get(e.errno, str(e.errno)))
+"""
+
+
+def cached_files(cache, rel):
+    """Regular files (copies) in the cache below the source path rel."""
+    root = os.path.join(cache, "data", rel)
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names if not n.startswith(".")]
+
+
+class Sparse(UserCase):
+    def test_a_users_sparse_terabyte_moves_its_data_and_another_users_open_goes_next(self):
+        home = os.path.join(self.work.src, "alice")
+        os.mkdir(home, 0o755)
+        os.chown(home, self.uid, self.gid)
+        huge = os.path.join(home, "huge.img")
+        data_at = 512 << 30
+        r = self.as_user("sh", "-c", "truncate -s 1T %s && printf stagefs | dd of=%s bs=1 seek=%d conv=notrunc "
+                         "status=none" % (huge, huge, data_at))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        if os.stat(huge).st_blocks * 512 > 1 << 20:
+            self.skipTest("the source filesystem has no sparse files")
+        h.write_random(os.path.join(self.work.src, "other.bin"), 20 * MiB, 8)
+        cache = self.work.file("cache")
+        d = self.daemon(cache).wait_ready()  # 16 MiB chunks
+
+        got = self.as_user(h.PYTHON, "-c", PROBE_AT, os.path.join(self.work.mnt, "alice", "huge.img"), data_at,
+                           timeout=60)
+        self.assertEqual(got.stdout.split(), ["ok", b"stag".hex()], got.stderr)
+        s = d.wait_transfers(1)
+        self.assertEqual(s.get("chunks_broadcast"), 1, "the one chunk that holds data, not 65,536 chunks of holes")
+        # Another user's open after it: its own two chunks, nothing of the sparse file's.
+        self.assertEqual(read_all(os.path.join(self.work.mnt, "other.bin")),
+                         read_all(os.path.join(self.work.src, "other.bin")))
+        s = d.wait_transfers(2)
+        self.assertEqual(s.get("chunks_broadcast"), 3)
+        err = d.output()[1]
+        self.assertLess(err.index("materialized alice/huge.img"), err.index("materialized other.bin"))
+        copy = os.stat(os.path.join(cache, "data", "alice", "huge.img"))
+        self.assertEqual(copy.st_size, 1 << 40)
+        self.assertLessEqual(copy.st_blocks * 512, 1 << 20, "the copy keeps the holes")
+
+
+class BatchAcl(UserCase):
+    def test_a_file_an_acl_denies_the_user_is_not_batched_by_their_open_of_a_sibling(self):
+        ds = os.path.join(self.work.src, "ds")
+        os.mkdir(ds, 0o755)
+        for name, seed in (("a", 1), ("secret", 2), ("c", 3)):
+            h.write_random(os.path.join(ds, name), 4096, seed, mode=0o644)
+        r = h.run(["setfacl", "-m", "u:%d:---" % self.uid, os.path.join(ds, "secret")], check=False)
+        if r.returncode != 0:
+            self.skipTest("no POSIX ACLs on the source filesystem: %s" % r.stderr.strip())
+        self.assertEqual(self.probe("read", os.path.join(ds, "secret")), ["err", "EACCES"], "the ACL holds")
+        cache = self.work.file("cache")
+        d = self.daemon(cache).wait_ready()
+
+        self.assertEqual(self.probe("read", os.path.join(self.work.mnt, "ds", "a"))[0], "ok")
+        d.wait_transfers(1)
+        copies = sorted(os.path.basename(p) for p in cached_files(cache, "ds"))
+        self.assertEqual(copies, ["a", "c"], "the batch copied a file the user may not read")
+        self.assertEqual(self.probe("read", os.path.join(self.work.mnt, "ds", "secret")), ["err", "EACCES"])
+        self.assertNotIn("secret", [os.path.basename(p) for p in cached_files(cache, "ds")])
+
+
+class Prefetch(UserCase):
+    def prefetch_as_user(self, *paths):
+        return run_raw(self.user_cmd(stagectl(), "--json", "prefetch", self.work.mnt, *paths))
+
+    def test_a_directory_the_user_cannot_list_fails_with_the_reason(self):
+        private = os.path.join(self.work.src, "private")
+        os.mkdir(private, 0o700)
+        h.write_random(os.path.join(private, "f"), 4096, 4)
+        cache = self.work.file("cache")
+        self.daemon(cache).wait_ready()
+        rc, out, err = self.prefetch_as_user("private")
+        self.assertEqual(rc, 1, out + err)
+        j = json.loads(out)
+        self.assertFalse(j["ok"])
+        self.assertEqual([(os.path.basename(r["path"]), r["ok"], r["error"]) for r in j["results"]],
+                         [("private", False, "Permission denied")])
+        rc, out, err = run_raw(self.user_cmd(stagectl(), "prefetch", self.work.mnt, "private"))
+        self.assertEqual(rc, 1)
+        self.assertIn("private: Permission denied", err)
+        self.assertEqual(cached_files(cache, ""), [])
+
+    def test_a_subdirectory_the_user_cannot_list_is_named_and_the_rest_staged(self):
+        top = os.path.join(self.work.src, "mixed")
+        os.makedirs(os.path.join(top, "closed"))
+        os.chmod(os.path.join(top, "closed"), 0o700)
+        h.write_random(os.path.join(top, "open.bin"), 4096, 5)
+        h.write_random(os.path.join(top, "closed", "hidden.bin"), 4096, 6)
+        cache = self.work.file("cache")
+        self.daemon(cache).wait_ready()
+        rc, out, err = self.prefetch_as_user("mixed")
+        self.assertEqual(rc, 1, "not everything asked for was staged")
+        results = {os.path.relpath(r["path"], self.work.mnt): r for r in json.loads(out)["results"]}
+        self.assertTrue(results["mixed/open.bin"]["ok"])
+        self.assertEqual(results["mixed/closed"]["error"], "Permission denied")
+        self.assertEqual([os.path.relpath(p, os.path.join(cache, "data")) for p in cached_files(cache, "")],
+                         ["mixed/open.bin"])
+
+
+class Budgets(UserCase):
+    def wait_budget_stop(self, d):
+        h.wait_for(lambda: d.stats().get("budget_stops", 0) >= 1, 120, "a budget to stop the staging")
+
+    def empty_files(self, d, n):
+        os.makedirs(d, exist_ok=True)
+        for i in range(n):
+            os.close(os.open(os.path.join(d, "f%06d" % i), os.O_WRONLY | os.O_CREAT, 0o644))
+
+    def test_a_walk_of_empty_files_keeps_to_a_4k_budget(self):
+        w = os.path.join(self.work.src, "w")
+        for sub in "ab":
+            self.empty_files(os.path.join(w, sub), 1)
+        for sub in "cdefgh":
+            self.empty_files(os.path.join(w, sub), 1000)
+        cache = self.work.file("cache")
+        d = self.daemon(cache, "--prefetch-max-bytes", "4K").wait_ready()
+        for sub in "ab":  # a reader walking the tree: two sibling directories
+            self.assertEqual(self.probe("read", os.path.join(self.work.mnt, "w", sub, "f000000"))[0], "ok")
+        self.wait_budget_stop(d)
+        prefetched = sum(len(cached_files(cache, os.path.join("w", sub))) for sub in "cdefgh")
+        self.assertLessEqual(prefetched, 1, "an empty file's copy is not free: 4 KiB pays for none")
+
+    def test_one_open_in_a_directory_of_30000_empty_files_stages_the_default_budget(self):
+        big = os.path.join(self.work.src, "big")
+        self.empty_files(big, 30000)
+        cache = self.work.file("cache")
+        d = self.daemon(cache).wait_ready()  # --batch-max-files 4096, --prefetch-max-files 16384
+        self.assertEqual(self.probe("read", os.path.join(self.work.mnt, "big", "f000000"))[0], "ok")
+        self.wait_budget_stop(d)
+        self.assertEqual(len(cached_files(cache, "big")), 16384)
+        self.assertIn("batch big/: 16384 small file(s)", d.output()[1])
+
+
 if __name__ == "__main__":
-    h.main(__file__, tools=("useradd", "userdel", "setpriv"))
+    h.main(__file__, tools=("useradd", "userdel", "setpriv", "setfacl"))

@@ -10,20 +10,23 @@ def msg(t, ident, path, uid=0, flags=0, frm="", until=""):
     p, f, u = path.encode(), frm.encode(), until.encode()
     return struct.pack("<IBQIIBHH", 0x53544643, t, ident, len(p), uid, flags, len(f), len(u)) + p + f + u
 
-def entry(path, typ, size, target=b""):
+CHUNK = 16 << 20
+
+def entry(path, typ, size, target=b"", holes=()):
     p = path.encode()
     return (struct.pack("<I", len(p)) + p + struct.pack("<B", typ) +
-            struct.pack("<QQQQQQI", size, size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target)
+            struct.pack("<QQQQQQI", size, size, 1, 2, 3, 4, 0o644) + struct.pack("<I", len(target)) + target +
+            struct.pack("<I", len(holes)) + b"".join(struct.pack("<QQ", off, n) for off, n in holes))
 
 def manifest(tree, entries):
-    chunk = 16 << 20
-    return struct.pack("<IBQQ", 0x53544733, 1 if tree else 0, chunk, len(entries)) + b"".join(entries)
+    return struct.pack("<IBQQ", 0x53544734, 1 if tree else 0, CHUNK, len(entries)) + b"".join(entries)
 
 seeds = {
     "req": msg(1, 0, "images/pytorch.sqsh"),
     "shutdown": msg(2, 7, ""),
     "batch_slice": msg(3, 4, "data/train", uid=1000, flags=1, frm="f00017", until="f04113"),
     "single": manifest(False, [entry("", 1, 123)]),
+    "sparse": manifest(False, [entry("", 1, 1 << 40, holes=[(0, 2 * CHUNK), (4 * CHUNK, (1 << 40) - 4 * CHUNK)])]),
     "tree": manifest(True, [entry("", 2, 0), entry("a", 2, 0), entry("a/f", 1, 10), entry("l", 3, 0, b"a/f")]),
 }
 for name, data in seeds.items():

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iostream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -25,6 +27,7 @@
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "tmpdir.h"
@@ -591,10 +594,32 @@ TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
   mount.end();
 }
 
-// A small file that not every user may read (no o+r) is never in a batch: one user's open of
-// another file must not copy it. Its own open (after its caller's access check) stages it alone.
+// A POSIX access ACL that denies one user (nobody) what the mode grants everyone, as
+// `setfacl -m u:nobody:---` writes it. False where the filesystem has no ACLs.
+bool deny_nobody(const std::string& p) {
+  struct Ace {
+    uint16_t tag, perm;
+    uint32_t id;
+  };
+  constexpr uint32_t kNobody = 65534, kUndefined = UINT32_MAX;
+  const uint32_t version = 2;
+  const Ace aces[] = {{0x01, 6, kUndefined}, {0x02, 0, kNobody}, {0x04, 4, kUndefined},
+                      {0x10, 4, kUndefined}, {0x20, 4, kUndefined}};  // user_obj, user, group_obj, mask, other
+  std::string v(reinterpret_cast<const char*>(&version), 4);
+  v.append(reinterpret_cast<const char*>(aces), sizeof aces);
+  return ::setxattr(p.c_str(), "system.posix_acl_access", v.data(), v.size(), 0) == 0;
+}
+
+// A small file that not every user may read is never in a batch: one user's open of another
+// file must not copy it. Not readable by others (0640), nor by its owner's group (0604), or
+// with an ACL whatever its mode says (the batch runs for every user alike: an ACL may deny
+// the very user whose open asked for it). Its own open (after its caller's access check)
+// stages it alone, without waiting for a batch first (the core asks the same rule).
 TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
   ASSERT_EQ(::chmod(path("src/many/" + name(7)).c_str(), 0640), 0);
+  ASSERT_EQ(::chmod(path("src/many/" + name(8)).c_str(), 0604), 0);
+  const bool acl = deny_nobody(path("src/many/" + name(9)));
+  if (!acl) std::cerr << "no POSIX ACLs here: the ACL case is left out\n";
   Mount mount(*this, *source_, config());
   GroupService& group = mount.group;
   make_core(group);
@@ -602,15 +627,19 @@ TEST_F(BatchTest, AFileNotEveryoneMayReadIsLeftOutAndStagedAlone) {
   auto r = core_->open(lookup(dir, name(10)), O_RDONLY);
   ASSERT_TRUE(r) << r.error().message;
   core_->release(r->pinned);
-  EXPECT_EQ(group.stats().batch_files, 49U);
-  EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(7))));
-  auto p = core_->open(lookup(dir, name(7)), O_RDONLY);
-  ASSERT_TRUE(p) << p.error().message;
-  EXPECT_EQ(read_fd(p->fd.get()), small_[7]);
-  core_->release(p->pinned);
+  EXPECT_EQ(group.stats().batch_files, acl ? 47U : 48U);
+  std::vector<int> left_out{7, 8};
+  if (acl) left_out.push_back(9);
+  for (int i : left_out) EXPECT_FALSE(fs::exists(path("cache/data/many/" + name(i)))) << name(i);
+  for (int i : left_out) {  // root: neither the modes nor the ACL deny it
+    auto p = core_->open(lookup(dir, name(i)), O_RDONLY);
+    ASSERT_TRUE(p) << p.error().message;
+    EXPECT_EQ(read_fd(p->fd.get()), small_[static_cast<size_t>(i)]);
+    core_->release(p->pinned);
+  }
   const auto s = group.stats();
-  EXPECT_EQ(s.transfers, 2U);
-  EXPECT_EQ(s.batches, 1U);  // its own transfer, not a batch
+  EXPECT_EQ(s.transfers, acl ? 4U : 3U);
+  EXPECT_EQ(s.batches, 1U);  // their own transfers, not batches
   mount.end();
 }
 
@@ -766,11 +795,15 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
 // Walks: opens in two sibling directories stage the parent's other subdirectories
 // that every user may list and enter, without an open; never a private one, nor a symlink.
 TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
-  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private"}) small_dir(d, {"f0", "f1", "f2"});
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private", "w/nogroup", "w/acl"})
+    small_dir(d, {"f0", "f1", "f2"});
   ASSERT_EQ(::chmod(path("src/w/private").c_str(), 0750), 0);
+  ASSERT_EQ(::chmod(path("src/w/nogroup").c_str(), 0705), 0);  // its owner's group may not enter
+  if (!deny_nobody(path("src/w/acl"))) fs::remove_all(path("src/w/acl"));  // no ACLs here
   fs::create_directory_symlink("../many", path("src/w/link"));
   write_file(path("src/w/plain"), small_[4]);
-  // The listing itself: o+rx directories only, at most max of them.
+  // The listing itself: directories every user may list and enter (ugo+rx, no ACL) only, at
+  // most max of them.
   auto all = source_->list_dirs("w", 100);
   ASSERT_TRUE(all) << all.error().message;
   std::vector<std::string> names = *all;
@@ -794,6 +827,8 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   EXPECT_TRUE(fs::exists(path("cache/data/w/c/f2")));
   EXPECT_TRUE(fs::exists(path("cache/data/w/d/f0")));
   EXPECT_FALSE(fs::exists(path("cache/data/w/private")));
+  EXPECT_FALSE(fs::exists(path("cache/data/w/nogroup")));
+  EXPECT_FALSE(fs::exists(path("cache/data/w/acl")));
   EXPECT_FALSE(fs::exists(path("cache/data/many")));
   // An open in c is a cache hit: no transfer.
   auto c = core_->open(lookup(lookup(w, "c"), "f2"), O_RDONLY);
@@ -1342,6 +1377,67 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
   mount.end();
   EXPECT_EQ(mount.group.stats().batches, 12U);  // the new file's slice, then one with nothing new
   EXPECT_EQ(counting.listed.load(), static_cast<uint64_t>(kFiles) + 200U);
+}
+
+// Waits (60 s is only a bound) until the group counts n budget stops.
+bool wait_budget_stops(GroupService& g, uint64_t n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (g.stats().budget_stops < n)
+    if (std::chrono::steady_clock::now() > until) return false;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return true;
+}
+
+size_t cached_in(const std::string& dir) {
+  if (!fs::exists(dir)) return 0;
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+// One open in a directory of 1,000 empty files, with batches of at most 100 files and a
+// budget of 250 files: its batch and the slices that follow list 250 files (the last slice
+// only what is left), then stop; an empty file counts (it is not free in the cache).
+TEST_F(BatchTest, OneOpenInAHugeDirectoryOfEmptyFilesStagesItsBudgetNotTheDirectory) {
+  fs::create_directories(path("src/empty"));
+  for (int i = 0; i < 1000; ++i) write_file(path("src/empty/" + huge_name(i)), "");
+  auto cfg = config();
+  cfg.batch_max_files = 100;
+  cfg.walk_max_files = 250;
+  cfg.file_charge = kCopyCharge;
+  Mount mount(*this, *source_, cfg);
+  make_core(mount.group);
+  EXPECT_EQ(open_and_read(lookup(lookup(StageFsCore::kRootId, "empty"), huge_name(567))), "");
+  ASSERT_TRUE(wait_budget_stops(mount.group, 1));
+  mount.end();
+  EXPECT_EQ(cached_in(path("cache/data/empty")), 250U);
+  EXPECT_EQ(mount.group.stats().batches, 3U);  // 100, 100, then the 50 left
+}
+
+// A walk counts its files too: with a budget of 250 files (or of 4 KiB: one empty file's copy
+// is charged 8 KiB), the walk over three directories of 300 empty files stops after 250 files
+// (the last slice listing only what is left), or one; the rest waits for its own opens.
+TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
+  for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e"}) {  // the reader's two, then three to prefetch
+    fs::create_directories(path("src/") + d);
+    for (int i = 0; i < (d[2] < 'c' ? 1 : 300); ++i) write_file(path("src/") + d + "/" + huge_name(i), "");
+  }
+  for (bool by_bytes : {false, true}) {
+    SCOPED_TRACE(by_bytes ? "byte budget" : "file budget");
+    fs::remove_all(path("cache/data/w"));
+    auto cfg = config();
+    cfg.batch_max_files = 100;
+    cfg.walk_max_files = by_bytes ? 0 : 250;
+    cfg.walk_max_bytes = by_bytes ? 4096 : 0;
+    cfg.file_charge = kCopyCharge;
+    Mount mount(*this, *source_, cfg);
+    make_core(mount.group);
+    const uint64_t w = lookup(StageFsCore::kRootId, "w");
+    for (const char* d : {"a", "b"}) EXPECT_EQ(open_and_read(lookup(lookup(w, d), huge_name(0))), "") << d;
+    ASSERT_TRUE(wait_budget_stops(mount.group, 1));
+    mount.end();
+    size_t prefetched = 0;
+    for (const char* d : {"c", "d", "e"}) prefetched += cached_in(path("cache/data/w/") + d);
+    EXPECT_EQ(prefetched, by_bytes ? 1U : 250U);
+  }
 }
 
 // A walk prefetches at most walk_max_dirs subdirectories of its parent.

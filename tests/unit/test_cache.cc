@@ -76,6 +76,10 @@ TEST(BatchRule, TakesSmallRegularFilesEveryUserMayReadExceptTemporaryNames) {
   EXPECT_TRUE(batch_eligible(st, "a.txt.stage-tmp.h.1", 100));   // not the store's shape
   st.st_mode = S_IFREG | 0640;
   EXPECT_FALSE(batch_eligible(st, "a.txt", 100));  // not readable by every user
+  st.st_mode = S_IFREG | 0604;
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 100));  // nor by its owner's group
+  st.st_mode = S_IFREG | 0444;
+  EXPECT_TRUE(batch_eligible(st, "a.txt", 100));
   st.st_mode = S_IFDIR | 0755;
   EXPECT_FALSE(batch_eligible(st, "a.txt", 100));
   st.st_mode = S_IFLNK | 0777;

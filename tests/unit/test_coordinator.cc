@@ -9,7 +9,10 @@
 //   - every rank sees the same announcements in the same order, ids increasing;
 //   - a shutdown goes before any further transfer and is the last announcement;
 //   - walks (prefetch of sibling directories): a prefetched batch is announced only when no
-//     request waits, never for a key announced before, and a request for it moves it ahead.
+//     request waits, never for a key announced before, and a request for it moves it ahead;
+//   - turns between users by cost: the next request is the first of the uid with the lowest
+//     tally of what its transfers cost (ties: the uid served longest ago), a uid that asks
+//     again starts at the tally of the uid served last.
 // Keys: a node waits per (materialize, file) or (batch, directory): an open of a small file
 // waits for its directory's batch, so small files of one directory merge into one
 // batch transfer, and a batch never answers a wait for a large file of the same directory.
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -32,8 +36,8 @@
 namespace stagefs {
 namespace {
 
-Message req(const std::string& path, uint64_t seen, MsgType type = MsgType::materialize) {
-  return Message{type, seen, path};
+Message req(const std::string& path, uint64_t seen, MsgType type = MsgType::materialize, uint32_t uid = 0) {
+  return Message{type, seen, path, uid};
 }
 // The key a node waits on for a small file: its directory's batch.
 std::string dir_of(const std::string& file) {
@@ -69,7 +73,15 @@ class ReferenceCoordinator {
     if (std::ranges::any_of(queue_, [&](const Message& q) { return q.type == m.type && q.path == m.path; }))
       return;
     if (m.type == MsgType::batch) std::erase(later_, m.path);
+    if (std::ranges::none_of(queue_, [&](const Message& q) { return q.uid == m.uid; })) {
+      tally_[m.uid] = std::max(tally_[m.uid], served_);  // nothing banked while idle
+      stamp_[m.uid] = ++clock_;
+    }
     queue_.push_back(m);
+  }
+  // What announcement a cost: its uid's tally grows (not a prefetch's).
+  void charge(const Message& a, uint64_t cost) {
+    if (auto it = charge_to_.find(a.id); it != charge_to_.end()) tally_[it->second] += cost;
   }
   std::vector<std::string> take_walks() { return std::exchange(new_walks_, {}); }
   void prefetch(const std::string& dir) {
@@ -99,12 +111,19 @@ class ReferenceCoordinator {
       if (!nesting_ || running_->type != MsgType::materialize || nested_open_ ||
           queue_.front().type == MsgType::shutdown)
         return std::nullopt;
-      pick = std::ranges::find_if(queue_, [](const Message& q) { return q.type == MsgType::batch; });
+      pick = fair_pick(true);
       if (pick == queue_.end()) return std::nullopt;
+    } else if (queue_.front().type != MsgType::shutdown) {
+      pick = fair_pick(false);
     }
     Message m = *pick;
     queue_.erase(pick);
     m.id = history_.size() + 1;
+    if (m.type != MsgType::shutdown) {
+      served_ = tally_[m.uid];
+      stamp_[m.uid] = ++clock_;
+      charge_to_[m.id] = m.uid;
+    }
     if (running_) {
       m.type = MsgType::batch_nested;
       nested_open_ = true;
@@ -131,6 +150,21 @@ class ReferenceCoordinator {
   static MsgType key_type(MsgType t) { return is_batch(t) ? MsgType::batch : t; }
 
  private:
+  // The first request (with batch_only: batch) of the uid with the lowest (tally, stamp)
+  // among those that have one queued.
+  std::vector<Message>::iterator fair_pick(bool batch_only) {
+    auto best = queue_.end();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (batch_only && it->type != MsgType::batch) continue;
+      if (best == queue_.end() ||
+          std::pair(tally_[it->uid], stamp_[it->uid]) < std::pair(tally_[best->uid], stamp_[best->uid]))
+        best = it;
+    }
+    return best;
+  }
+  std::map<uint32_t, uint64_t> tally_, stamp_;
+  std::map<uint64_t, uint32_t> charge_to_;
+  uint64_t served_ = 0, clock_ = 0;
   bool nesting_;
   bool walks_;
   std::map<std::string, std::set<std::string>> children_;
@@ -169,16 +203,18 @@ class Group {
     coord_.set_walks(!subdirs_.empty());
   }
 
-  void open(int r, const std::string& path, MsgType type = MsgType::materialize) {
+  void open(int r, const std::string& path, MsgType type = MsgType::materialize, uint32_t uid = 0) {
     auto& k = rank(r);
     const std::pair key{type, path};
     if (k.stopped || k.shutdown_sent || k.waiting.contains(key)) return;  // merged on the node
     k.waiting[key] = k.last_seen;
     ++k.waits;
-    send(r, req(path, k.last_seen, type));
+    send(r, req(path, k.last_seen, type, uid));
   }
   // An open of a small file: the node waits for its directory's batch.
-  void open_small(int r, const std::string& file) { open(r, dir_of(file), MsgType::batch); }
+  void open_small(int r, const std::string& file, uint32_t uid = 0) {
+    open(r, dir_of(file), MsgType::batch, uid);
+  }
   void request_shutdown(int r) {
     auto& k = rank(r);
     if (k.stopped || k.shutdown_sent) return;
@@ -258,10 +294,14 @@ class Group {
     }
     return true;
   }
-  // Rank 0 ends what it runs: the nested batch first, then the transfer it ran in.
+  // Rank 0 ends what it runs: the nested batch first, then the transfer it ran in, each with
+  // a cost of its own (what GroupService charges: here a function of the path and id).
   bool finish0() {
     std::optional<Message>& m = nested_ ? nested_ : running_;
     if (!m) return false;
+    const uint64_t cost = (m->path.size() * 2654435761ULL + m->id * 40503ULL) % (uint64_t{64} << 20);
+    coord_.charge(*m, cost);
+    ref_.charge(*m, cost);
     coord_.on_finished(*m);
     ref_.finished(*m);
     m.reset();
@@ -664,18 +704,23 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
             walks ? std::map<std::string, std::vector<std::string>>{{"", {"d3", "d0", "d1", "d2"}}}
                   : std::map<std::string, std::vector<std::string>>{});
     auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<uint32_t>(k)); };
+    const int users = 1 + static_cast<int>(seed % 4);  // one to four users take turns by cost
+    auto uid = [&] { return static_cast<uint32_t>(1000 + pick(users)); };
     for (int step = 0; step < 400; ++step) {
       const int r = pick(n);
       switch (pick(10)) {
         case 0:
-          g.open(r, "f" + std::to_string(pick(paths)));
+          g.open(r, "f" + std::to_string(pick(paths)), MsgType::materialize, uid());
           break;
         case 1:  // a large file in a directory: its own transfer
-          g.open(r, "d" + std::to_string(pick(3)) + "/f" + std::to_string(pick(paths)));
+          g.open(r, "d" + std::to_string(pick(3)) + "/f" + std::to_string(pick(paths)), MsgType::materialize,
+                 uid());
           break;
         case 2:  // a small file (in the root or a directory): its directory's batch
-          g.open_small(r, (pick(4) == 0 ? std::string() : "d" + std::to_string(pick(3)) + "/") + "s" +
-                              std::to_string(pick(paths)));
+          g.open_small(r,
+                       (pick(4) == 0 ? std::string() : "d" + std::to_string(pick(3)) + "/") + "s" +
+                           std::to_string(pick(paths)),
+                       uid());
           break;
         case 3:
         case 4:
@@ -754,6 +799,51 @@ TEST(FairQueueTest, AnotherUsersOpenIsServedBeforeTheRestOfOneUsersBacklog) {
   for (size_t i = 4; i < order.size(); ++i) EXPECT_EQ(order[i], "big/f" + std::to_string(i - 1));
 }
 
+// Announces, runs and charges what the coordinator decides next, as GroupService does.
+std::optional<Message> run_charged(Coordinator& c, const std::function<uint64_t(const Message&)>& cost) {
+  auto m = c.next_announcement();
+  if (!m) return m;
+  c.on_announced(*m);
+  c.on_started(*m);
+  c.charge(*m, cost(*m));
+  c.on_finished(*m);
+  return m;
+}
+
+// Turns by cost: a user whose transfers move 10 GiB each gets one of them, then another
+// user's 20 MiB opens all go before its next one (by turns alone they would alternate, and
+// the last small open would wait for three 10 GiB copies).
+TEST(FairQueueTest, AUsersExpensiveTransfersDoNotStarveAnothersCheapOnes) {
+  Coordinator c;
+  for (int i = 0; i < 4; ++i) c.on_request(user_req(1000, "big" + std::to_string(i)));
+  for (int i = 0; i < 4; ++i) c.on_request(user_req(2000, "small" + std::to_string(i)));
+  const auto cost = [](const Message& m) {
+    return m.path.starts_with("big") ? transfer_cost(uint64_t{10} << 30, 640, 1)
+                                     : transfer_cost(20 << 20, 2, 1);
+  };
+  std::vector<std::string> order;
+  while (auto m = run_charged(c, cost)) order.push_back(m->path);
+  EXPECT_EQ(order, (std::vector<std::string>{"big0", "small0", "small1", "small2", "small3", "big1", "big2",
+                                             "big3"}));
+  // A 1 TiB sparse file with one written byte moves one chunk: it costs about what a small
+  // file does, not what 65,536 chunks of zeros would.
+  EXPECT_LT(transfer_cost(16 << 20, 1, 1), transfer_cost(20 << 20, 2, 1));
+}
+
+// A user who had the mount alone banks nothing: when another user comes, both start level,
+// and with equal costs they take turns (the newcomer does not get its whole backlog first).
+TEST(FairQueueTest, AUserWhoHadTheMountAloneBanksNoCredit) {
+  Coordinator c;
+  const auto cost = [](const Message&) { return transfer_cost(uint64_t{10} << 30, 640, 1); };
+  for (int i = 0; i < 5; ++i) c.on_request(user_req(1000, "a" + std::to_string(i)));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(run_charged(c, cost));
+  for (int i = 0; i < 3; ++i) c.on_request(user_req(2000, "b" + std::to_string(i)));
+  for (int i = 5; i < 7; ++i) c.on_request(user_req(1000, "a" + std::to_string(i)));
+  std::vector<std::string> order;
+  while (auto m = run_charged(c, cost)) order.push_back(m->path);
+  EXPECT_EQ(order, (std::vector<std::string>{"b0", "a4", "b1", "a5", "b2", "a6"}));
+}
+
 // The turn order is by uid, not by key: a batch asked for by one user and merged with another
 // user's request keeps its first place; three users alternate.
 TEST(FairQueueTest, ThreeUsersTakeTurnsAndAMergedRequestKeepsItsPlace) {
@@ -826,7 +916,7 @@ TEST(FairQueueTest, TheNextSliceQueuesBehindOtherUsersAndCoversTheRestOfTheCircl
 TEST(FairQueueTest, AWalkOverItsByteBudgetDropsItsOwnPrefetchesOnly) {
   Coordinator c;
   c.set_walks(true);
-  c.set_walk_bytes(1000);
+  c.set_budget(1000, 0);
   c.on_request(user_req(1, "w/a", MsgType::batch));
   c.on_request(user_req(1, "w/b", MsgType::batch));
   c.on_request(user_req(1, "v/a", MsgType::batch));
@@ -837,16 +927,80 @@ TEST(FairQueueTest, AWalkOverItsByteBudgetDropsItsOwnPrefetchesOnly) {
   auto p = run_next(c);
   ASSERT_TRUE(p);
   EXPECT_EQ(*p, (Message{MsgType::batch_prefetch, 5, "w/c"}));
-  c.prefetch_ran("w/c", 600);
+  EXPECT_EQ(c.slice_left(*p)->bytes, 1000U);
+  EXPECT_FALSE(c.batch_ran(*p, 600, 3).over);
   auto q = run_next(c);
   ASSERT_TRUE(q);
   EXPECT_EQ(q->path, "w/d");
-  c.prefetch_ran("w/d", 600);  // 1200 > 1000: w/e goes
-  c.continue_batch(*q, "n");   // nor is the rest of w/d queued
+  EXPECT_EQ(c.slice_left(*q)->bytes, 400U) << "what the walk has left";
+  EXPECT_EQ(c.slice_left(*q)->files, UINT64_MAX) << "no file budget";
+  const auto t = c.batch_ran(*q, 600, 3);  // 1200 > 1000: w/e goes
+  EXPECT_TRUE(t.over);
+  EXPECT_EQ(t.dropped, 1U);
+  c.continue_batch(*q, "n", t.spent);  // nor is the rest of w/d queued
   std::vector<std::string> rest;
   while (auto m = run_next(c)) rest.push_back(m->path);
   EXPECT_EQ(rest, (std::vector<std::string>{"v/c", "v/d"}));
   EXPECT_EQ(c.stats().prefetch_dropped, 1U);
+}
+
+// Walks count files too: a walk of empty files (no bytes, 8 KiB charged each by the group,
+// here 0) stops at its file budget.
+TEST(FairQueueTest, AWalkOverItsFileBudgetDropsItsPrefetches) {
+  Coordinator c;
+  c.set_walks(true);
+  c.set_budget(0, 100);
+  c.on_request(user_req(1, "w/a", MsgType::batch));
+  c.on_request(user_req(1, "w/b", MsgType::batch));
+  ASSERT_EQ(c.take_walks(), (std::vector<std::string>{"w"}));
+  for (const char* d : {"w/c", "w/d", "w/e"}) c.prefetch(d);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(run_next(c));
+  auto p = run_next(c);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(c.slice_left(*p)->files, 100U);
+  const auto t = c.batch_ran(*p, 0, 100);
+  EXPECT_TRUE(t.over);
+  EXPECT_EQ(t.dropped, 2U);
+  EXPECT_FALSE(run_next(c));
+}
+
+// One open's batch and the slices that follow it list at most the budget: each slice after
+// the first lists at most what is left, and once it is spent no further slice is queued (the
+// rest waits for its own opens, each of which starts a sequence of its own). A background
+// request's batch (stagectl prefetch of a small file) is held to the same.
+TEST(FairQueueTest, TheSlicesThatFollowABatchStopAtTheBudget) {
+  for (uint8_t flags : {uint8_t{0}, kBackground}) {
+    Coordinator c;
+    c.set_budget(0, 1000);
+    c.on_request(user_req(1000, "huge", MsgType::batch, flags, "f0"));
+    auto s1 = run_next(c);
+    ASSERT_TRUE(s1);
+    EXPECT_FALSE(c.slice_left(*s1)) << "the slice the open asked for: the batch limits only";
+    auto t = c.batch_ran(*s1, 0, 400);
+    EXPECT_TRUE(c.continue_batch(*s1, "f400", t.spent));
+    auto s2 = run_next(c);
+    ASSERT_TRUE(s2);
+    EXPECT_EQ(s2->from, "f400");
+    EXPECT_EQ(c.slice_left(*s2)->files, 600U);
+    t = c.batch_ran(*s2, 0, 400);
+    EXPECT_TRUE(c.continue_batch(*s2, "f800", t.spent));
+    auto s3 = run_next(c);
+    ASSERT_TRUE(s3);
+    EXPECT_EQ(c.slice_left(*s3)->files, 200U);
+    t = c.batch_ran(*s3, 0, 200);
+    EXPECT_TRUE(t.over);
+    EXPECT_FALSE(c.continue_batch(*s3, "f1000", t.spent)) << "the budget is spent";
+    EXPECT_FALSE(c.next_announcement());
+    EXPECT_EQ(c.stats().budget_stopped, 1U);
+    // An open further on (its node has seen s3) starts a sequence of its own.
+    Message further = user_req(1000, "huge", MsgType::batch, flags, "f1500");
+    further.id = s3->id;
+    c.on_request(further);
+    auto again = run_next(c);
+    ASSERT_TRUE(again);
+    EXPECT_FALSE(c.slice_left(*again));
+    EXPECT_TRUE(c.continue_batch(*again, "f1900", c.batch_ran(*again, 0, 400).spent));
+  }
 }
 
 TEST(ControlMessageTest, UidsFlagsAndSlicesRoundTripAndBadSlicesAreRefused) {

@@ -155,6 +155,44 @@ TEST(Manifest, RejectsUnsafeOrMalformed) {
   EXPECT_FALSE(decode_str(wire + "x"));
 }
 
+// A sparse file's holes travel in the manifest; decode() takes only holes that are in
+// order, disjoint, inside the file and whole chunks (or a last chunk's tail).
+TEST(Manifest, HolesRoundTripAndMisfitHolesAreRefused) {
+  constexpr uint64_t kChunk = 64 * 1024;
+  Manifest m = sample_tree();
+  m.chunk_size = kChunk;
+  Entry& f = m.entries[2];
+  f.meta.size = 10 * kChunk + 100;
+  f.holes = {{0, 2 * kChunk}, {4 * kChunk, 3 * kChunk}, {10 * kChunk, 100}};
+  auto back = decode_str(encode(m));
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->entries[2].holes, f.holes);
+  EXPECT_EQ(streamed_bytes(back->entries[2]), 5 * kChunk);
+  const std::vector<std::vector<Extent>> misfits = {
+      {{kChunk, 0}},                                 // empty
+      {{100, kChunk}},                               // not on a chunk boundary
+      {{0, kChunk + 1}},                             // ends inside a chunk that is not the last
+      {{4 * kChunk, kChunk}, {2 * kChunk, kChunk}},  // out of order
+      {{0, 2 * kChunk}, {kChunk, 2 * kChunk}},       // overlapping
+      {{10 * kChunk, kChunk}},                       // past the end
+      {{UINT64_MAX - kChunk + 1, kChunk}},           // wraps
+  };
+  for (const auto& holes : misfits) {
+    Manifest bad = m;
+    bad.entries[2].holes = holes;
+    EXPECT_FALSE(decode_str(encode(bad))) << holes[0].off << "+" << holes[0].len;
+  }
+  Manifest on_dir = m;  // only regular files have holes
+  on_dir.entries[1].holes = {{0, kChunk}};
+  EXPECT_FALSE(decode_str(encode(on_dir)));
+  Manifest many = m;
+  many.entries[2].meta.size = uint64_t{1} << 40;
+  many.entries[2].holes.clear();
+  for (uint64_t k = 0; k < (uint64_t{1} << 20) + 1; ++k)
+    many.entries[2].holes.push_back({2 * k * kChunk, kChunk});
+  EXPECT_FALSE(decode_str(encode(many))) << "more holes than one manifest may list";
+}
+
 TEST(Manifest, RandomBytesNeverCrash) {
   std::mt19937 g(1);
   const std::string wire = encode(sample_tree());
@@ -185,6 +223,66 @@ TEST(Layout, PiecesPackSmallFilesAndSkipUnneeded) {
   const Layout some(m, {0, 0, 0, 1, 1});  // only f30 and f100 needed by anyone
   EXPECT_EQ(some.bytes(), 130U);
   EXPECT_EQ(some.segments()[0].entry, 3U);
+}
+
+// A sparse file's holes are not in the stream: its runs are back to back, each piece says
+// which hole comes before it and whether it ends the file, so the file's CRC (zeros included)
+// comes out of the pieces; each stream chunk is one chunk of the file.
+TEST(Layout, HolesAreSkippedAndTheFilesCrcKeepsThem) {
+  constexpr uint64_t kChunk = 16;
+  Manifest m;
+  m.chunk_size = kChunk;
+  Entry e{"", EntryType::file, {10 * kChunk + 5, 0, 0, 0, 0, 0644}, {}, 0};
+  e.holes = {{0, 2 * kChunk}, {3 * kChunk, 4 * kChunk}, {9 * kChunk, kChunk + 5}};
+  m.entries.push_back(e);
+  const Layout l(m, {1});
+  ASSERT_EQ(l.segments().size(), 1U);
+  EXPECT_EQ(l.bytes(), 3 * kChunk);  // file chunks 2, 7 and 8
+  EXPECT_EQ(l.segments()[0].hole_after, kChunk + 5);
+  EXPECT_TRUE(l.one_file_in_chunks(kChunk));
+  EXPECT_FALSE(l.one_file_in_chunks(kChunk * 2));
+  EXPECT_EQ(l.file_chunk(0, kChunk), 2U);
+  EXPECT_EQ(l.file_chunk(1, kChunk), 7U);
+  EXPECT_EQ(l.file_chunk(2, kChunk), 8U);
+  EXPECT_EQ(l.stream_chunk(7, kChunk), 1U);
+  EXPECT_FALSE(l.stream_chunk(0, kChunk));
+  EXPECT_FALSE(l.stream_chunk(5, kChunk));
+  EXPECT_FALSE(l.stream_chunk(10, kChunk));
+  const auto p = l.pieces(0, 3 * kChunk);
+  ASSERT_EQ(p.size(), 2U);
+  EXPECT_EQ(p[0].file_off, 2 * kChunk);
+  EXPECT_EQ(p[0].hole_before, 2 * kChunk);
+  EXPECT_FALSE(p[0].ends_file);
+  EXPECT_EQ(p[1].file_off, 7 * kChunk);
+  EXPECT_EQ(p[1].chunk_off, kChunk);
+  EXPECT_EQ(p[1].hole_before, 4 * kChunk);
+  EXPECT_TRUE(p[1].ends_file);
+  // The file's bytes: data only in the streamed chunks.
+  std::string file(e.meta.size, '\0');
+  for (uint64_t c : {2U, 7U, 8U})
+    for (uint64_t i = 0; i < kChunk; ++i) file[c * kChunk + i] = static_cast<char>('a' + c + i);
+  const uint64_t whole = crc64(std::as_bytes(std::span(file.data(), file.size())));
+  uint64_t by_pieces = 0;
+  for (const Piece& q : l.pieces(0, l.bytes())) {
+    const auto bytes = std::as_bytes(std::span(file.data() + q.file_off, q.length));
+    by_pieces = crc_through(by_pieces, q, crc64(bytes), l.segments()[q.segment]);
+  }
+  EXPECT_EQ(by_pieces, whole);
+  std::vector<uint64_t> chunk_crc;
+  for (uint64_t k = 0; k < 3; ++k)
+    chunk_crc.push_back(
+        crc64(std::as_bytes(std::span(file.data() + l.file_chunk(k, kChunk) * kChunk, kChunk))));
+  EXPECT_EQ(l.crc_of_chunks(kChunk, chunk_crc), whole);
+  // A file that is all hole has nothing in the stream.
+  Manifest empty;
+  empty.chunk_size = kChunk;
+  Entry z{"", EntryType::file, {4 * kChunk, 0, 0, 0, 0, 0644}, {}, 0};
+  z.holes = {{0, 4 * kChunk}};
+  empty.entries.push_back(z);
+  const Layout lz(empty, {1});
+  EXPECT_EQ(lz.bytes(), 0U);
+  EXPECT_TRUE(lz.pieces(0, kChunk).empty());
+  EXPECT_EQ(lz.crc_of_chunks(kChunk, {}), crc64_zeros(4 * kChunk));
 }
 
 TEST(Decision, PreValidation) {

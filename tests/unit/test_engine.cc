@@ -279,6 +279,69 @@ TEST_F(EngineTest, AZeroBlockInAChunkThatHoldsDataStaysAHole) {
   }
 }
 
+// A sparse file costs its data: its holes of whole chunks never travel (a chunk count, not
+// its size over the chunk size), every copy keeps them, and the CRC each copy records (the
+// whole file's, zeros included) is the source's. A file that is all hole sends nothing.
+TEST_F(EngineTest, HolesOfWholeChunksNeverTravel) {
+  constexpr uint64_t kChunk = 4 << 20, kSize = uint64_t{64} << 30;
+  const std::string a = random_bytes(4096, 31), b = random_bytes(1 << 20, 32);
+  {
+    const int fd = ::open(path("huge.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, a.data(), a.size(), 0), 4096);
+    ASSERT_EQ(::pwrite(fd, b.data(), b.size(), static_cast<off_t>(kSize / 3)), 1 << 20);  // inside one chunk
+    ASSERT_EQ(::pwrite(fd, "z", 1, static_cast<off_t>(kSize - 1)), 1);
+    ::close(fd);
+    const int hf = ::open(path("holes.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(hf, 0);
+    ASSERT_EQ(::ftruncate(hf, static_cast<off_t>(kSize / 8)), 0);
+    ::close(hf);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path("huge.bin").c_str(), &st), 0);
+  if (static_cast<uint64_t>(st.st_blocks) * 512U >= kSize / 2) GTEST_SKIP() << "no sparse files here";
+  PosixSource src;
+  StageOptions opt;
+  opt.chunk_size = kChunk;
+  auto r = run(3, opt, src, plain_, path("huge.bin"), "huge.bin");
+  ASSERT_TRUE(r.reports[0].ok) << (r.reports[0].errors.empty() ? "" : r.reports[0].errors[0]);
+  EXPECT_EQ(r.reports[0].chunks, 3U) << "the three chunks that hold data, not " << kSize / kChunk;
+  EXPECT_EQ(r.reports[0].bytes_streamed, 3 * kChunk);
+  EXPECT_EQ(r.reports[0].bytes_total, kSize);
+  Fd sfd(::open(path("huge.bin").c_str(), O_RDONLY | O_CLOEXEC));
+  auto want = crc_of_fd(sfd.get(), "huge.bin", false);
+  ASSERT_TRUE(want);
+  for (int node = 0; node < 3; ++node) {
+    Fd cfd(::open(node_file(node, "huge.bin").c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(cfd.valid());
+    struct stat cst {};
+    ASSERT_EQ(::fstat(cfd.get(), &cst), 0);
+    EXPECT_EQ(static_cast<uint64_t>(cst.st_size), kSize);
+    EXPECT_LE(static_cast<uint64_t>(cst.st_blocks) * 512U, 4 * (1 << 20)) << "node " << node;
+    auto origin = origin_of_fd(cfd.get());
+    ASSERT_TRUE(origin && origin->crc_known);
+    EXPECT_EQ(origin->crc, *want) << "node " << node << ": the whole file's CRC, holes included";
+    auto got = crc_of_fd(cfd.get(), "copy", false);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(*got, *want);
+    std::string head(4096, '\0');
+    ASSERT_EQ(::pread(cfd.get(), head.data(), head.size(), 0), 4096);
+    EXPECT_TRUE(head == a);
+    std::string mid(b.size(), '\0');
+    ASSERT_EQ(::pread(cfd.get(), mid.data(), mid.size(), static_cast<off_t>(kSize / 3)), 1 << 20);
+    EXPECT_TRUE(mid == b);
+  }
+  auto h = run(3, opt, src, plain_, path("holes.bin"), "holes.bin");
+  ASSERT_TRUE(h.reports[0].ok) << (h.reports[0].errors.empty() ? "" : h.reports[0].errors[0]);
+  EXPECT_EQ(h.reports[0].chunks, 0U);
+  for (int node = 0; node < 3; ++node) {
+    struct stat cst {};
+    ASSERT_EQ(::stat(node_file(node, "holes.bin").c_str(), &cst), 0);
+    EXPECT_EQ(static_cast<uint64_t>(cst.st_size), kSize / 8);
+    EXPECT_LE(cst.st_blocks * 512, 4096) << "no data (a block for the origin record at most)";
+  }
+}
+
 TEST_F(EngineTest, ChecksumPreAndPostValidation) {
   const std::string data = random_bytes(300000, 9);
   write_file(path("src.bin"), data);

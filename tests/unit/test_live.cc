@@ -30,7 +30,7 @@ class LiveCopyTest : public TmpDirTest {
     ASSERT_TRUE(t);
     txn_ = std::move(t.value());
     meta_.size = data_.size();
-    live_->started(meta_, kChunk, *txn_);
+    live_->started(meta_, kChunk, {}, *txn_);
   }
   void TearDown() override {
     live_.reset();
@@ -156,14 +156,14 @@ TEST_F(LiveCopyTest, NotReadyBeforeTheTransferStarts) {
   EXPECT_FALSE(fresh.ready());
   int started = 0;
   LiveCopy counted([&] { ++started; });
-  counted.started(meta_, kChunk, *txn_);
+  counted.started(meta_, kChunk, {}, *txn_);
   EXPECT_EQ(started, 1);
   EXPECT_TRUE(counted.ready());
   // One chunk or less: the copy is complete one chunk later anyway; opens wait for it.
   LiveCopy one([&] { ++started; });
   stage::FileMeta small = meta_;
   small.size = kChunk;
-  one.started(small, kChunk, *txn_);
+  one.started(small, kChunk, {}, *txn_);
   EXPECT_FALSE(one.ready());
   EXPECT_EQ(started, 1);
 }
@@ -190,7 +190,7 @@ class EarlyMaterializer final : public Materializer {
     if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
     txn_ = std::move(t.value());
     live_ = std::make_shared<LiveCopy>();
-    live_->started(meta_, 4096, *txn_);
+    live_->started(meta_, 4096, {}, *txn_);
     on_live(live_);
   }
   std::shared_ptr<LiveCopy> live_;

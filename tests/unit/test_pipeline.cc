@@ -1,7 +1,10 @@
 // The pipelined chain and tree broadcasts (bcast/pipeline.h) over the fake point-to-point seam
 // (fake_p2p.h: threads, random completion order, links that go silent or fail).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -685,7 +688,9 @@ TEST_F(EnginePipelineTest, EveryRankFollowsTheSourceRanksChunkSize) {
 class RecordingLive final : public LiveCopyReaders {
  public:
   explicit RecordingLive(std::optional<uint64_t> want) : want_(want) {}
-  void started(const FileMeta& source, uint64_t chunk_size, const Txn& /*txn*/) override {
+  void started(const FileMeta& source, uint64_t chunk_size, const std::vector<Extent>& file_holes,
+               const Txn& /*txn*/) override {
+    holes = file_holes;
     size = source.size;
     chunk = chunk_size;
     ++starts;
@@ -699,12 +704,40 @@ class RecordingLive final : public LiveCopyReaders {
   }
   std::mutex m;
   std::vector<uint64_t> order;
+  std::vector<Extent> holes;
   uint64_t size = 0, chunk = 0;
   int starts = 0;
 
  private:
   std::optional<uint64_t> want_;
 };
+
+// A transfer of `source` on n ranks (one rank: the MPI path), each with a RecordingLive, the
+// last one wanting chunk `want` from the start; rank r writes (dir + r)/f.
+struct LiveRun {
+  std::vector<std::unique_ptr<RecordingLive>> live;
+  std::vector<StageReport> reports;
+};
+LiveRun run_live(int n, const StageOptions& opt, const std::string& source, const std::string& dir,
+                 uint64_t want) {
+  World w(n);
+  FakeNet net(n);
+  PosixSource src;
+  PosixStore store;
+  LiveRun out;
+  for (int r = 0; r < n; ++r)
+    out.live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(want) : std::nullopt));
+  out.reports.resize(static_cast<size_t>(n));
+  run_ranks(w, [&](ThreadComm& c) {
+    FakeP2P p(net, c.rank());
+    if (n > 1) c.attach(&p);
+    StageOptions mine = opt;
+    mine.live_copy = out.live[static_cast<size_t>(c.rank())].get();
+    StageEndpoint ep{source, dir + std::to_string(c.rank()) + "/f", true};
+    out.reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
+  });
+  return out;
+}
 
 // The last chunk, wanted by the chain's last rank (or, alone, by the source rank itself),
 // is written long before its turn in file order; every chunk is written once, and the copy
@@ -714,32 +747,16 @@ TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
   const uint64_t nchunks = 64;
   const std::string data = random_bytes(chunk * nchunks, 9);
   write_file(path("src.bin"), data);
-  PosixSource src;
-  PosixStore store;
   for (int n : {1, 3}) {
     for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
       if (n == 1 && algo == BcastAlgorithm::tree) continue;  // one rank: the MPI path
-      World w(n);
-      FakeNet net(n);
       StageOptions opt;
       opt.chunk_size = chunk;
       opt.bcast_algorithm = algo;
       opt.pipeline.segment = 1024;
       opt.pre = Validate::none;
-      std::vector<std::unique_ptr<RecordingLive>> live;
-      for (int r = 0; r < n; ++r)
-        live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(nchunks - 1)
-                                                                  : std::nullopt));
-      std::vector<StageReport> reports(static_cast<size_t>(n));
       const std::string tag = std::to_string(n) + to_string(algo);
-      run_ranks(w, [&](ThreadComm& c) {
-        FakeP2P p(net, c.rank());
-        if (n > 1) c.attach(&p);
-        StageOptions mine = opt;
-        mine.live_copy = live[static_cast<size_t>(c.rank())].get();
-        StageEndpoint ep{path("src.bin"), path("live" + tag + std::to_string(c.rank()) + "/f"), true};
-        reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep);
-      });
+      auto [live, reports] = run_live(n, opt, path("src.bin"), path("live" + tag), nchunks - 1);
       for (int r = 0; r < n; ++r) {
         const auto i = static_cast<size_t>(r);
         ASSERT_TRUE(reports[i].ok) << tag << " rank " << r << ": "
@@ -760,6 +777,51 @@ TEST_F(EnginePipelineTest, ReadersSteerTheChunkOrder) {
       EXPECT_LT(pos, static_cast<std::ptrdiff_t>(nchunks / 2)) << tag;
     }
   }
+}
+
+// A sparse file read during its copy: its holes of whole chunks never travel (the readers
+// have them from the start), the chunks that do are named as chunks of the file, a reader's
+// want of the file's last chunk still overtakes the rest, and the copy keeps its holes.
+TEST_F(EnginePipelineTest, ASparseFilesLiveCopyNamesChunksOfTheFile) {
+  const uint64_t chunk = 4096;
+  const uint64_t nchunks = 128;  // data in the first and the last 24 chunks
+  const std::string head = random_bytes(24 * chunk, 12), tail = random_bytes(24 * chunk, 13);
+  {
+    const int fd = ::open(path("sparse.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+    ASSERT_EQ(::pwrite(fd, tail.data(), tail.size(), 104 * chunk), static_cast<ssize_t>(tail.size()));
+    ::close(fd);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path("sparse.bin").c_str(), &st), 0);
+  if (static_cast<uint64_t>(st.st_blocks) * 512U >= 64 * chunk) GTEST_SKIP() << "no sparse files here";
+  const int n = 3;
+  StageOptions opt;
+  opt.chunk_size = chunk;
+  opt.bcast_algorithm = BcastAlgorithm::chain;
+  opt.pipeline.segment = 1024;
+  opt.pre = Validate::none;
+  auto [live, reports] = run_live(n, opt, path("sparse.bin"), path("sparse"), nchunks - 1);
+  std::vector<uint64_t> data_chunks;
+  for (uint64_t k = 0; k < nchunks; ++k)
+    if (k < 24 || k >= 104) data_chunks.push_back(k);
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<size_t>(r);
+    ASSERT_TRUE(reports[i].ok) << r << ": " << (reports[i].errors.empty() ? "" : reports[i].errors.front());
+    EXPECT_EQ(reports[i].chunks, 48U) << "only the chunks that hold data travel";
+    EXPECT_EQ(read_file(path("sparse" + std::to_string(r) + "/f")), read_file(path("sparse.bin")));
+    EXPECT_EQ(live[i]->holes, (std::vector<Extent>{{24 * chunk, 80 * chunk}}));
+    auto sorted = live[i]->order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, data_chunks) << "rank " << r << ": chunks of the file, each once";
+    struct stat cst {};
+    ASSERT_EQ(::stat(path("sparse" + std::to_string(r) + "/f").c_str(), &cst), 0);
+    EXPECT_LT(static_cast<uint64_t>(cst.st_blocks) * 512U, 64 * chunk) << "the copy keeps its hole";
+  }
+  const auto& order = live[static_cast<size_t>(n - 1)]->order;
+  const auto pos = std::find(order.begin(), order.end(), nchunks - 1) - order.begin();
+  EXPECT_LT(pos, 24) << "the wanted chunk (file chunk 127, stream chunk 47) overtook the middle";
 }
 
 // More than one transfer at a time: a Nest whose root marks the stream once 10 chunks are
@@ -882,7 +944,7 @@ TEST_F(EnginePipelineTest, ANestedTransferThatBreaksFailsTheOuterOne) {
   opt.bcast_algorithm = BcastAlgorithm::chain;
   opt.pipeline.segment = 1024;
   opt.pre = Validate::none;
-  std::vector<StageReport> reports(n);
+  std::vector<StageReport> reports(static_cast<size_t>(n));
   run_ranks(w, [&](ThreadComm& c) {
     FakeP2P p(net, c.rank());
     c.attach(&p);
