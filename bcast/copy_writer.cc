@@ -1,7 +1,9 @@
 // The writer thread, on a rank that writes a copy: verifies each chunk's CRC, writes its
 // pieces into the temporary files (holes stay holes), accumulates each file's CRC and
-// finishes a file at its last byte. A failed writer keeps draining its queue so the stream
-// never stalls; the failure is this node's (writer_err_), not the transfer's.
+// finishes a file at its last byte; a single file of more than one chunk records its chunks'
+// CRCs with it (ChunkRecord), so that it can later prove each chunk it feeds to other nodes. A failed writer
+// keeps draining its queue so the stream never stalls; the failure is this node's (writer_err_), not the
+// transfer's.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -44,8 +46,8 @@ Status write_sparse(Txn& t, uint64_t off, std::span<const std::byte> data) {
 
 }  // namespace
 
-void Transfer::finish_file(Txn& t, size_t entry) {
-  if (auto st = t.finish(m_.entries[entry].meta, file_crc_[entry]); !st) writer_err_ = st.error();
+void Transfer::finish_file(Txn& t, size_t entry, const ChunkRecord* chunks) {
+  if (auto st = t.finish(m_.entries[entry].meta, file_crc_[entry], chunks); !st) writer_err_ = st.error();
   finished_[entry] = 1;
 }
 
@@ -88,7 +90,8 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
       for (uint64_t j = 0; j < writer_chunk_crc_.size(); ++j)
         file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], writer_chunk_crc_[j],
                                              chunk_range(layout.bytes(), m_.chunk_size, j).length);
-      finish_file(t, seg.entry);
+      const ChunkRecord record = make_chunk_record(writer_chunk_crc_, m_.chunk_size, seg.size);
+      finish_file(t, seg.entry, writer_chunk_crc_.size() > 1 ? &record : nullptr);
       continue;
     }
     file_crc_[seg.entry] = crc64_combine(file_crc_[seg.entry], piece_crc[k], p.length);

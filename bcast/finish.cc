@@ -18,7 +18,7 @@ std::vector<size_t> Transfer::my_files() const {
 void Transfer::finish_empty_files(const std::vector<size_t>& mine) {
   for (size_t i : mine) {  // zero-length files never saw a chunk
     if (finished_[i] == 0) {
-      if (auto st = txn_[i]->finish(m_.entries[i].meta, crc64_zeros(0)); !st) fail_local(st.error());
+      if (auto st = txn_[i]->finish(m_.entries[i].meta, crc64_zeros(0), nullptr); !st) fail_local(st.error());
       finished_[i] = 1;
     }
   }

@@ -517,7 +517,8 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
     // Only the version this open was decided on (its access check and its node id).
     struct stat now {};
     auto fd = open_regular_beneath(root_.get(), rel, now);
-    if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src))) {
+    if (fd &&
+        stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src), cfg_.source_version)) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
       return OpenFile{std::move(fd.value()), false, true, {}, {}};
@@ -575,7 +576,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
     struct stat now {};
     auto fd = open_regular_beneath(root_.get(), rel, now);
     if (!fd) return done(fd.error());
-    if (!stage::same_version(stage::meta_from_stat(now), version))
+    if (!stage::same_version(stage::meta_from_stat(now), version, cfg_.source_version))
       return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
     return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
   }
@@ -712,7 +713,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
   auto on_live = [this, rel, src, shared](std::shared_ptr<LiveCopy> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
-      if (!stage::same_version(live->source(), stage::meta_from_stat(src))) {
+      if (!stage::same_version(live->source(), stage::meta_from_stat(src), cfg_.source_version)) {
         // The transfer copies a newer version than this open looked up.
         ++counters_.stale_opens;
         ++counters_.open_errors;
@@ -724,7 +725,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
         struct stat now {};
         auto fd = open_regular_beneath(root_.get(), rel, now);
-        if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src)))
+        if (fd &&
+            stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src), cfg_.source_version))
           f.fd = std::move(fd.value());
       }
       done(std::move(f));
@@ -771,7 +773,8 @@ void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd
     if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
     // --on-stall source: the source, if it is still the version this handle opened.
     struct stat now {};
-    if (::fstat(source_fd, &now) != 0 || !stage::same_version(stage::meta_from_stat(now), live->source()))
+    if (::fstat(source_fd, &now) != 0 ||
+        !stage::same_version(stage::meta_from_stat(now), live->source(), cfg_.source_version))
       return stage::sys_error(EIO, "read after a stall (the source changed too)");
     if (live->first_fallback()) {
       ++counters_.source_fallbacks;

@@ -82,7 +82,7 @@ class StoreTest : public TmpDirTest {
     m.size = data.size();
     m.mode = 0644;
     m.mtime_ns = 1'000'000'000;
-    EXPECT_TRUE((*txn)->finish(m, 0));
+    EXPECT_TRUE((*txn)->finish(m, 0, nullptr));
     EXPECT_TRUE((*txn)->sync());
     EXPECT_TRUE((*txn)->commit());
     return dest;
