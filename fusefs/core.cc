@@ -585,6 +585,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
   if (auto fd = checker_->open_trusted(rel, st, cst)) {
     ++counters_.cache_hits;
     cache_.touch(rel, fd->get(), &cst);
+    note_linked_copy(rel, st);
     return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
   }
   Ask ask;
@@ -625,6 +626,7 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     if (a.kind == CopyChecker::Answer::serve) {
       ++counters_.cache_hits;
       cache_.touch(rel, a.fd.get());
+      note_linked_copy(rel, src);
       return done(OpenFile{std::move(a.fd), true, false, {}, {}});
     }
   }
@@ -637,6 +639,12 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
   if (src.st_nlink > 1 && !ask.small && serve_from_other_name(rel, src, ask, done)) return;
   ++counters_.materializations;
   materialize_then_open(rel, src, ask, std::move(done));
+}
+
+void StageFsCore::note_linked_copy(const std::string& rel, const struct stat& src) {
+  if (src.st_nlink > 1 &&
+      !batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size))
+    links_.served(LinkedCopies::key_of(src), rel);
 }
 
 bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask,

@@ -325,6 +325,9 @@ class StageFsCore {
   // version: done is wrapped to record the copy and release the waiting names, and
   // ask.live_ok is cleared.
   bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
+  // A trusted copy of rel found in the cache was served: other names of a file with several
+  // links are then served from it too (LinkedCopies::served), not copied again.
+  void note_linked_copy(const std::string& rel, const struct stat& src);
   LinkedCopies links_;
 
   struct Node {
