@@ -228,14 +228,17 @@ class PosixTxn final : public Txn {
     // that ends in a hole (zero chunks are not written) gets it here.
     if (end_ != src.size && ::ftruncate(fd_.get(), static_cast<off_t>(src.size)) != 0)
       return sys_error(errno, "set size of local copy", temp_);
-    if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
+    // The xattrs before the mode: setting a user.* xattr needs write permission, which the
+    // source's mode (0444) takes from a writer that is not root.
     const std::string origin = encode_origin(src, crc);
     if (::fsetxattr(fd_.get(), kOriginXattr, origin.data(), origin.size(), 0) != 0 && errno != ENOTSUP)
       return sys_error(errno, "record origin of local copy", temp_);
     record_chunks(chunks);
+    if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
     const timespec times[2] = {{0, UTIME_OMIT}, from_ns(src.mtime_ns)};
     if (::futimens(fd_.get(), times) != 0) return sys_error(errno, "set mtime of local copy", temp_);
     fd_.reset();
+    finished_ = true;
     return {};
   }
 
@@ -307,6 +310,11 @@ class PosixTxn final : public Txn {
 
   Status open_rw() {
     if (fd_.valid()) return {};
+    // Written again after finish() (a transfer fed again): finish() gave it the source's mode,
+    // which may forbid writing (0444) to a writer that is not root.
+    if (finished_ && ::fchmodat(AT_FDCWD, temp_.c_str(), 0600, AT_SYMLINK_NOFOLLOW) != 0)
+      return sys_error(errno, "make temporary file writable again", temp_);
+    finished_ = false;
     fd_ = Fd(::open(temp_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd_.valid()) return sys_error(errno, "open temporary file", temp_);
     return {};
@@ -373,6 +381,7 @@ class PosixTxn final : public Txn {
   bool direct_ = false;            // still willing to try O_DIRECT for this copy
   uint64_t align_ = kDirectAlign;  // direct I/O unit (offsets, lengths, memory)
   uint64_t end_ = 0;               // end of the furthest write
+  bool finished_ = false;  // finish() ran (and set the source's mode) since the last write
   bool committed_ = false;
   bool aborted_ = false;
 };
