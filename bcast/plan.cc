@@ -272,9 +272,9 @@ Status Transfer::choose_seed() {
   ++seeds_tried_;
   seed_before_.assign(m_.entries.size(), FileMeta{});
   if (is_root())
-    spdlog::info("{}: rank {}{} feeds the transfer from its current copy{}", host_name(), data_root_,
+    spdlog::info("{}: rank {} feeds the transfer from its current copy{}{}", host_name(), data_root_,
                  host_of(comm_, data_root_),
-                 seed_proves_chunks_ ? " (its chunks proven against their recorded CRCs)" : "");
+                 seed_proves_chunks_ ? ", its chunks proven against their recorded CRCs" : "");
   return {};
 }
 
