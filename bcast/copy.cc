@@ -203,15 +203,24 @@ void Transfer::start_live(const Layout& layout, bool write_here) {
   if (!live_copy_) return;
   const size_t e = layout.segments()[0].entry;
   writer_chunk_crc_.assign(nchunks, 0);
-  if (opt_.live_copy != nullptr && write_here && need_local_[e] != 0 && txn_[e])
+  if (opt_.live_copy == nullptr) return;
+  if (live_started_) return opt_.live_copy->restarted();  // fed again (refeed.cc)
+  if (write_here && need_local_[e] != 0 && txn_[e]) {
     opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, m_.entries[e].holes, *txn_[e]);
+    live_started_ = true;
+  }
 }
 
 // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the
-// source; then the CRC of every streamed file.
+// source; then the CRC of every streamed file. A seed's failure (but a stop: cancelled) is
+// the seed's own: refeed_ says so on every rank, and the transfer is fed again (refeed.cc).
 Status Transfer::share_trailer(const Layout& layout) {
-  if (auto st = share_root_status(source_err_, data_root_); !st) return st;
-  if (source_err_) return {};
+  int64_t how = seeded_ && source_err_ && source_err_->code != make_error_code(Errc::cancelled) ? 2 : 1;
+  if (auto st = share_root_status(source_err_, data_root_, &how); !st) return st;
+  if (source_err_) {
+    refeed_ = how == 2;
+    return {};
+  }
   if (seeded_) {
     if (is_root()) source_err_ = recheck_source(layout);
     if (auto st = share_root_status(source_err_, opt_.root); !st) return st;
@@ -225,6 +234,7 @@ Status Transfer::share_trailer(const Layout& layout) {
       if (source_file_crc_[k] == src_crc_[i]) continue;
       const std::string msg = "seed copy " + dest_of(i) + " does not match the source's checksum";
       source_err_ = Error{make_error_code(is_reader() ? Errc::checksum_mismatch : Errc::peer_failed), msg};
+      refeed_ = true;
       return {};
     }
   }
@@ -245,7 +255,7 @@ void Transfer::check_copies(const Layout& layout, bool write_here) {
 Status Transfer::copy() {
   const Layout layout(m_, need_any_);
   r_.files_streamed = layout.segments().size();
-  const bool write_here = ep_.writer && r_.this_node_wrote;
+  const bool write_here = ep_.writer && r_.this_node_wrote && !local_err_;
   start_live(layout, write_here);
   Queues q;
   for (auto& b : buffers_) q.free_q.push(std::move(b));

@@ -1,13 +1,20 @@
 // The reader thread, on the rank that feeds the stream (the source rank, or a seed): fills
 // free chunk buffers from the input files, each chunk with its CRC, and checks each file's
-// end (still the same file, no longer than its size). Any failure, and a cancellation, goes
-// into the stream as an abort chunk, which every rank sees at the same point.
+// end (still the same file, no longer than its size). A seed whose copy recorded its chunks'
+// CRCs (ChunkRecord) proves each chunk against them before the chunk enters the stream: a
+// reader on another node never gets a byte the source does not hold. Any failure, and a
+// cancellation, goes into the stream as an abort chunk, which every rank sees at the same
+// point.
 #include <cstring>
 
 #include "bcast/crc.h"
 #include "bcast/transfer.h"
 
 namespace stage::engine {
+
+namespace {
+constexpr const char* kSeedCopy = "seed copy";
+}  // namespace
 
 // The reader, steered by a live copy's readers (see LiveCopyReaders): first the wanted chunks not sent
 // yet, then on in file order from the last one, then any chunk left behind.
@@ -30,15 +37,19 @@ uint64_t Transfer::pick_chunk(std::vector<char>& sent, uint64_t& next, uint64_t&
   return low;
 }
 
-// After a file's last byte: is it still the file it was (size, mtime, ctime, inode), and does
-// it really end there? A read past its recorded size that returns data means the copy would
-// be truncated: a pseudo file whose stat size is not its content, or a file that grew without
-// its mtime telling (yet). Either way nothing is published.
+// After a file's last byte: is it still the file it was, and does it really end there? A
+// source is the version it was (size, mtime, ctime, inode); a seed's copy the same copy
+// (same_copy: its ctime moves with every metadata update of its mount, its bytes do not). A
+// read past its recorded size that returns data means the copy would be truncated: a pseudo
+// file whose stat size is not its content, or a file that grew without its mtime telling
+// (yet). Either way nothing is published.
 std::optional<Error> Transfer::check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
-                                         const char* what) {
+                                         bool seed_copy) {
   auto now = f.stat_now();
   if (!now) return now.error();
-  if (*now != expect) return stage_error(Errc::source_changed, what, path);
+  const char* what = seed_copy ? kSeedCopy : "source";
+  if (seed_copy ? !same_copy(*now, expect) : *now != expect)
+    return stage_error(Errc::source_changed, what, path);
   auto more = f.data_past(expect.size);
   if (!more) return more.error();
   if (!*more) return std::nullopt;
@@ -55,18 +66,89 @@ std::optional<Error> Transfer::check_end(SourceFile& f, const FileMeta& expect, 
 // store may then drop it (bad_copy), so that it is not chosen again.
 std::optional<Error> Transfer::check_input_end(SourceFile& f, size_t entry, uint64_t crc) const {
   const Entry& e = m_.entries[entry];
-  if (!seeded_) return check_end(f, e.meta, join_path(ep_.source, e.path), "source");
+  if (!seeded_) return check_end(f, e.meta, join_path(ep_.source, e.path), false);
   const std::string path = dest_of(entry);
-  if (auto err = check_end(f, seed_before_[entry], path, "seed copy")) return err;
+  if (auto err = check_end(f, seed_before_[entry], path, true)) return err;
   if (!copy_crc_[entry] || *copy_crc_[entry] == crc) return std::nullopt;
+  return unproven(entry, "does not match the checksum it recorded when it was written");
+}
+
+// A seed's copy whose bytes do not read back to what it recorded: corrupted on this node's
+// disk. The store may drop it (bad_copy), so that it is not chosen again.
+Error Transfer::unproven(size_t entry, const std::string& what) const {
+  const std::string path = dest_of(entry);
   store_.bad_copy(path, seed_before_[entry]);
-  return Error{make_error_code(Errc::checksum_mismatch),
-               "seed copy " + path + " does not match the checksum it recorded when it was written"};
+  return Error{make_error_code(Errc::checksum_mismatch), host_name() + ": seed copy " + path + " " + what};
+}
+
+// One chunk of a seed's copy against its ChunkRecord, before it is sent: its CRC `crc` (of
+// the bytes in buf) must be the one recorded for it (a unit of one chunk), or the units in it
+// must read back to theirs (units smaller than the chunk), or the chunk must read back to the
+// CRC the proving pass of its unit found (units larger than the chunk: the whole unit is read
+// and proven first, once).
+std::optional<Error> Transfer::prove_chunk(Input& in, const Segment& seg, uint64_t i, const Buffer& buf,
+                                           uint64_t crc) {
+  ChunkProof& p = chunk_proof_;
+  const uint64_t chunk = m_.chunk_size, unit = p.record.unit;
+  const ChunkRange range = chunk_range(seg.size, chunk, i);
+  const bool zero = (buf.hdr.flags & kChunkZero) != 0;  // no payload: its bytes are zeros
+  const auto bad = [&](uint64_t u) {
+    return unproven(seg.entry, "does not read back to the CRC it recorded when it was written (bytes " +
+                                   std::to_string(u * unit) + " to " +
+                                   std::to_string(std::min(seg.size, (u + 1) * unit)) + ")");
+  };
+  if (unit == chunk) return crc == p.record.crcs[i] ? std::nullopt : std::optional<Error>(bad(i));
+  if (unit < chunk) {
+    for (uint64_t off = 0; off < range.length; off += unit) {
+      const uint64_t n = std::min(unit, range.length - off);
+      const uint64_t u = (range.offset + off) / unit;
+      const uint64_t c = zero ? crc64_zeros(n) : crc64(std::span(buf.mem->data() + off, n));
+      if (c != p.record.crcs[u]) return bad(u);
+    }
+    return std::nullopt;
+  }
+  const uint64_t u = range.offset / unit;
+  if (p.unit_proven[u] == 0)
+    if (auto err = prove_unit(in, seg, u)) return err;
+  if (crc == p.chunk_crc[i]) return std::nullopt;
+  return unproven(seg.entry, "changed its bytes between two reads of chunk " + std::to_string(i));
+}
+
+// The proving pass of unit u (larger than a chunk): each of its chunks read once, its CRC
+// kept, and the unit's CRC, combined from them, against the record.
+std::optional<Error> Transfer::prove_unit(Input& in, const Segment& seg, uint64_t u) {
+  ChunkProof& p = chunk_proof_;
+  const uint64_t chunk = m_.chunk_size, unit = p.record.unit;
+  if (!p.scratch && !(p.scratch = ChunkBuffer::make(chunk)))
+    return sys_error(ENOMEM, "allocate a buffer to prove a seed copy's chunks");
+  uint64_t crc = 0;
+  const uint64_t end = std::min(seg.size, (u + 1) * unit);
+  for (uint64_t off = u * unit; off < end; off += chunk) {
+    const uint64_t n = std::min(chunk, end - off);
+    uint64_t c = crc64_zeros(n);
+    if (in.file->has_data(off, n)) {
+      const std::span<std::byte> dst(p.scratch->data(), n);
+      if (auto st = in.file->read_at(off, dst); !st) {
+        store_.bad_copy(dest_of(seg.entry), seed_before_[seg.entry]);  // unreadable
+        return st.error();
+      }
+      read_seed_ += n;
+      c = crc64(dst);
+    }
+    p.chunk_crc[off / chunk] = c;
+    crc = crc64_combine(crc, c, n);
+  }
+  if (crc != p.record.crcs[u])
+    return unproven(seg.entry, "does not read back to the CRC it recorded when it was written (bytes " +
+                                   std::to_string(u * unit) + " to " + std::to_string(end) + ")");
+  p.unit_proven[u] = 1;
+  return std::nullopt;
 }
 
 // The reader's file: from the source, or (a seed) this node's copy, which must still be the
-// copy decide() judged current. It is too late to choose another seed (every node waits for
-// this stream): a copy replaced since fails the transfer.
+// copy decide() judged current (same_copy: the file at the name is the one judged, with its
+// size and mtime). A copy replaced since fails this feed (the transfer goes on from another
+// feeder: refeed.cc).
 Result<std::unique_ptr<SourceFile>> Transfer::open_input(size_t entry) {
   const Entry& e = m_.entries[entry];
   if (!seeded_) return src_->open(ep_.source, e);
@@ -75,8 +157,8 @@ Result<std::unique_ptr<SourceFile>> Transfer::open_input(size_t entry) {
   if (!f) return f.error();
   auto now = (*f)->stat_now();
   if (!now) return now.error();
-  if (now->size != e.meta.size || now->mtime_ns != copy_mtime_[entry])
-    return stage_error(Errc::source_changed, "seed copy", path);
+  if (now->size != e.meta.size || !same_copy(*now, copy_seen_[entry]))
+    return stage_error(Errc::source_changed, kSeedCopy, path);
   seed_before_[entry] = *now;
   return f;
 }
@@ -89,7 +171,7 @@ std::optional<Error> Transfer::recheck_source(const Layout& layout) {
     const Entry& e = m_.entries[seg.entry];
     auto f = src_->open(ep_.source, e);
     if (!f) return f.error();
-    if (auto err = check_end(**f, e.meta, join_path(ep_.source, e.path), "source")) return err;
+    if (auto err = check_end(**f, e.meta, join_path(ep_.source, e.path), false)) return err;
   }
   return std::nullopt;
 }
@@ -137,7 +219,7 @@ std::optional<Error> Transfer::read_piece(const Layout& layout, Input& in, const
   auto now = file.stat_now();
   if (!now) return now.error();
   if (now->size < p.file_off + p.length) {
-    Error err = stage_error(Errc::source_changed, seeded_ ? "seed copy" : "source",
+    Error err = stage_error(Errc::source_changed, seeded_ ? kSeedCopy : "source",
                             seeded_ ? dest_of(seg.entry) : join_path(ep_.source, m_.entries[seg.entry].path));
     err.message += " (it shrank during the copy)";
     return err;
@@ -177,6 +259,12 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
       if (source_err_) break;
     }
   }
+  if (!source_err_ && any_data)  // its holes travel as zeros
+    for (size_t k = 0; k < pieces.size(); ++k)
+      if (hole[k] != 0) std::memset(buf.mem->data() + pieces[k].chunk_off, 0, pieces[k].length);
+  buf.hdr.flags = any_data ? 0 : kChunkZero;
+  if (live_copy_ && !source_err_ && chunk_proof_.record.unit != 0)  // the chunk of the file it is
+    source_err_ = prove_chunk(in, layout.segments()[0], layout.file_chunk(i, m_.chunk_size), buf, crc);
   if (live_copy_ && !source_err_) {
     reader_chunk_crc_[i] = crc;
     if (last) {  // every chunk read: the file's CRC, and is it still the same file?
@@ -188,11 +276,7 @@ void Transfer::read_chunk(const Layout& layout, Input& in, Buffer& buf, uint64_t
     buf.hdr.flags = kChunkAbort;
     return;
   }
-  if (any_data)  // its holes travel as zeros
-    for (size_t k = 0; k < pieces.size(); ++k)
-      if (hole[k] != 0) std::memset(buf.mem->data() + pieces[k].chunk_off, 0, pieces[k].length);
   buf.hdr.crc = crc;
-  buf.hdr.flags = any_data ? 0 : kChunkZero;
 }
 
 void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
@@ -211,6 +295,11 @@ void Transfer::reader_loop(const Layout& layout, BlockingQueue<BufPtr>& free_q,
   std::vector<char> sent(live_copy_ ? nchunks : 0);
   uint64_t next = 0, low = 0;
   if (live_copy_) reader_chunk_crc_.assign(nchunks, 0);
+  if (live_copy_ && seeded_ && record_) {  // a seed proves every chunk it sends (see the top)
+    chunk_proof_.record = *record_;
+    chunk_proof_.unit_proven.assign(record_->crcs.size(), 0);
+    chunk_proof_.chunk_crc.assign(chunk_count(layout.segments()[0].size, m_.chunk_size), 0);  // by file chunk
+  }
   for (uint64_t k = 0; k < nchunks; ++k) {
     auto t_wait = Clock::now();
     auto b = free_q.pop();

@@ -1,7 +1,9 @@
 // The writer thread, on a rank that writes a copy: verifies each chunk's CRC, writes its
 // pieces into the temporary files (holes stay holes), accumulates each file's CRC and
-// finishes a file at its last byte. A failed writer keeps draining its queue so the stream
-// never stalls; the failure is this node's (writer_err_), not the transfer's.
+// finishes a file at its last byte; a single file of more than one chunk records its chunks'
+// CRCs with it (ChunkRecord), so that it can later prove each chunk it feeds to other nodes. A failed writer
+// keeps draining its queue so the stream never stalls; the failure is this node's (writer_err_), not the
+// transfer's.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -44,8 +46,8 @@ Status write_sparse(Txn& t, uint64_t off, std::span<const std::byte> data) {
 
 }  // namespace
 
-void Transfer::finish_file(Txn& t, size_t entry) {
-  if (auto st = t.finish(m_.entries[entry].meta, file_crc_[entry]); !st) writer_err_ = st.error();
+void Transfer::finish_file(Txn& t, size_t entry, const ChunkRecord* chunks) {
+  if (auto st = t.finish(m_.entries[entry].meta, file_crc_[entry], chunks); !st) writer_err_ = st.error();
   finished_[entry] = 1;
 }
 
@@ -87,7 +89,9 @@ void Transfer::write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64
         opt_.live_copy->chunk_written(layout.file_chunk(buf.hdr.index, m_.chunk_size), zero);
       if (++writer_chunks_ < writer_chunk_crc_.size()) continue;
       file_crc_[seg.entry] = layout.crc_of_chunks(m_.chunk_size, writer_chunk_crc_);
-      finish_file(t, seg.entry);
+      const auto crcs = layout.file_chunk_crcs(m_.chunk_size, writer_chunk_crc_);
+      const ChunkRecord record = make_chunk_record(crcs, m_.chunk_size, seg.size);
+      finish_file(t, seg.entry, crcs.size() > 1 ? &record : nullptr);
       continue;
     }
     file_crc_[seg.entry] = crc_through(file_crc_[seg.entry], p, piece_crc[k], seg);

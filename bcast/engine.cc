@@ -17,6 +17,9 @@ StageReport Transfer::report(bool ok, Clock::time_point t0) {
   r_.bytes_read_source = read_source_;
   r_.bytes_read_seed = read_seed_;
   if (local_err_) r_.local_error = local_err_->code;
+  // The source's own failure (not a node's, not a seed's replaced feed): its errno everywhere.
+  if (!ok && !local_err_ && root_errno_ != 0)
+    r_.source_error = std::error_code(root_errno_, std::generic_category());
   r_.exit_code = ok ? 0 : 1;
   r_.t.total = since(t0);
   return r_;
@@ -26,8 +29,12 @@ StageReport Transfer::report(bool ok, Clock::time_point t0) {
 // collectives are attempted, every temporary file is removed by the Txn destructors.
 StageReport Transfer::comm_broke(const Status& st, Clock::time_point t0) {
   r_.comm_broken = true;
-  r_.errors.push_back(st.error().message);
-  spdlog::error("{}", st.error().message);
+  std::string msg = st.error().message;
+  if (seeded_)  // a seed's node lost mid-copy: say which one fed the stream
+    msg += " (the transfer was fed by rank " + std::to_string(data_root_) + host_of(comm_, data_root_) +
+           "'s copy)";
+  r_.errors.push_back(msg);
+  spdlog::error("{}", msg);
   return report(false, t0);
 }
 
@@ -96,7 +103,12 @@ StageReport Transfer::run() {
   const auto t0 = Clock::now();
   if (auto ended = plan_and_prepare(t0)) return *ended;
   const auto t_copy = Clock::now();
-  if (auto st = copy(); !st) return comm_broke(st, t0);
+  for (;;) {
+    if (auto st = copy(); !st) return comm_broke(st, t0);
+    if (!refeed_) break;  // the same on every rank (the trailer)
+    if (auto st = feed_again(); !st) return comm_broke(st, t0);
+    if (source_err_) break;  // no rank could go on
+  }
   finish();
   r_.t.copy = since(t_copy) - r_.t.postvalidate;  // includes fsync and rename
   if (auto st = share_outcome(); !st) return comm_broke(st, t0);

@@ -21,10 +21,17 @@
 //                 [source failed, this node failed]. A node publishes (rename) only if the
 //                 source stayed unchanged and its own copy verified; a final allreduce gives
 //                 every rank the same overall outcome. With a seed, "source unchanged" means
-//                 both: the seed's copies kept their size, mtime, ctime and inode while it
-//                 read them, and the source rank found the source's metadata unchanged after
-//                 the stream (with --pre-validate checksum, the seed's file CRCs must also
-//                 equal the source's, which every rank knows from pre-validation).
+//                 both: the seed's copies stayed the same copies (same_copy: device, inode,
+//                 size, mtime) while it read them, and the source rank found the source's
+//                 metadata unchanged after the stream (with --pre-validate checksum, the
+//                 seed's file CRCs must also equal the source's, which every rank knows from
+//                 pre-validation).
+//   Fallback      a seed that fails to feed (its copy changed, a short or failed read, a chunk
+//                 or file that does not read back to its recorded CRC) fails nothing: every
+//                 rank learns it from the trailer, and the copy phase runs again into the same
+//                 temporary files, fed by the next lowest seed that proves its copy, else the
+//                 source rank (at most kMaxSeedAttempts seeds, then the source). Only a
+//                 failure of the source itself fails the transfer.
 //
 // stage_transfer() is COLLECTIVE over `comm` and is called by one thread per rank (the thread
 // that owns the Comm); it starts and joins its own reader/writer threads. A non-writer rank
@@ -70,6 +77,10 @@ class LiveCopyReaders {
   // The calling thread, at every turn of the copy loop, on every rank: chunk indices readers
   // here wait for, appended to `out`. Must be cheap when there are none.
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
+  // The calling thread: the copy runs again (its feeder failed; see Fallback above) into the
+  // same temporary file, from another feeder. Chunks written stay written (the same version:
+  // the same bytes); the chunks readers still wait for are to be wanted again.
+  virtual void restarted() {}
 };
 
 // More than one transfer at a time: a short transfer (a selection of small files) that
@@ -103,8 +114,18 @@ class Nest {
 
 // size: same size and mtime; checksum: same CRC-64; none: always copy;
 // origin: the origin the copy recorded when it was written (Txn::finish, store.h) matches the
-// source's size, mtime, ctime and inode: a touched or replaced source is copied again.
+// source's version (size, mtime, ctime and, by StageOptions::source_version, inode): a touched
+// or replaced source is copied again.
+// Whether a node's copy may also FEED others (a seed) is stricter than whether it counts as
+// present on its own node: only a copy proven to be the source's current version does: one
+// whose recorded origin matches the source now (for reads during the copy: also with a
+// ChunkRecord that proves every chunk before it is sent), or one checked by checksum. Under
+// `size`, a same-size, same-mtime file of unknown origin stays on its node (mpi-stage's
+// meaning) but never feeds another.
 enum class Validate { none, size, checksum, origin };
+
+// Seeds tried within one transfer before the source rank feeds it (Fallback above).
+inline constexpr int kMaxSeedAttempts = 3;
 
 // Which of ep.source's files a transfer stages. None (max_file_size 0): ep.source itself, one
 // file or, with StageOptions::recursive, a tree. A selection: ep.source is a directory and the
@@ -137,6 +158,8 @@ struct StageOptions {
   // always reads (a caller that must not read copies, and stage-bcast with an explicit
   // --source-rank).
   bool seed_from_copies = false;
+  // What identifies a source version (the origin rule): every rank's setting must agree.
+  SourceVersion source_version = SourceVersion::full;
   int pipeline_depth = 4;
   // Asked by the source rank's reader before each chunk: true abandons the transfer there
   // (every rank sees the abort in the stream; nothing is published, temporary files go).
@@ -194,6 +217,10 @@ struct StageReport {
   // its own current copy (a seed) rather than the shared source. The same on every rank.
   int fed_by = -1;
   bool fed_from_copy = false;
+  // Feeds that failed and were replaced by another feeder (Fallback above), the same on every
+  // rank; their causes (the root: every one; elsewhere: none): not errors, the transfer went on.
+  int feed_retries = 0;
+  std::vector<std::string> feed_failures;
   // Bytes read from the shared source (pre-validation CRCs and the copy) and from a seed's
   // copies. Every rank's figure after a transfer that reached the copy phase; otherwise the
   // reading rank's own.
@@ -202,6 +229,9 @@ struct StageReport {
   bool this_node_wrote = false;
   std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
   std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
+  // Why the source failed (its errno: EIO, EREMOTEIO...), the same on every rank, when the
+  // transfer failed on the source's side with an error the system gave.
+  std::error_code source_error;
   std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
   std::vector<std::string> published;  // manifest paths of the files this node published
   // Root, a selection: the first name of its range that its limits left out ("" none).
@@ -221,6 +251,6 @@ StageReport stage_transfer(Comm& comm, SourceReader* source, LocalStore& store, 
 
 // The pre-validation decision for one regular file (pure; unit-tested).
 bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, bool overwrite,
-                uint64_t local_crc, uint64_t source_crc);
+                uint64_t local_crc, uint64_t source_crc, SourceVersion rule = SourceVersion::full);
 
 }  // namespace stage

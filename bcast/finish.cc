@@ -19,7 +19,7 @@ void Transfer::finish_empty_files(const std::vector<size_t>& mine) {
   for (size_t i : mine) {  // files with nothing in the stream (empty, or all hole) never saw a chunk
     if (finished_[i] == 0) {
       const FileMeta& meta = m_.entries[i].meta;
-      if (auto st = txn_[i]->finish(meta, crc64_zeros(meta.size)); !st) fail_local(st.error());
+      if (auto st = txn_[i]->finish(meta, crc64_zeros(meta.size), nullptr); !st) fail_local(st.error());
       finished_[i] = 1;
     }
   }

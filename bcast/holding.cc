@@ -21,7 +21,10 @@ class HoldingTxn final : public Txn {
       hold_();
     return inner_->write(off, data);
   }
-  Status finish(const FileMeta& source, uint64_t crc) override { return inner_->finish(source, crc); }
+  Status finish(const FileMeta& source, uint64_t crc, const ChunkRecord* chunks) override {
+    return inner_->finish(source, crc, chunks);
+  }
+  Status rewind() override { return inner_->rewind(); }
   Status sync() override { return inner_->sync(); }
   Result<uint64_t> crc_on_disk() override { return inner_->crc_on_disk(); }
   Result<uint64_t> size_on_disk() override { return inner_->size_on_disk(); }

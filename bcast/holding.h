@@ -45,6 +45,9 @@ class HoldingStore final : public LocalStore {
       : inner_(inner), at_(at), hold_(std::move(hold)) {}
   Result<LocalState> inspect(const std::string& path) override { return inner_.inspect(path); }
   Result<uint64_t> checksum(const std::string& path) override { return inner_.checksum(path); }
+  Result<std::optional<CopyRecord>> chunk_record(const std::string& path) override {
+    return inner_.chunk_record(path);
+  }
   Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) override {
     return inner_.open_copy(path);
   }

@@ -84,6 +84,17 @@ uint64_t Layout::crc_of_chunks(uint64_t chunk, const std::vector<uint64_t>& chun
   return crc;
 }
 
+std::vector<uint64_t> Layout::file_chunk_crcs(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const {
+  if (segs_.size() != 1) return {};
+  const uint64_t size = segs_[0].size;
+  std::vector<uint64_t> out(chunk_count(size, chunk));
+  for (uint64_t c = 0; c < out.size(); ++c) {
+    const auto s = stream_chunk(c, chunk);
+    out[c] = s && *s < chunk_crc.size() ? chunk_crc[*s] : crc64_zeros(chunk_range(size, chunk, c).length);
+  }
+  return out;
+}
+
 uint64_t crc_through(uint64_t file_crc, const Piece& p, uint64_t piece_crc, const Segment& seg) {
   if (p.hole_before != 0) file_crc = crc64_combine(file_crc, crc64_zeros(p.hole_before), p.hole_before);
   file_crc = crc64_combine(file_crc, piece_crc, p.length);

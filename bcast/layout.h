@@ -63,6 +63,9 @@ class Layout {
   [[nodiscard]] std::optional<uint64_t> stream_chunk(uint64_t file_chunk, uint64_t chunk) const;
   // One file in chunks: its CRC from the CRC of each stream chunk, holes included.
   [[nodiscard]] uint64_t crc_of_chunks(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const;
+  // One file in chunks: the CRC of each chunk of the file, from the CRC of each stream chunk
+  // (a chunk in a hole: its zeros').
+  [[nodiscard]] std::vector<uint64_t> file_chunk_crcs(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const;
 
  private:
   std::vector<Segment> segs_;

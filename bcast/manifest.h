@@ -35,10 +35,27 @@ struct FileMeta {
   bool operator==(const FileMeta&) const = default;
 };
 
-// One version of a file, compared across nodes: size, times and inode agree (the device number
-// is each node's own on a network filesystem; the mode says nothing of the content).
-inline bool same_version(const FileMeta& a, const FileMeta& b) {
-  return a.size == b.size && a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns && a.ino == b.ino;
+// What identifies one version of a source file across nodes and mounts (--source-version).
+//   full      size, mtime, ctime and inode number
+//   no_inode  size, mtime and ctime: for sources whose inode numbers are not stable across
+//             mounts or nodes (FUSE filesystems without use_ino, object-store mounts). Two
+//             different files with the same size, mtime and ctime are then taken for one.
+enum class SourceVersion : uint8_t { full, no_inode };
+
+// One version of a file, compared across nodes: size, times and (by the rule) inode agree (the
+// device number is each node's own on a network filesystem; the mode says nothing of the
+// content).
+inline bool same_version(const FileMeta& a, const FileMeta& b, SourceVersion rule = SourceVersion::full) {
+  return a.size == b.size && a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns &&
+         (rule == SourceVersion::no_inode || a.ino == b.ino);
+}
+
+// One copy on a node's disk, unchanged: the same file (device, inode) with the same size and
+// mtime (set to the source's when it was written). Its ctime is not part of it: every metadata
+// update of the mount (the LRU order's atime, an xattr) moves it without touching a byte. Its
+// content is proven by the CRCs it recorded when it was written (bcast/store.h).
+inline bool same_copy(const FileMeta& a, const FileMeta& b) {
+  return a.dev == b.dev && a.ino == b.ino && a.size == b.size && a.mtime_ns == b.mtime_ns;
 }
 
 // Nanoseconds since the epoch, saturated (no overflow past the year 2262), and back.

@@ -238,10 +238,18 @@ struct ChunkStream::Impl {
     return true;
   }
 
+  // "rank R (HOST)": messages name the node a rank runs on, where the placement knows it.
+  std::string who(int r) const {
+    const auto& where = p2p.placement();
+    const bool known =
+        r >= 0 && static_cast<size_t>(r) < where.size() && !where[static_cast<size_t>(r)].empty();
+    return "rank " + std::to_string(r) + (known ? " (" + where[static_cast<size_t>(r)] + ")" : std::string());
+  }
+
   Status stalled(const std::string& what) const {
-    return stage_error(Errc::timed_out, "rank " + std::to_string(p2p.rank()) + ": " +
-                                            (chain ? "chain" : "tree") + " broadcast stalled for " +
-                                            std::to_string(opt.stall_timeout.count()) + " ms waiting for " + what);
+    return stage_error(Errc::timed_out, who(p2p.rank()) + ": " + (chain ? "chain" : "tree") +
+                                            " broadcast stalled for " + std::to_string(opt.stall_timeout.count()) +
+                                            " ms waiting for " + what);
   }
   bool past_stall() const {
     return opt.stall_timeout.count() > 0 && Clock::now() - last_progress > opt.stall_timeout;
@@ -405,11 +413,10 @@ struct ChunkStream::Impl {
   std::string waiting_for() const {
     for (const Out& o : outs)
       if (!items.empty() && items.front().seq >= o.credit + kCreditChunks)
-        return "rank " + std::to_string(o.rank) + " to take chunk " + std::to_string(o.credit);
+        return who(o.rank) + " to take chunk " + std::to_string(o.credit);
     if (!items.empty() && !items.front().have_hdr)
-      return "the header of chunk " + std::to_string(items.front().seq) + " from rank " +
-             std::to_string(links.parent);
-    if (!recvs.empty()) return "data from rank " + std::to_string(links.parent);
+      return "the header of chunk " + std::to_string(items.front().seq) + " from " + who(links.parent);
+    if (!recvs.empty()) return "data from " + who(links.parent);
     return "its sends to the next rank(s) to complete";
   }
 
@@ -491,10 +498,8 @@ struct ChunkStream::Impl {
 
   std::string completion_waits_for(bool up) const {
     for (const Out& o : outs)
-      if (o.subtree < handed)
-        return "rank " + std::to_string(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
-    return !up ? "its counts to reach rank " + std::to_string(links.parent)
-               : "the release from rank " + std::to_string(links.parent);
+      if (o.subtree < handed) return who(o.rank) + "'s subtree to hold chunk " + std::to_string(o.subtree);
+    return !up ? "its counts to reach " + who(links.parent) : "the release from " + who(links.parent);
   }
 };
 

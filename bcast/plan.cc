@@ -12,24 +12,30 @@
 namespace stage {
 
 bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, bool overwrite,
-                uint64_t local_crc, uint64_t source_crc) {
+                uint64_t local_crc, uint64_t source_crc, SourceVersion rule) {
   if (overwrite || mode == Validate::none) return true;
   if (!local.exists || !local.regular || local.size != src.size) return true;
   if (mode == Validate::checksum) return local_crc != source_crc;
   if (mode == Validate::origin) {
-    return !local.origin || !origin_matches(*local.origin, local.mtime_ns, src);
+    return !local.origin || !origin_matches(*local.origin, local.mtime_ns, src, rule);
   }
   return local.mtime_ns != src.mtime_ns;  // size: same size and same mtime as the source
 }
 
 namespace engine {
 
-// `root` broadcasts "did I fail?" and its message; every rank returns the same error.
-Status Transfer::share_root_status(std::optional<Error>& err, int root) {
+// `root` broadcasts "did I fail?", the failure's errno if the system gave one (root_errno_:
+// what a failed open of the mount reports; a source that changed or ended early has none)
+// and its message; every rank returns the same error. how: on root, a non-zero kind of
+// failure to send with it (err set); everywhere, the kind sent.
+Status Transfer::share_root_status(std::optional<Error>& err, int root, int64_t* how) {
   const bool me = comm_.rank() == root;
-  int64_t failed = me && err ? 1 : 0;
-  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(&failed, 1)), root); !st) return st;
-  if (failed == 0) return {};
+  const bool sys = me && err && err->code.category() == std::generic_category();
+  std::array<int64_t, 2> failed{me && err ? (how != nullptr ? *how : 1) : 0, sys ? err->code.value() : 0};
+  if (auto st = comm_.bcast(std::as_writable_bytes(std::span(failed)), root); !st) return st;
+  if (how != nullptr) *how = failed[0];
+  if (failed[0] == 0) return {};
+  root_errno_ = static_cast<int>(failed[1]);
   std::string msg = me ? err->message : std::string();
   if (auto st = bcast_string(comm_, msg, root); !st) return st;
   if (!me) err = Error{make_error_code(Errc::peer_failed), msg};
@@ -157,11 +163,45 @@ void Transfer::judge_entry(size_t i, int& swept) {
     if (!c) return fail_local(c.error());
     local_crc = *c;
   }
-  copy_mtime_[i] = ls->mtime_ns;
-  if (opt_.pre == Validate::origin && ls->origin && ls->origin->crc_known) copy_crc_[i] = ls->origin->crc;
-  need_local_[i] =
-      needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc, src_crc_.empty() ? 0 : src_crc_[i]) ? 1
-                                                                                                       : 0;
+  copy_seen_[i] = FileMeta{ls->size, ls->mtime_ns, 0, ls->ino, ls->dev, 0};
+  need_local_[i] = needs_copy(*ls, e.meta, opt_.pre, opt_.overwrite, local_crc,
+                              src_crc_.empty() ? 0 : src_crc_[i], opt_.source_version)
+                       ? 1
+                       : 0;
+  if (need_local_[i] == 0 && ls->regular) proof_[i] = judge_proof(i, *ls, local_crc);
+  const SourceVersion rule = opt_.source_version;
+  if (ls->origin && rule == SourceVersion::full && !origin_matches(*ls->origin, ls->mtime_ns, e.meta, rule) &&
+      origin_matches(*ls->origin, ls->mtime_ns, e.meta, SourceVersion::no_inode))
+    ++inode_only_;  // decide() says so once, on the source rank
+}
+
+// A single file of more than one chunk: the transfer whose copies record their chunks' CRCs
+// (ChunkRecord), and whose readers may read before it ends.
+bool Transfer::single_file_of_chunks() const {
+  return !m_.tree && !opt_.selection.active() && m_.entries.size() == 1 &&
+         m_.entries[0].type == EntryType::file && chunk_count(m_.entries[0].meta.size, m_.chunk_size) > 1 &&
+         chunk_count(m_.entries[0].meta.size, m_.chunk_size) <= kMaxLiveCopyChunks;
+}
+
+// What proves entry i's copy here (current by the pre-validation rule) to be the source's
+// current version, so that it may feed other nodes: its CRC compared with the source's
+// (--pre-validate checksum), or a recorded origin that matches the source now, and then
+// also its ChunkRecord if that can prove this transfer's chunks. A same-size, same-mtime file
+// of unknown origin (--pre-validate size) is proven by nothing.
+Proof Transfer::judge_proof(size_t i, const LocalState& ls, uint64_t local_crc) {
+  const Entry& e = m_.entries[i];
+  const SourceVersion rule = opt_.source_version;
+  if (!src_crc_.empty()) return local_crc == src_crc_[i] ? Proof::whole : Proof::none;
+  if (!ls.origin || !ls.origin->crc_known || !origin_matches(*ls.origin, ls.mtime_ns, e.meta, rule))
+    return Proof::none;
+  copy_crc_[i] = ls.origin->crc;
+  if (!single_file_of_chunks()) return Proof::whole;
+  auto rec = store_.chunk_record(dest_of(i));
+  if (!rec || !*rec || (*rec)->dev != ls.dev || (*rec)->ino != ls.ino ||
+      !(*rec)->chunks.proves(m_.chunk_size, e.meta.size, ls.origin->crc))
+    return Proof::whole;
+  record_ = std::move((*rec)->chunks);
+  return Proof::chunks;
 }
 
 Status Transfer::decide() {
@@ -170,8 +210,10 @@ Status Transfer::decide() {
     if (auto st = share_source_crcs(src_crc_); !st) return st;
   }
   need_local_.assign(n, 0);
-  copy_mtime_.assign(n, 0);
+  copy_seen_.assign(n, FileMeta{});
   copy_crc_.assign(n, std::nullopt);
+  proof_.assign(n, Proof::none);
+  excluded_.assign(static_cast<size_t>(comm_.size()), 0);
   if (ep_.writer) {
     if (auto st = store_.make_parents(ep_.dest); !st) fail_local(st.error());
     // Temporary files of killed runs go first, whether or not this node copies anything now.
@@ -185,10 +227,17 @@ Status Transfer::decide() {
   bool mine = false;
   for (int64_t v : need_local_) mine = mine || v != 0;
   r_.this_node_wrote = mine;
-  std::array<int64_t, 2> counts{ep_.writer ? 1 : 0, mine ? 1 : 0};
+  std::array<int64_t, 3> counts{ep_.writer ? 1 : 0, mine ? 1 : 0, inode_only_ > 0 ? 1 : 0};
   if (auto st = comm_.allreduce_sum(counts); !st) return st;
   r_.writers = counts[0];
   r_.nodes_needing = counts[1];
+  if (counts[2] > 0 && is_root())
+    spdlog::warn(
+        "{}: {} node(s) hold a copy of {} whose recorded origin matches the source on size, mtime and "
+        "ctime but not on its inode number: such a copy is not taken for the source's version. If the "
+        "source's inode numbers are not stable across mounts or nodes (a FUSE filesystem without "
+        "use_ino, an object-store mount), --source-version no-inode takes them (see the admin guide)",
+        host_name(), counts[2], ep_.source);
   if (r_.nodes_needing == 0) return {};
   if (opt_.seed_from_copies)
     if (auto st = choose_seed(); !st) return st;
@@ -197,20 +246,36 @@ Status Transfer::decide() {
   return {};
 }
 
-// Seeding: a writer whose copies of every file any node needs are current (by the
-// pre-validation rule) may feed the broadcast; the lowest such rank does. Collective.
+// Seeding: a writer whose copies of every file any node needs are proven current (Proof) may
+// feed the broadcast; the lowest such rank does, unless this transfer has already seen it
+// fail (excluded_). When readers may read the copy before it ends (a live copy's hooks on any
+// rank), only a copy that proves each chunk before it is sent: a reader never gets a byte
+// the source does not hold. Otherwise (and after kMaxSeedAttempts seeds) the source rank
+// feeds. Collective: every rank computes the same choice from one allreduce.
 Status Transfer::choose_seed() {
-  bool can = ep_.writer && !local_err_;
-  for (size_t i = 0; i < m_.entries.size() && can; ++i)
-    can = need_any_[i] == 0 || (m_.entries[i].type == EntryType::file && need_local_[i] == 0);
-  std::array<int64_t, 1> best{can ? comm_.size() - comm_.rank() : 0};  // max: the lowest rank
+  bool whole = ep_.writer && !local_err_ && excluded_[static_cast<size_t>(comm_.rank())] == 0 &&
+               seeds_tried_ < kMaxSeedAttempts;
+  bool chunks = whole;
+  for (size_t i = 0; i < m_.entries.size() && whole; ++i) {
+    if (need_any_[i] == 0) continue;
+    whole = need_local_[i] == 0 && proof_[i] != Proof::none;
+    chunks = chunks && whole && proof_[i] == Proof::chunks;
+  }
+  const int64_t me = comm_.size() - comm_.rank();  // max: the lowest rank
+  std::array<int64_t, 3> best{chunks ? me : 0, whole ? me : 0, opt_.live_copy != nullptr ? 1 : 0};
   if (auto st = comm_.allreduce_max(best); !st) return st;
-  if (best[0] == 0) return {};
-  data_root_ = comm_.size() - static_cast<int>(best[0]);
-  seeded_ = true;
+  const bool readers = best[2] != 0 && single_file_of_chunks();
+  const int64_t pick = readers ? best[0] : std::max(best[0], best[1]);
+  seeded_ = pick != 0;
+  data_root_ = seeded_ ? comm_.size() - static_cast<int>(pick) : opt_.root;
+  seed_proves_chunks_ = seeded_ && pick == best[0];
+  if (!seeded_) return {};
+  ++seeds_tried_;
   seed_before_.assign(m_.entries.size(), FileMeta{});
   if (is_root())
-    spdlog::info("{}: rank {} feeds the transfer from its current copy", host_name(), data_root_);
+    spdlog::info("{}: rank {} feeds the transfer from its current copy{}{}", host_name(), data_root_,
+                 host_of(comm_, data_root_),
+                 seed_proves_chunks_ ? ", its chunks proven against their recorded CRCs" : "");
   return {};
 }
 

@@ -44,8 +44,9 @@ void Transfer::check_space() {
 }
 
 // Every rank relays, so every rank needs the chunk buffers: allocated before the agreement,
-// so a rank short of memory stops the job here rather than stalling it mid-stream.
-void Transfer::allocate_buffers() {
+// so a rank short of memory stops the job here rather than stalling it mid-stream. False: it
+// could not (a local failure, which the agreement then sees).
+bool Transfer::allocate_buffers() {
   uint64_t stream = 0;
   for (size_t i = 0; i < m_.entries.size(); ++i)
     if (need_any_[i] != 0 && m_.entries[i].type == EntryType::file) stream += streamed_bytes(m_.entries[i]);
@@ -53,15 +54,16 @@ void Transfer::allocate_buffers() {
   // A stream of one chunk (a batch of small files, a small file) needs one buffer, not
   // pipeline_depth buffers of its whole size (each one freshly mapped and zeroed).
   const int nbufs = chunk_count(stream, m_.chunk_size) <= 1 ? 1 : std::max(2, opt_.pipeline_depth);
-  for (int k = 0; k < nbufs && !local_err_ && stream > 0; ++k) {
+  for (int k = 0; k < nbufs && stream > 0; ++k) {
     auto b = std::make_unique<Buffer>();
     b->mem = ChunkBuffer::make(bufsize);
     if (!b->mem) {
       fail_local(sys_error(ENOMEM, "allocate a chunk buffer of " + std::to_string(bufsize) + " bytes"));
-      break;
+      return false;
     }
     buffers_.push_back(std::move(b));
   }
+  return true;
 }
 
 Status Transfer::prepare() {
@@ -80,7 +82,7 @@ Status Transfer::prepare() {
         txn_[i] = std::move(t.value());
     }
   }
-  allocate_buffers();
+  if (!local_err_) allocate_buffers();
   auto any = allreduce_max(comm_, local_err_ ? 1 : 0);
   if (!any) return any.error();
   if (*any != 0) return Error{make_error_code(Errc::peer_failed), "a node could not prepare its destination"};

@@ -30,6 +30,9 @@ std::string report_table(const StageReport& r, const std::string& source, const 
                   human_bytes(r.bytes_read_source).c_str(), human_bytes(r.bytes_read_seed).c_str());
     out += line;
   }
+  for (const auto& why : r.feed_failures) {  // each feed that failed and was replaced
+    out += "  A failed feed was replaced: " + why + "\n";
+  }
   const std::pair<const char*, double> rows[] = {
       {"Topology check", r.t.topology},      {"Source metadata", r.t.metadata},
       {"Pre-validation", r.t.prevalidate},   {"Copy phase", r.t.copy},
@@ -102,7 +105,7 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       "{\"ok\":%s,\"exit_code\":%d,\"ranks\":%d,\"nodes\":%lld,\"nodes_needing\":%lld,\"nodes_written\":%lld,"
       "\"files\":%llu,\"dirs\":%llu,\"symlinks\":%llu,\"bytes\":%llu,\"bytes_broadcast\":%llu,"
       "\"files_broadcast\":%llu,\"chunks\":%llu,\"fed_by_rank\":%d,\"fed_from\":\"%s\","
-      "\"bytes_read_source\":%llu,\"bytes_read_seed\":%llu,"
+      "\"bytes_read_source\":%llu,\"bytes_read_seed\":%llu,\"feed_retries\":%d,"
       "\"seconds\":{\"topology\":%.6f,\"metadata\":%.6f,\"pre_validation\":%.6f,\"copy\":%.6f,"
       "\"post_validation\":%.6f,\"total\":%.6f},\"bandwidth_mb_s\":%.1f,"
       "\"pipeline_seconds\":{\"read\":%.3f,\"read_wait\":%.3f,\"bcast\":%.3f,\"verify\":%.3f,\"write\":%.3f,"
@@ -115,12 +118,15 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       static_cast<unsigned long long>(r.chunks), r.fed_by,
       r.fed_by < 0 ? "none" : r.fed_from_copy ? "seed" : "source",
       static_cast<unsigned long long>(r.bytes_read_source), static_cast<unsigned long long>(r.bytes_read_seed),
-      r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
+      r.feed_retries, r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
       r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy), r.pipe.read, r.pipe.read_wait,
       r.pipe.bcast, r.pipe.verify, r.pipe.write, r.pipe.write_wait, r.pipe.sync);
   std::string out = buf;
   out += "\"source\":\"" + json_escape(source) + "\",\"dest\":\"" + json_escape(dest) + "\",\"errors\":[";
   for (size_t i = 0; i < r.errors.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.errors[i]) + "\"";
+  out += "],\"feed_failures\":[";
+  for (size_t i = 0; i < r.feed_failures.size(); ++i)
+    out += (i ? ",\"" : "\"") + json_escape(r.feed_failures[i]) + "\"";
   out += "],\"skipped\":[";
   for (size_t i = 0; i < r.skipped.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.skipped[i]) + "\"";
   out += "]}\n";

@@ -119,6 +119,63 @@ std::string encode_origin(const FileMeta& m, uint64_t crc) {
   return buf;
 }
 
+bool ChunkRecord::proves(uint64_t chunk, uint64_t size, uint64_t crc) const {
+  if (unit == 0 || chunk == 0 || (unit % chunk != 0 && chunk % unit != 0)) return false;
+  if (crcs.size() != (size + unit - 1) / unit) return false;
+  uint64_t whole = 0;  // the units' CRCs must make the file's: a record of this very copy
+  for (size_t u = 0; u < crcs.size(); ++u)
+    whole = crc64_combine(whole, crcs[u], std::min<uint64_t>(unit, size - u * unit));
+  return whole == crc;
+}
+
+ChunkRecord make_chunk_record(std::span<const uint64_t> chunk_crcs, uint64_t chunk, uint64_t size) {
+  ChunkRecord r;
+  if (chunk == 0) return r;
+  uint64_t per = 1;  // chunks per unit
+  while ((chunk_crcs.size() + per - 1) / per > kMaxRecordUnits) per *= 2;
+  r.unit = chunk * per;
+  for (size_t c = 0; c < chunk_crcs.size(); c += per) {
+    uint64_t crc = 0;
+    for (size_t j = c; j < std::min(chunk_crcs.size(), c + per); ++j)
+      crc = crc64_combine(crc, chunk_crcs[j], std::min<uint64_t>(chunk, size - j * chunk));
+    r.crcs.push_back(crc);
+  }
+  return r;
+}
+
+// "SFC1", the number of units (u32), the unit (u64), then each unit's CRC (u64), little-endian.
+namespace {
+constexpr char kRecordMagic[4] = {'S', 'F', 'C', '1'};
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xffU));
+}
+uint64_t get_le(std::string_view in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+}  // namespace
+
+std::string encode_chunk_record(const ChunkRecord& r) {
+  std::string out(kRecordMagic, sizeof kRecordMagic);
+  put_le(out, r.crcs.size(), 4);
+  put_le(out, r.unit, 8);
+  for (uint64_t c : r.crcs) put_le(out, c, 8);
+  return out;
+}
+
+std::optional<ChunkRecord> decode_chunk_record(std::string_view in) {
+  if (in.size() < 16 || in.substr(0, 4) != std::string_view(kRecordMagic, 4)) return std::nullopt;
+  const uint64_t n = get_le(in, 4, 4);
+  if (n == 0 || n > kMaxRecordUnits || in.size() != 16 + 8 * n) return std::nullopt;
+  ChunkRecord r;
+  r.unit = get_le(in, 8, 8);
+  if (r.unit == 0) return std::nullopt;
+  for (uint64_t i = 0; i < n; ++i) r.crcs.push_back(get_le(in, 16 + 8 * i, 8));
+  return r;
+}
+
 namespace {
 
 std::optional<Origin> decode_origin(const std::string& s) {
@@ -156,8 +213,11 @@ Written pwrite_all(int fd, std::span<const std::byte> data, uint64_t off, size_t
 
 class PosixTxn final : public Txn {
  public:
-  PosixTxn(std::string dest, std::string temp, bool direct)
-      : dest_(std::move(dest)), temp_(std::move(temp)), direct_(direct) {}
+  PosixTxn(std::string dest, std::string temp, bool direct, std::string chunks_xattr)
+      : dest_(std::move(dest)),
+        temp_(std::move(temp)),
+        chunks_xattr_(std::move(chunks_xattr)),
+        direct_(direct) {}
   ~PosixTxn() override { abort(); }
 
   Status write(uint64_t off, std::span<const std::byte> data) override {
@@ -181,20 +241,24 @@ class PosixTxn final : public Txn {
     return {};
   }
 
-  Status finish(const FileMeta& src, uint64_t crc) override {
+  Status finish(const FileMeta& src, uint64_t crc, const ChunkRecord* chunks) override {
     dfd_.reset();
     if (auto st = open_rw(); !st) return st;
     // A fresh temporary file written up to src.size has that size already (most copies); one
     // that ends in a hole (zero chunks are not written) gets it here.
     if (end_ != src.size && ::ftruncate(fd_.get(), static_cast<off_t>(src.size)) != 0)
       return sys_error(errno, "set size of local copy", temp_);
-    if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
+    // The xattrs before the mode: setting a user.* xattr needs write permission, which the
+    // source's mode (0444) takes from a writer that is not root.
     const std::string origin = encode_origin(src, crc);
     if (::fsetxattr(fd_.get(), kOriginXattr, origin.data(), origin.size(), 0) != 0 && errno != ENOTSUP)
       return sys_error(errno, "record origin of local copy", temp_);
+    record_chunks(chunks);
+    if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
     const timespec times[2] = {{0, UTIME_OMIT}, from_ns(src.mtime_ns)};
     if (::futimens(fd_.get(), times) != 0) return sys_error(errno, "set mtime of local copy", temp_);
     fd_.reset();
+    finished_ = true;
     return {};
   }
 
@@ -202,6 +266,14 @@ class PosixTxn final : public Txn {
     Fd fd(::open(temp_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd.valid()) return sys_error(errno, "open local copy", temp_);
     if (::fsync(fd.get()) != 0) return sys_error(errno, "sync local copy", temp_);
+    return {};
+  }
+
+  Status rewind() override {
+    dfd_.reset();
+    if (auto st = open_rw(); !st) return st;
+    if (::ftruncate(fd_.get(), 0) != 0) return sys_error(errno, "empty temporary file", temp_);
+    end_ = 0;
     return {};
   }
 
@@ -246,8 +318,23 @@ class PosixTxn final : public Txn {
   [[nodiscard]] const std::string& temp_path() const override { return temp_; }
 
  private:
+  // The copy's chunk CRCs, if the store records them: a copy without them still serves its
+  // own node and feeds transfers without reads during the copy, so a filesystem that refuses
+  // the xattr (no user xattrs, too large) costs nothing else.
+  void record_chunks(const ChunkRecord* chunks) {
+    if (chunks_xattr_.empty() || chunks == nullptr || chunks->crcs.empty()) return;
+    const std::string v = encode_chunk_record(*chunks);
+    if (::fsetxattr(fd_.get(), chunks_xattr_.c_str(), v.data(), v.size(), 0) != 0)
+      spdlog::debug("{}: chunk record of {} not kept: {}", host_name(), temp_, std::strerror(errno));
+  }
+
   Status open_rw() {
     if (fd_.valid()) return {};
+    // Written again after finish() (a transfer fed again): finish() gave it the source's mode,
+    // which may forbid writing (0444) to a writer that is not root.
+    if (finished_ && ::fchmodat(AT_FDCWD, temp_.c_str(), 0600, AT_SYMLINK_NOFOLLOW) != 0)
+      return sys_error(errno, "make temporary file writable again", temp_);
+    finished_ = false;
     fd_ = Fd(::open(temp_.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd_.valid()) return sys_error(errno, "open temporary file", temp_);
     return {};
@@ -310,9 +397,11 @@ class PosixTxn final : public Txn {
   Fd dfd_;  // the same file opened O_DIRECT, while direct I/O works
   std::string dest_;
   std::string temp_;
+  std::string chunks_xattr_;       // where finish() records the chunks' CRCs ("" none)
   bool direct_ = false;            // still willing to try O_DIRECT for this copy
   uint64_t align_ = kDirectAlign;  // direct I/O unit (offsets, lengths, memory)
   uint64_t end_ = 0;               // end of the furthest write
+  bool finished_ = false;  // finish() ran (and set the source's mode) since the last write
   bool committed_ = false;
   bool aborted_ = false;
 };
@@ -326,8 +415,8 @@ std::optional<Origin> origin_of_fd(int fd) {
   return decode_origin(std::string(buf, static_cast<size_t>(n)));
 }
 
-bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src) {
-  return same_version(o.source, src) && copy_mtime_ns == src.mtime_ns;
+bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src, SourceVersion rule) {
+  return same_version(o.source, src, rule) && copy_mtime_ns == src.mtime_ns;
 }
 
 Result<LocalState> PosixStore::inspect(const std::string& path) {
@@ -343,6 +432,8 @@ Result<LocalState> PosixStore::inspect(const std::string& path) {
   ls.special = special_file_kind(st.st_mode);
   ls.size = static_cast<uint64_t>(st.st_size);
   ls.mtime_ns = to_ns(st.st_mtim);
+  ls.dev = static_cast<uint64_t>(st.st_dev);
+  ls.ino = static_cast<uint64_t>(st.st_ino);
   if (S_ISLNK(st.st_mode)) {
     std::string t(static_cast<size_t>(st.st_size) + 1, '\0');
     const ssize_t n = ::readlink(path.c_str(), t.data(), t.size());
@@ -362,6 +453,21 @@ Result<std::unique_ptr<SourceFile>> PosixStore::open_copy(const std::string& pat
   struct stat st {};
   if (auto s = settle_regular(fd.get(), st, path); !s) return s.error();
   return posix_source_file(std::move(fd), path, static_cast<uint64_t>(st.st_size));
+}
+
+Result<std::optional<CopyRecord>> PosixStore::chunk_record(const std::string& path) {
+  if (opt_.chunks_xattr.empty()) return std::optional<CopyRecord>();
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | kNoWaitOpen));
+  if (!fd.valid()) return sys_error(errno, "open local copy", path);
+  struct stat st {};
+  if (auto s = settle_regular(fd.get(), st, path); !s) return s.error();
+  std::string buf(16 + 8 * kMaxRecordUnits, '\0');
+  const ssize_t n = ::fgetxattr(fd.get(), opt_.chunks_xattr.c_str(), buf.data(), buf.size());
+  if (n <= 0) return std::optional<CopyRecord>();
+  auto rec = decode_chunk_record(std::string_view(buf.data(), static_cast<size_t>(n)));
+  if (!rec) return std::optional<CopyRecord>();
+  return std::optional<CopyRecord>(
+      CopyRecord{std::move(*rec), static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
 }
 
 Result<uint64_t> PosixStore::checksum(const std::string& path) {
@@ -386,7 +492,7 @@ Result<std::unique_ptr<Txn>> PosixStore::begin(const std::string& path) {
     fd = Fd(::open(temp.c_str(), kCreate, 0600));
   }
   if (!fd.valid()) return sys_error(errno, "create temporary file for destination", path);
-  return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io));
+  return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io, opt_.chunks_xattr));
 }
 
 namespace {

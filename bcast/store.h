@@ -9,7 +9,9 @@
 //                heads and tails, and filesystems that refuse O_DIRECT (EINVAL), use
 //                ordinary buffered writes; the result is the same file.
 //   finish()     sets size (holes stay holes), mode, mtime = source mtime, records the source's
-//                identity and CRC in the xattr "user.stagefs.origin", closes
+//                identity and CRC in the xattr "user.stagefs.origin" and, for a copy written
+//                chunk by chunk, its chunks' CRCs (ChunkRecord, in StoreOptions::chunks_xattr),
+//                closes
 //   sync()       fsync (or one sync_filesystem() for many files)
 //   commit()     rename over the destination, fsync the directory (commit_unsynced(): the
 //                rename only, for a batch that syncs once after its last rename)
@@ -39,12 +41,37 @@ struct Origin {
   bool crc_known = false;
 };
 
+// The CRCs a copy recorded, chunk by chunk, when it was written (a single-file transfer of more
+// than one chunk): the CRC-64 of each `unit` bytes of the file in order (the last one may be
+// shorter). unit is the transfer's chunk size, or a power-of-two multiple of it for a file of
+// more than kMaxRecordUnits chunks, so that the record fits, with the origin, in the one xattr
+// block ext4 gives a file. A seed proves each chunk against it before the chunk is sent.
+struct ChunkRecord {
+  uint64_t unit = 0;
+  std::vector<uint64_t> crcs;
+  // Whether it describes a file of `size` bytes whose CRC is `crc`, in units that a stream cut
+  // in chunks of `chunk` bytes can be checked against (one divides the other).
+  [[nodiscard]] bool proves(uint64_t chunk, uint64_t size, uint64_t crc) const;
+};
+inline constexpr size_t kMaxRecordUnits = 384;  // 3 KiB of CRCs
+// The record of a file of `size` bytes from its chunks' CRCs (chunks of `chunk` bytes).
+ChunkRecord make_chunk_record(std::span<const uint64_t> chunk_crcs, uint64_t chunk, uint64_t size);
+std::string encode_chunk_record(const ChunkRecord& r);
+std::optional<ChunkRecord> decode_chunk_record(std::string_view bytes);
+
+// A copy's ChunkRecord with the file it was read from (device and inode).
+struct CopyRecord {
+  ChunkRecord chunks;
+  uint64_t dev = 0, ino = 0;
+};
+
 struct LocalState {
   bool exists = false;
   bool regular = false;
   bool is_dir = false;
   uint64_t size = 0;
   int64_t mtime_ns = 0;
+  uint64_t dev = 0, ino = 0;      // the file found (not following a symlink)
   std::optional<Origin> origin;   // from the xattr, when present and well-formed
   std::string link_target;        // when the local entry is a symlink
   const char* special = nullptr;  // "character device", "FIFO"...: never replaced by a copy
@@ -54,7 +81,11 @@ class Txn {
  public:
   virtual ~Txn() = default;
   virtual Status write(uint64_t off, std::span<const std::byte> data) = 0;
-  virtual Status finish(const FileMeta& source, uint64_t crc) = 0;
+  // chunks: the copy's ChunkRecord (nullptr: none); the store records it if it can.
+  virtual Status finish(const FileMeta& source, uint64_t crc, const ChunkRecord* chunks) = 0;
+  // Empties the temporary file (size 0, every byte a hole) for writing it again: a transfer fed
+  // again after a failed feed whose bytes were not proven chunk by chunk.
+  virtual Status rewind() = 0;
   virtual Status sync() = 0;
   // CRC of what is on disk now (after finish), read back past the page cache where possible.
   virtual Result<uint64_t> crc_on_disk() = 0;
@@ -86,6 +117,11 @@ class LocalStore {
   virtual ~LocalStore() = default;
   virtual Result<LocalState> inspect(const std::string& path) = 0;
   virtual Result<uint64_t> checksum(const std::string& path) = 0;
+  // The ChunkRecord this node's copy at path recorded, with that file's identity (none: no
+  // record, or a store that keeps none).
+  virtual Result<std::optional<CopyRecord>> chunk_record(const std::string& /*path*/) {
+    return std::optional<CopyRecord>();
+  }
   // Opens this node's existing copy at path for reading, to seed a transfer (a regular file,
   // the last component not followed). Stores that cannot say unsupported.
   virtual Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) {
@@ -117,9 +153,14 @@ class LocalStore {
   virtual int remove_stale_temps(const std::string& dir) = 0;
 };
 
+inline constexpr const char* kChunksXattr = "user.stagefs.chunks";
+
 struct StoreOptions {
   bool direct_io = true;  // O_DIRECT for aligned writes where the filesystem accepts it (stagefs: off)
   uint32_t parent_mode = 0755;  // directories make_parents() creates (the mount's cache: 0700)
+  // The xattr a copy's ChunkRecord goes in ("" none: such copies then seed only transfers
+  // without reads during the copy).
+  std::string chunks_xattr = kChunksXattr;
 };
 
 inline constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers for O_DIRECT
@@ -130,6 +171,7 @@ class PosixStore final : public LocalStore {
   explicit PosixStore(StoreOptions opt) : opt_(opt) {}
   Result<LocalState> inspect(const std::string& path) override;
   Result<uint64_t> checksum(const std::string& path) override;
+  Result<std::optional<CopyRecord>> chunk_record(const std::string& path) override;
   Result<std::unique_ptr<SourceFile>> open_copy(const std::string& path) override;
   Result<uint64_t> free_bytes(const std::string& path) override;
   Status sync_filesystem(const std::string& path) override;
@@ -154,9 +196,11 @@ Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache);
 // (kOriginXattr) for a copy of source m with this CRC.
 std::optional<Origin> origin_of_fd(int fd);
 std::string encode_origin(const FileMeta& m, uint64_t crc);
-// True when a copy with this origin and mtime is current for a source with meta `src`
-// (size, mtime, ctime and inode all match): the mount's validity rule.
-bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src);
+// True when a copy with this origin and mtime is current for a source with meta `src`: the
+// recorded source is the same version (same_version by `rule`: size, mtime, ctime and, with
+// SourceVersion::full, inode) and the copy's mtime is the source's. The mount's validity rule.
+bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src,
+                    SourceVersion rule = SourceVersion::full);
 
 inline constexpr const char* kOriginXattr = "user.stagefs.origin";
 

@@ -8,6 +8,7 @@
 //                   MPI collective per chunk (chunk_mover.h)
 //   copy_reader.cc  the reader thread (the rank that feeds the stream)
 //   copy_writer.cc  the writer thread (a rank that writes a copy)
+//   refeed.cc       a failed feed: the copy phase again from another seed or the source
 //   finish.cc       sync, post-validation, publication, the gathered errors
 //   engine.cc       the phases in order, the outcome, stage_transfer()
 // Internal: included by those files only.
@@ -78,9 +79,34 @@ struct Input {
   size_t segment = SIZE_MAX;  // its layout segment
 };
 
+// What proves a node's copy of an entry to be the source's current version, so that it may
+// feed other nodes (a seed): nothing (it may still count as present on its own node), its
+// whole-file CRC (a recorded origin that matches the source now, or --pre-validate checksum),
+// or also a ChunkRecord against which every chunk is proven before it is sent.
+enum class Proof : uint8_t { none, whole, chunks };
+
+// The seed's proof of its chunks while it reads (copy_reader.cc; the reader thread): the
+// record's units, and per chunk the CRC a proving pass found (a unit larger than a chunk is
+// read and proven whole before its first chunk is sent).
+struct ChunkProof {
+  ChunkRecord record;
+  std::vector<char> unit_proven;
+  std::vector<uint64_t> chunk_crc;
+  std::unique_ptr<ChunkBuffer> scratch;  // the proving pass's reads
+};
+
 // Single-file transfers of at most this many chunks travel in the order readers want
 // (StageOptions::live_copy): 4 Mi chunks, 64 TiB at the default 16 MiB, 16 GiB at the smallest.
 inline constexpr uint64_t kMaxLiveCopyChunks = 1ULL << 22;
+
+// " (HOST)" for rank r where the Comm knows where its ranks sit (its point-to-point seam's
+// placement: the host name, or Slurm's topology address), else "": messages name nodes.
+inline std::string host_of(Comm& comm, int r) {
+  PointToPoint* p = comm.point_to_point();
+  if (p == nullptr || r < 0 || static_cast<size_t>(r) >= p->placement().size() || p->placement()[r].empty())
+    return "";
+  return " (" + p->placement()[static_cast<size_t>(r)] + ")";
+}
 
 // Everything one transfer knows. Three threads touch it:
 //   [call]    the calling thread (the one that owns the Comm: every phase, the chunk loop);
@@ -121,6 +147,7 @@ struct TransferState {
   std::optional<Error> local_err_;         // [call] this node's destination failed
   std::optional<Error> writer_err_;        // [writer]
   std::optional<Error> source_err_;        // [reader], then [call]: reading the input failed
+  int root_errno_ = 0;                     // [call] the errno of the last failure a root shared
   std::vector<uint64_t> reader_file_crc_;  // [reader] per segment
   std::vector<BufPtr> buffers_;            // [call] allocated by prepare(), handed to the copy
   // Seeding (StageOptions::seed_from_copies): data_root_ reads; seeded_ (the same on every
@@ -128,11 +155,22 @@ struct TransferState {
   int data_root_;
   bool seeded_ = false;
   std::vector<uint64_t> src_crc_;      // [call] per entry: the source's CRC (--pre-validate checksum)
-  std::vector<int64_t> copy_mtime_;    // [call] per entry: this node's copy's mtime when judged current
+  std::vector<FileMeta> copy_seen_;    // [call] per entry: this node's copy as judged (same_copy's fields)
   std::vector<FileMeta> seed_before_;  // [reader] the seed's copies' identities when opened
-  // Per entry, --pre-validate origin: the CRC this node's copy recorded when it was written
-  // (its origin), which a seed's bytes must read back to. [call]
+  // Per entry: the CRC this node's copy recorded when it was written (its origin), when the
+  // origin matches the source now, which a seed's bytes must read back to. [call]
   std::vector<std::optional<uint64_t>> copy_crc_;
+  std::vector<Proof> proof_;           // [call] per entry: what proves this node's copy (seeding)
+  std::optional<ChunkRecord> record_;  // [call] a single file: this node's copy's ChunkRecord, if it proves
+  ChunkProof chunk_proof_;             // [reader] a seed proving its chunks against record_
+  bool seed_proves_chunks_ = false;    // [call] the feeding seed proves every chunk (the same everywhere)
+  int64_t inode_only_ = 0;             // [call] copies whose origin matches the source but for its inode
+  // Fallback (refeed.cc): the feed failed on the seed's side (the same on every rank), the
+  // ranks whose feeds failed in this transfer, and the seeds tried. [call]
+  bool refeed_ = false;
+  std::vector<char> excluded_;
+  int seeds_tried_ = 0;
+  bool live_started_ = false;  // [call] LiveCopyReaders::started() was called for this node's copy
   // Bytes read: from the source (the source rank: pre-validation CRCs [call], then [reader])
   // and from a seed's copies ([reader]); every rank's after the outcome.
   uint64_t read_source_ = 0;
@@ -169,18 +207,20 @@ class Transfer : private TransferState {
   Status share_outcome();
 
   // plan.cc
-  Status share_root_status(std::optional<Error>& err, int root);
+  Status share_root_status(std::optional<Error>& err, int root, int64_t* how = nullptr);
   Result<Manifest> scan_source();
   void count_entries();
   Status share_manifest();
   Status share_source_crcs(std::vector<uint64_t>& crcs);
   void judge_entry(size_t i, int& swept);
+  Proof judge_proof(size_t i, const LocalState& ls, uint64_t local_crc);
+  [[nodiscard]] bool single_file_of_chunks() const;
   Status decide();
   Status choose_seed();
 
   // prepare.cc
   void check_space();
-  void allocate_buffers();
+  bool allocate_buffers();
   Status prepare();
 
   // copy.cc
@@ -222,14 +262,23 @@ class Transfer : private TransferState {
   Result<std::unique_ptr<SourceFile>> open_input(size_t entry);
   std::optional<Error> check_input_end(SourceFile& f, size_t entry, uint64_t crc) const;
   static std::optional<Error> check_end(SourceFile& f, const FileMeta& expect, const std::string& path,
-                                        const char* what);
+                                        bool seed_copy);
   std::optional<Error> recheck_source(const Layout& layout);
+  std::optional<Error> prove_chunk(Input& in, const Segment& seg, uint64_t i, const Buffer& buf,
+                                   uint64_t crc);
+  std::optional<Error> prove_unit(Input& in, const Segment& seg, uint64_t u);
+  [[nodiscard]] Error unproven(size_t entry, const std::string& what) const;
 
   // copy_writer.cc
   void writer_loop(const Layout& layout, BlockingQueue<BufPtr>& write_q, BlockingQueue<BufPtr>& free_q);
   void write_chunk(const Layout& layout, Buffer& buf, std::vector<uint64_t>& piece_crc,
                    Clock::time_point t_verify);
-  void finish_file(Txn& t, size_t entry);
+  void finish_file(Txn& t, size_t entry, const ChunkRecord* chunks = nullptr);
+
+  // refeed.cc
+  Status feed_again();
+  void rejoin_as_writer();
+  void reset_copy_state(bool rewind);
 
   // finish.cc
   void finish();

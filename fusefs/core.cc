@@ -517,7 +517,8 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
     // Only the version this open was decided on (its access check and its node id).
     struct stat now {};
     auto fd = open_regular_beneath(root_.get(), rel, now);
-    if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src))) {
+    if (fd &&
+        stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src), cfg_.source_version)) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
       return OpenFile{std::move(fd.value()), false, true, {}, {}};
@@ -575,7 +576,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
     struct stat now {};
     auto fd = open_regular_beneath(root_.get(), rel, now);
     if (!fd) return done(fd.error());
-    if (!stage::same_version(stage::meta_from_stat(now), version))
+    if (!stage::same_version(stage::meta_from_stat(now), version, cfg_.source_version))
       return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
     return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
   }
@@ -584,6 +585,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
   if (auto fd = checker_->open_trusted(rel, st, cst)) {
     ++counters_.cache_hits;
     cache_.touch(rel, fd->get(), &cst);
+    note_linked_copy(rel, st);
     return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
   }
   Ask ask;
@@ -626,6 +628,7 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     if (a.kind == CopyChecker::Answer::serve) {
       ++counters_.cache_hits;
       cache_.touch(rel, a.fd.get());
+      note_linked_copy(rel, src);
       return done(OpenFile{std::move(a.fd), true, false, {}, {}});
     }
   }
@@ -638,6 +641,12 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
   if (src.st_nlink > 1 && !ask.small && serve_from_other_name(rel, src, ask, done)) return;
   ++counters_.materializations;
   materialize_then_open(rel, src, ask, std::move(done));
+}
+
+void StageFsCore::note_linked_copy(const std::string& rel, const struct stat& src) {
+  if (src.st_nlink > 1 &&
+      !batch_eligible(src, std::string_view(rel).substr(rel.rfind('/') + 1), cfg_.small_file_size))
+    links_.served(LinkedCopies::key_of(src), rel);
 }
 
 bool StageFsCore::serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask,
@@ -714,7 +723,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
   auto on_live = [this, rel, src, shared](std::shared_ptr<LiveCopy> live) {
     post([this, rel, src, live = std::move(live), done = std::move(*shared)]() mutable {
       // The same version (the device number is this node's own on a network filesystem).
-      if (!stage::same_version(live->source(), stage::meta_from_stat(src))) {
+      if (!stage::same_version(live->source(), stage::meta_from_stat(src), cfg_.source_version)) {
         // The transfer copies a newer version than this open looked up.
         ++counters_.stale_opens;
         ++counters_.open_errors;
@@ -726,7 +735,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       if (cfg_.on_stall == StallPolicy::source) {  // the version being copied, for a stall
         struct stat now {};
         auto fd = open_regular_beneath(root_.get(), rel, now);
-        if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src)))
+        if (fd &&
+            stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src), cfg_.source_version))
           f.fd = std::move(fd.value());
       }
       done(std::move(f));
@@ -773,7 +783,8 @@ void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd
     if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
     // --on-stall source: the source, if it is still the version this handle opened.
     struct stat now {};
-    if (::fstat(source_fd, &now) != 0 || !stage::same_version(stage::meta_from_stat(now), live->source()))
+    if (::fstat(source_fd, &now) != 0 ||
+        !stage::same_version(stage::meta_from_stat(now), live->source(), cfg_.source_version))
       return stage::sys_error(EIO, "read after a stall (the source changed too)");
     if (live->first_fallback()) {
       ++counters_.source_fallbacks;

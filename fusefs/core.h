@@ -149,6 +149,9 @@ struct CoreConfig {
   // long from its first refusal, then fails with ENOSPC and a log line that names the cause.
   // The mount passes its stall timeout. 0: such an open fails at once.
   std::chrono::milliseconds space_wait{std::chrono::seconds(60)};
+  // What identifies a source version (--source-version): the rule every comparison of a
+  // source with a version seen elsewhere (a copy in progress, fed from another node) uses.
+  stage::SourceVersion source_version = stage::SourceVersion::full;
 };
 
 // Who asks (from the FUSE request). uid 0 is not checked.
@@ -326,6 +329,9 @@ class StageFsCore {
   // version: done is wrapped to record the copy and release the waiting names, and
   // ask.live_ok is cleared.
   bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
+  // A trusted copy of rel found in the cache was served: other names of a file with several
+  // links are then served from it too (LinkedCopies::served), not copied again.
+  void note_linked_copy(const std::string& rel, const struct stat& src);
   LinkedCopies links_;
 
   struct Node {

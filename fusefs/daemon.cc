@@ -187,6 +187,7 @@ std::string Daemon::open_cache(const std::string& cache_as_given) {
                                std::chrono::milliseconds(std::llround(cfg_.sync_after * 1000)));
   if (!cache) return cache.error().message;
   cache_ = std::move(cache.value());
+  cache_->set_source_version(cfg_.source_version);
   if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
       spdlog::warn("cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
@@ -253,6 +254,7 @@ GroupConfig Daemon::group_config() {
     return shutting_down_;
   };
   g.bcast.chunk_size = cfg_.chunk_size;
+  g.bcast.source_version = cfg_.source_version;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
   g.bcast.pipeline.segment = cfg_.bcast_segment;     // rank 0's (Daemon::run)
@@ -267,6 +269,7 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
+  core_cfg.source_version = cfg_.source_version;
   core_cfg.read_during_copy = cfg_.read_during_copy;
   core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
@@ -322,6 +325,7 @@ MountStatus Daemon::status() const {
   s.bytes_from_source = g.bytes_from_source;
   s.bytes_from_seeds = g.bytes_from_seeds;
   s.seeded_here = g.seeded_here;
+  s.feed_retries = g.feed_retries;
   s.transfer_failures = g.failures;
   s.requests = g.requests_sent;
   s.waiting = g.waiting;

@@ -52,6 +52,8 @@ struct DaemonConfig {
   // leave that read to the disk (bench/README.md).
   bool direct_io = false;
   Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
+  // --source-version: what identifies a source version (the cache's validity rule, seeds).
+  stage::SourceVersion source_version = stage::SourceVersion::full;
   // --small-file-size: files of at most this many bytes are staged with every other small
   // file of their directory in one transfer (0: every file alone).
   uint64_t small_file_size = stage::kMiB;  // at most kMaxSmallFileSize

@@ -272,20 +272,25 @@ stage::StageOptions GroupService::transfer_options() const {
   opt.root = 0;
   opt.seed_from_copies = cfg_.seed_from_copies;
   opt.cancelled = cfg_.cancelled;
+  opt.source_version = cfg_.bcast.source_version;
   return opt;
 }
 
 void GroupService::count_reads_locked(const stage::StageReport& r) {
   stats_.bytes_from_source += r.bytes_read_source;
   stats_.bytes_from_seeds += r.bytes_read_seed;
+  stats_.feed_retries += static_cast<uint64_t>(r.feed_retries);
   if (r.ok && r.fed_from_copy && r.fed_by == data_.rank()) ++stats_.seeded_here;
 }
 
 std::string GroupService::fed_by(const stage::StageReport& r) const {
   if (r.fed_by < 0) return "";
-  if (!r.fed_from_copy) return ", fed by the source";
+  const std::string again =
+      r.feed_retries > 0 ? " (after " + std::to_string(r.feed_retries) + " failed feed(s) from other caches)"
+                         : "";
+  if (!r.fed_from_copy) return ", fed by the source" + again;
   return ", fed by rank " + std::to_string(r.fed_by) + "'s cache" +
-         (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string());
+         (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string()) + again;
 }
 
 GroupService::Ran GroupService::run_transfer(const Message& a) {
@@ -354,9 +359,12 @@ GroupService::Ran GroupService::run_transfer(const Message& a) {
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("materialize {} failed: {}", a.path, why);
-    // This node's own cause (ENOSPC in its cache...) is what its opens report.
+    // This node's own cause (ENOSPC in its cache...), else the source's (its errno), is what
+    // its opens report.
     complete(Key{MsgType::materialize, a.path},
-             stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
+             stage::Error{report.local_error    ? report.local_error
+                          : report.source_error ? report.source_error
+                                                : stage::make_error_code(stage::Errc::peer_failed),
                           why});
   }
   return Ran{!report.comm_broken, transfer_cost(report.bytes_streamed, report.chunks, report.files)};
@@ -451,6 +459,7 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
     r.chunks += report.chunks;
     reads.bytes_read_source += report.bytes_read_source;
     reads.bytes_read_seed += report.bytes_read_seed;
+    reads.feed_retries += report.feed_retries;
     reads.fed_from_copy = report.fed_from_copy;  // the last run's feeder
     reads.fed_by = report.fed_by;
     r.published.insert(r.published.end(), report.published.begin(), report.published.end());

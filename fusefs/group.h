@@ -141,6 +141,9 @@ struct GroupStats {
   // its own cache that succeeded.
   uint64_t bytes_from_source = 0, bytes_from_seeds = 0;
   uint64_t seeded_here = 0;
+  // Feeds that failed on a seed's side and were replaced by another seed or the source within
+  // the same transfer (every node counts each one; the opens saw no error).
+  uint64_t feed_retries = 0;
   uint64_t failures = 0;
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)

@@ -79,6 +79,13 @@ void LiveCopy::take_wanted(std::vector<uint64_t>& out) {
   wants_.clear();
 }
 
+void LiveCopy::restarted() {
+  std::lock_guard lk(m_);
+  for (size_t c = 0; c < asked_.size(); ++c)
+    if (state_[c] == kMissing) asked_[c] = 0;
+  for (const Pending& p : pending_) want_locked(p.off, p.end);
+}
+
 void LiveCopy::end(bool ok, std::error_code why) {
   std::vector<Ready> failed;
   {

@@ -9,6 +9,8 @@
 //   - waiting: the range's missing chunks are asked for (take_wanted: the source rank sends
 //     wanted chunks next, so a reader of the end of a 50 GB image does not wait for the
 //     middle) and `ready` is called once they are written, or once the transfer failed,
+//   - fed again: the seed feeding the transfer failed and another feeder takes over
+//     (restarted): written chunks stay, the waiting reads ask their chunks of the new feeder;
 //   - failed: the transfer failed; nothing is published and the descriptor is closed at
 //     once, so the failed copy's disk space is freed even while handles stay open (else a
 //     user who can change a source file could pin one unlinked, almost complete copy per
@@ -53,6 +55,9 @@ class LiveCopy final : public stage::LiveCopyReaders {
                const stage::Txn& txn) override;
   void chunk_written(uint64_t index, bool zero) override;
   void take_wanted(std::vector<uint64_t>& out) override;
+  // The transfer is fed again (its seed failed): what readers wait for is wanted again from
+  // the new feeder; what is written stays (the same bytes).
+  void restarted() override;
 
   // The transfer ended on this node; ok: it published the copy. Otherwise waiting reads get
   // `why` (EIO; the group's stall error when the transfer stalled: the core may then read the

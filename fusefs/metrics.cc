@@ -50,6 +50,10 @@ struct MetricsFile::Impl {
     read_source = with_from("source");
     read_seed = with_from("seed");
     seeded_here = &counter("stagefs_seeded_transfers_total", "Transfers this node fed from its own cache");
+    feed_retries =
+        &counter("stagefs_feed_retries_total",
+                 "Feeds that failed on a seed's side (its copy changed, unreadable or not its recorded "
+                 "CRCs) and were replaced within the same transfer by another seed or the source");
     evictions = &counter("stagefs_evictions_total", "Copies evicted from the cache");
     evicted_bytes = &counter("stagefs_evicted_bytes_total", "Bytes of copies evicted from the cache");
     prefetches = &counter("stagefs_prefetches_total", "stagectl prefetch requests");
@@ -97,6 +101,7 @@ struct MetricsFile::Impl {
     feed(read_source, s.bytes_from_source, last.bytes_from_source);
     feed(read_seed, s.bytes_from_seeds, last.bytes_from_seeds);
     feed(seeded_here, s.seeded_here, last.seeded_here);
+    feed(feed_retries, s.feed_retries, last.feed_retries);
     feed(evictions, s.cache.evictions, last.cache.evictions);
     feed(evicted_bytes, s.cache.evicted_bytes, last.cache.evicted_bytes);
     feed(prefetches, s.prefetches, last.prefetches);
@@ -118,7 +123,7 @@ struct MetricsFile::Impl {
   std::shared_ptr<pm::Registry> registry;
   pm::Labels labels;
   pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *read_source, *read_seed,
-      *seeded_here, *evictions, *evicted_bytes, *prefetches;
+      *seeded_here, *feed_retries, *evictions, *evicted_bytes, *prefetches;
   std::map<std::string, pm::Counter*> err;
   pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *in_flight_done,
       *in_flight_size, *up;

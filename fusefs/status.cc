@@ -57,6 +57,7 @@ std::string to_json(const MountStatus& s) {
   j["bytes_from_source"] = s.bytes_from_source;
   j["bytes_from_seeds"] = s.bytes_from_seeds;
   j["seeded_here"] = s.seeded_here;
+  j["feed_retries"] = s.feed_retries;
   j["transfer_failures"] = s.transfer_failures;
   j["requests"] = s.requests;
   j["waiting"] = s.waiting;

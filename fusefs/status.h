@@ -26,6 +26,8 @@ struct MountStatus {
   // where the transfers' bytes were read: the shared source, or a node's cached copy (a
   // seed); transfers this node's cache fed
   uint64_t bytes_from_source = 0, bytes_from_seeds = 0, seeded_here = 0;
+  // feeds that failed on a seed's side and were replaced within their transfer (no open saw it)
+  uint64_t feed_retries = 0;
   uint64_t waiting = 0;
   // reads before the copy ends: opens answered during their copy; reads of theirs that waited
   // for chunks; chunks this node asked the source to send first

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bcast/chunk.h"
+#include "bcast/manifest.h"
 #include "bcast/pipeline.h"
 
 namespace stagetools {
@@ -82,5 +83,16 @@ inline std::vector<std::pair<std::string, stage::BcastAlgorithm>> bcast_algorith
     words.emplace_back(stage::to_string(a), a);
   return words;
 }
+
+// --source-version, for both tools: what identifies a version of a source file.
+inline std::vector<std::pair<std::string, stage::SourceVersion>> source_versions() {
+  return {{"full", stage::SourceVersion::full}, {"no-inode", stage::SourceVersion::no_inode}};
+}
+inline const char* const kSourceVersionHelp =
+    "what identifies a version of a source file, for reusing a node's copy made by an earlier run: "
+    "full (size, mtime, ctime and inode number), no-inode (size, mtime and ctime: for a source "
+    "whose inode numbers change between mounts or nodes, e.g. a FUSE filesystem without use_ino or "
+    "an object-store mount; two different files with the same size, mtime and ctime are then taken "
+    "for one). Every rank must be given the same";
 
 }  // namespace stagetools

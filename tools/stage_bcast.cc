@@ -48,16 +48,21 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
       {"size", Validate::size}, {"checksum", Validate::checksum}, {"none", Validate::none}};
   add_choice(app, "--pre-validate", opt.pre, validations,
              "when a node's existing copy counts as current: size (size and mtime match), "
-             "checksum (CRC-64 matches), none (always copy)");
+             "checksum (CRC-64 matches), none (always copy). A copy feeds other nodes only if it is "
+             "proven to be the source's current version: one stage-bcast wrote whose recorded origin "
+             "matches the source now, or one checked by checksum");
+  add_choice(app, "--source-version", opt.source_version, stagetools::source_versions(),
+             stagetools::kSourceVersionHelp);
   add_choice(app, "--post-validate", opt.post, validations,
              "after writing: size, checksum (re-read each copy from disk and compare with the "
              "source's CRC), or none");
   app.add_flag("--overwrite", opt.overwrite, "copy even where a current copy exists");
   CLI::Option* source_rank =
       app.add_option("--source-rank", opt.root,
-                     "rank that reads the source. Without it, when some node already holds a current copy "
-                     "(by --pre-validate) of every file a node needs, that node's rank reads its own copy "
-                     "and feeds the others (a seed), and the source is read for metadata only")
+                     "rank that reads the source. Without it, when some node already holds a proven current "
+                     "copy (see --pre-validate) of every file a node needs, that node's rank reads its own "
+                     "copy and feeds the others (a seed), and the source is read for metadata only; a seed "
+                     "that fails mid-way is replaced by another, or by the source")
           ->capture_default_str();
   stagetools::add_size(app, "--chunk-size", opt.chunk_size,
                        "broadcast chunk, 4K..1G (K, M, G suffixes); every rank uses the source rank's",

@@ -128,7 +128,9 @@ void add_options(CLI::App& app, Cli& cli) {
   add_choice(app, "--verify-cache", cfg.verify, {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
              "crc: before a copy found in the cache (made by an earlier mount) is first served, "
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "
-             "and copied again. none: trust size, mtime, ctime and inode");
+             "and copied again. none: trust its recorded origin (--source-version)");
+  add_choice(app, "--source-version", cfg.source_version, stagetools::source_versions(),
+             stagetools::kSourceVersionHelp);
   app.add_option_function<std::string>(
       "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
       "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "

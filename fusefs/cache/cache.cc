@@ -179,6 +179,9 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
   LimitedStore(NodeCache& c, stage::LocalStore& base) : c_(c), base_(base) {}
   Result<stage::LocalState> inspect(const std::string& p) override { return base_.inspect(p); }
   Result<uint64_t> checksum(const std::string& p) override { return base_.checksum(p); }
+  Result<std::optional<stage::CopyRecord>> chunk_record(const std::string& p) override {
+    return base_.chunk_record(p);
+  }
   // A copy that seeds a transfer: resolved beneath the cache's data directory, a regular file
   // this daemon wrote (owned by us, one link, as open_current() requires), pinned while the
   // engine holds it (never evicted mid-read; an evicted copy would still read through the
@@ -603,9 +606,20 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
       it->second.origin_ctime_ns = ctime;
     }
   }
+  const stage::FileMeta meta = stage::meta_from_stat(src);
+  const int64_t mtime = stage::to_ns(st.st_mtim);
   if (static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(src.st_size) || !origin ||
-      !stage::origin_matches(*origin, stage::to_ns(st.st_mtim), stage::meta_from_stat(src)))
+      !stage::origin_matches(*origin, mtime, meta, rule_)) {
+    if (origin && stage::origin_matches(*origin, mtime, meta, stage::SourceVersion::no_inode) &&
+        !told_inode_only_.exchange(true))
+      spdlog::warn(
+          "{}: the cached copy of {} records the source's size, mtime and ctime but inode {} (the "
+          "source's is now {}): it is copied again. If the source's inode numbers are not stable "
+          "across mounts or nodes (a FUSE filesystem without use_ino, an object-store mount), "
+          "--source-version no-inode keeps such copies (see the admin guide); said once per mount",
+          stage::host_name(), rel, origin->source.ino, meta.ino);
     return stage::stage_error(stage::Errc::source_changed, "cached copy is not current", rel);
+  }
   if (copy_st != nullptr) *copy_st = st;
   return std::move(fd.value());
 }

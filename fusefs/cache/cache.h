@@ -20,7 +20,9 @@
 //     alive(): opens of uncached files then fail with a message; nothing is recreated.
 //   - open_current() is the validity rule: the copy at rel (resolved beneath data_fd, no
 //     symlinks) is a regular file owned by us with one link whose recorded origin matches the
-//     source's size, mtime, ctime and inode.
+//     source's version (size, mtime, ctime and, unless set_source_version(no_inode), inode).
+//     A copy that matches on everything but the inode is logged once per mount: the source's
+//     inode numbers may not be stable (--source-version).
 //   - The index: every copy with its allocated bytes and last use (the copy's
 //     atime, set on each hit, so the order survives restarts), and pins (files open on
 //     this node or being written). make_room() evicts least recently used, unpinned copies
@@ -133,6 +135,9 @@ class NodeCache {
   // (device and inode): a copy published at rel since then is left alone.
   void remove(const std::string& rel, const struct stat& copy);
 
+  // What identifies a source version in the validity rule (set once, before use).
+  void set_source_version(stage::SourceVersion rule) { rule_ = rule; }
+
   // ---- index, capacity, pins
   void set_limit(uint64_t bytes) { std::lock_guard lk(m_); limit_ = bytes; }
   [[nodiscard]] CacheUsage usage() const;
@@ -226,7 +231,9 @@ class NodeCache {
   stage::Fd lock_;
   struct stat data_st_ {};
   mutable std::atomic<uint64_t> origin_reads_{0};
-  uid_t euid_ = ::geteuid();  // the daemon's user: the owner of every copy it wrote
+  stage::SourceVersion rule_ = stage::SourceVersion::full;
+  mutable std::atomic<bool> told_inode_only_{false};  // the inode warning, once per mount
+  uid_t euid_ = ::geteuid();                          // the daemon's user: the owner of every copy it wrote
   SweepCounts swept_;
   RecoveryCounts recovered_;
   std::unique_ptr<UnsyncedLog> unsynced_;  // last: stopped (and flushed) before the fds close

@@ -36,4 +36,9 @@ std::vector<std::function<void()>> LinkedCopies::materialized(const Key& key, co
   return {};
 }
 
+void LinkedCopies::served(const Key& key, const std::string& rel) {
+  std::lock_guard lk(m_);
+  if (!inflight_.contains(key)) copy_.try_emplace(key, rel);
+}
+
 }  // namespace stagefs

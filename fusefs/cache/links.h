@@ -5,9 +5,10 @@
 // then reads the first name's copy (pinned as that name's). The cache keeps one copy per
 // name it made (a copy with two links would look planted to its ownership rule), so a name
 // is copied on its own only when no copy of the same version was made in this mount.
-// Records, per version: the name whose copy was made here, and the name being materialized
-// with the opens of other names waiting for it. Whether a recorded copy is still usable is
-// the caller's to check (CopyChecker::open_verified); it forgets one that is not.
+// Records, per version: the name whose copy was made here (or found, trusted and served), and
+// the name being materialized with the opens of other names waiting for it. Whether a recorded
+// copy is still usable is the caller's to check (CopyChecker::open_verified); it forgets one
+// that is not.
 // Thread-safe (one lock, innermost: nothing is called under it but `make_waiter`).
 #pragma once
 
@@ -46,6 +47,10 @@ class LinkedCopies {
   // rel's materialization of the version ended (made: a whole copy is in the cache). Returns
   // the waiting opens of other names, to run.
   std::vector<std::function<void()>> materialized(const Key& key, const std::string& rel, bool made);
+  // rel's copy of the version, found in the cache and trusted (an earlier mount's, or one
+  // its checker read back), was served: other names of the version may use it too, unless
+  // a copy is recorded already or one is being made.
+  void served(const Key& key, const std::string& rel);
 
  private:
   struct Inflight {

@@ -779,9 +779,12 @@ class StageBcastTest(unittest.TestCase):
         src = self.make_source("img.bin", size)
         args = ["--source", src, "--dest", self.dest_pattern(), "--chunk-size", "256K"]
         warm = (1, 2)
-        for k in warm:  # a current copy: the source's bytes and mtime
-            os.makedirs(os.path.dirname(self.dest(k)))
-            shutil.copy2(src, self.dest(k))
+        # Current copies an earlier stage-bcast left (with their recorded origin and chunk CRCs):
+        # only such a copy feeds other nodes.
+        self.stage_ok(args)
+        for k in range(NP):
+            if k not in warm:
+                os.unlink(self.dest(k))
         before = {k: identity(self.dest(k)) for k in warm}
         rep = self.traced_stage(args, os.path.join(self.work, "trace1"))
         self.assertEqual((rep["fed_by_rank"], rep["fed_from"]), (1, "seed"), rep)
@@ -859,6 +862,58 @@ class StageBcastTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2)
         for k in range(NP):
             self.assert_copy(src, self.dest(k))
+
+    # ---- 17. a same-size, same-mtime file of unknown origin is present, never a seed --------
+    def test_17_unknown_origin_file_is_not_a_seed(self):
+        if NP < 2:
+            self.skipTest("needs a node with the file and one without")
+        size = 2 * MiB + 5
+        src = self.make_source("img.bin", size)
+        st = os.stat(src)
+        # Node 1 holds other bytes with the source's size and mtime (bit rot, a rebuild with a
+        # fixed mtime): --pre-validate size takes it as present there, as mpi-stage would.
+        os.makedirs(os.path.dirname(self.dest(1)))
+        write_random(self.dest(1), size, mtime_ns=st.st_mtime_ns, rng=random.Random(15))
+        other = file_digest(self.dest(1))
+        rep = self.stage_ok(["--source", src, "--dest", self.dest_pattern(), "--chunk-size", "256K",
+                             "--post-validate", "checksum"])
+        self.assertEqual((rep["fed_by_rank"], rep["fed_from"]), (0, "source"), rep)
+        self.assertEqual((rep["bytes_read_source"], rep["bytes_read_seed"]), (size, 0), rep)
+        self.assertEqual(rep["nodes_written"], NP - 1, rep)
+        for k in range(NP):
+            if k != 1:
+                self.assert_copy(src, self.dest(k))
+        self.assertEqual(file_digest(self.dest(1)), other, "node 1's file was rewritten (or fed others)")
+        self.assert_no_temps()
+
+    # ---- 18. a seed whose copy rotted is replaced by the source within the run --------------
+    def test_18_rotten_seed_falls_back_to_the_source(self):
+        if NP < 2:
+            self.skipTest("needs a seed and a node to feed")
+        size = 3 * MiB + 99
+        src = self.make_source("img.bin", size)
+        args = ["--source", src, "--dest", self.dest_pattern(), "--chunk-size", "256K"]
+        self.stage_ok(args)
+        # Node 1's copy loses a bit on its disk, its metadata unchanged: still current by its
+        # origin, but its bytes do not read back to the CRCs it recorded.
+        st = os.stat(self.dest(1))
+        with open(self.dest(1), "r+b") as f:
+            f.seek(size // 2)
+            b = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([b[0] ^ 0x20]))
+        os.utime(self.dest(1), ns=(st.st_atime_ns, st.st_mtime_ns))
+        for k in range(NP):
+            if k != 1:
+                os.unlink(self.dest(k))
+        rep = self.stage_ok(args)
+        self.assertEqual(rep["feed_retries"], 1, rep)
+        self.assertEqual((rep["fed_by_rank"], rep["fed_from"]), (0, "source"), rep)
+        self.assertEqual(len(rep["feed_failures"]), 1, rep)
+        self.assertEqual(rep["errors"], [], rep)
+        for k in range(NP):  # node 1 included: its copy is written anew
+            self.assert_copy(src, self.dest(k))
+        self.assert_no_temps()
 
 
 def main():

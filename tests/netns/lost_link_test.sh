@@ -311,6 +311,12 @@ lost_link_run() {  # POLICY (eio|source) [seed]
     fi
   done
 
+  if [[ $SEEDED == yes ]]; then
+    # the messages say which node was lost: the seed's rank and host
+    named_seed() { grep -qs "rank $((CUT - 1)) (node$CUT)" "$ROOT"/nodes/node[1-$((N - 1))]/tmp/stagefs.log; }
+    wait_until 20 named_seed && pass "$name: the logs of the other nodes name the lost seed (rank $((CUT - 1)), node$CUT)" ||
+      fail "$name: no log of nodes 1-$((N - 1)) names the lost seed as rank $((CUT - 1)) (node$CUT)"
+  fi
   # a later open on a broken group does not wait for another stall timeout
   t0=$(now_us)
   out=$(timeout $((STALL * 4)) "$H" exec 2 "$PY" "$NSUTIL" read "$MNT/$FILE" 2>&1)

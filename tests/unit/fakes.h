@@ -77,6 +77,9 @@ class FaultStore final : public LocalStore {
   explicit FaultStore(StoreFaults& f) : f_(f) {}
   Result<LocalState> inspect(const std::string& p) override { return real_.inspect(p); }
   Result<uint64_t> checksum(const std::string& p) override { return real_.checksum(p); }
+  Result<std::optional<CopyRecord>> chunk_record(const std::string& p) override {
+    return real_.chunk_record(p);
+  }
   Result<std::unique_ptr<SourceFile>> open_copy(const std::string& p) override {
     auto inner = real_.open_copy(p);
     if (!inner || f_.copy == nullptr) return inner;
@@ -111,7 +114,10 @@ class FaultStore final : public LocalStore {
       f_.written += d.size();
       return in_->write(off, d);
     }
-    Status finish(const FileMeta& m, uint64_t crc) override { return in_->finish(m, crc); }
+    Status finish(const FileMeta& m, uint64_t crc, const ChunkRecord* chunks) override {
+      return in_->finish(m, crc, chunks);
+    }
+    Status rewind() override { return in_->rewind(); }
     Status sync() override { return in_->sync(); }
     Result<uint64_t> crc_on_disk() override { return in_->crc_on_disk(); }
     Result<uint64_t> size_on_disk() override { return in_->size_on_disk(); }

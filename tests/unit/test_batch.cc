@@ -724,7 +724,10 @@ class CountingStore final : public stage::LocalStore {
    public:
     CountingTxn(std::unique_ptr<stage::Txn> in, CountingStore& s) : in_(std::move(in)), s_(s) {}
     stage::Status write(uint64_t off, std::span<const std::byte> d) override { return in_->write(off, d); }
-    stage::Status finish(const stage::FileMeta& m, uint64_t crc) override { return in_->finish(m, crc); }
+    stage::Status finish(const stage::FileMeta& m, uint64_t crc, const stage::ChunkRecord* chunks) override {
+      return in_->finish(m, crc, chunks);
+    }
+    stage::Status rewind() override { return in_->rewind(); }
     stage::Status sync() override {
       ++s_.fsyncs;
       return in_->sync();

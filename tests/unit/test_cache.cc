@@ -168,7 +168,7 @@ TEST_F(NodeCacheTest, ServesOnlyCurrentCopiesItWroteAndNoticesRemoval) {
   ASSERT_TRUE(txn);
   const std::string data = "hello world";
   ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
-  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0, nullptr));
   ASSERT_TRUE((*txn)->commit());
   EXPECT_TRUE((*c)->open_current("d/f", src));
   struct stat other = src;
@@ -194,7 +194,7 @@ void put(NodeCache& c, const std::string& rel, size_t bytes) {
   ASSERT_TRUE(txn);
   const std::string data(bytes, 'x');
   ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
-  ASSERT_TRUE((*txn)->finish(stage::FileMeta{bytes, 1, 1, 1, 1, 0644}, 0));
+  ASSERT_TRUE((*txn)->finish(stage::FileMeta{bytes, 1, 1, 1, 1, 0644}, 0, nullptr));
   ASSERT_TRUE((*txn)->commit());
   c.added(rel);
 }
@@ -219,7 +219,7 @@ TEST_F(NodeCacheTest, BatchLookupsAgreeWithTheOneFileCalls) {
   ASSERT_TRUE(txn);
   const std::string data(100, 'x');
   ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
-  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0, nullptr));
   ASSERT_TRUE((*txn)->commit());
   put(cache, "d/g", 4096);  // indexed
   EXPECT_TRUE(cache.has_dir("d"));
@@ -312,7 +312,7 @@ void put_from_earlier_mount(NodeCache& c, const std::string& name, const std::st
   auto txn = c.store().begin(dest);
   ASSERT_TRUE(txn);
   ASSERT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
-  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), crc));
+  ASSERT_TRUE((*txn)->finish(stage::meta_from_stat(src), crc, nullptr));
   ASSERT_TRUE((*txn)->commit());
 }
 
@@ -477,7 +477,7 @@ TEST_F(NodeCacheTest, AWarmOpenReadsTheOriginOnceUntilTheCopyIsReplaced) {
     auto txn = cache.store().begin(dest);
     EXPECT_TRUE(txn);
     EXPECT_TRUE((*txn)->write(0, std::as_bytes(std::span(data.data(), data.size()))));
-    EXPECT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0));
+    EXPECT_TRUE((*txn)->finish(stage::meta_from_stat(src), 0, nullptr));
     EXPECT_TRUE((*txn)->commit());
     cache.added("d/f");
     return src;

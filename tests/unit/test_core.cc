@@ -288,9 +288,9 @@ TEST(Layout, HolesAreSkippedAndTheFilesCrcKeepsThem) {
 TEST(Decision, PreValidation) {
   const FileMeta src{100, 5, 6, 7, 8, 0644};
   LocalState missing;
-  LocalState same{true, true, false, 100, 5, {}, {}};
-  LocalState stale_mtime{true, true, false, 100, 4, {}, {}};
-  LocalState other_size{true, true, false, 99, 5, {}, {}};
+  LocalState same{true, true, false, 100, 5, 0, 0, {}, {}};
+  LocalState stale_mtime{true, true, false, 100, 4, 0, 0, {}, {}};
+  LocalState other_size{true, true, false, 99, 5, 0, 0, {}, {}};
   EXPECT_TRUE(needs_copy(missing, src, Validate::size, false, 0, 0));
   EXPECT_FALSE(needs_copy(same, src, Validate::size, false, 0, 0));
   EXPECT_TRUE(needs_copy(stale_mtime, src, Validate::size, false, 0, 0));  // same size, changed

@@ -161,6 +161,37 @@ TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {
   EXPECT_EQ(group.state(), GroupState::shut_down);
 }
 
+// A file with two names whose copy an earlier mount left under one name: the next mount
+// serves that copy (read back for its CRC once) and then the other name from it, with no
+// transfer at all (in a job where other nodes lack it, that name would otherwise be copied
+// from the source).
+TEST_F(GroupTest, TheOtherNameOfAFileWhoseCopyAnEarlierMountLeftCostsNoTransfer) {
+  const std::string data = random_bytes(300000, 3);
+  write_file(path("src/dir/big"), data);
+  ASSERT_EQ(::link(path("src/dir/big").c_str(), path("src/dir/big2").c_str()), 0);
+  for (int mount_no = 0; mount_no < 2; ++mount_no) {
+    SCOPED_TRACE(mount_no == 0 ? "first mount" : "second mount");
+    Mount m(*this, config());
+    auto c = core(StallPolicy::eio, m.group);
+    ASSERT_TRUE(c);
+    auto dir = c->lookup(StageFsCore::kRootId, "dir");
+    ASSERT_TRUE(dir);
+    for (const char* name : {"big", "big2"}) {
+      auto node = c->lookup(dir->first, name);
+      ASSERT_TRUE(node);
+      auto f = c->open(node->first, O_RDONLY);
+      ASSERT_TRUE(f) << name << ": " << f.error().message;
+      std::string got(data.size() + 1, '\0');
+      got.resize(static_cast<size_t>(std::max<ssize_t>(0, ::pread(f->fd.get(), got.data(), got.size(), 0))));
+      EXPECT_TRUE(got == data) << name;
+      c->release(f->pinned);
+    }
+    EXPECT_EQ(m.group.stats().transfers, mount_no == 0 ? 1U : 0U);
+    c->stop();
+  }
+  EXPECT_FALSE(fs::exists(path("cache/data/dir/big2"))) << "the second name was copied";
+}
+
 // stagectl's requests run without a mount: the attribute names parse to requests, a
 // prefetch answers once the copy is in the cache, an evict removes it, others are refused;
 // whether a copy is cached is answered to who may read the file only.

@@ -401,7 +401,7 @@ TEST(ChunkStreamTest, ASlowChildGetsAtMostFourChunksAhead) {
   });
   root.join();
   ASSERT_FALSE(root_status);
-  EXPECT_NE(root_status.error().message.find("rank 1 to take chunk 0"), std::string::npos)
+  EXPECT_NE(root_status.error().message.find("rank 1 (node1) to take chunk 0"), std::string::npos)
       << root_status.error().message;
   EXPECT_EQ(net.bytes_sent(0), 4 * 4096 + 10 * sizeof(ChunkHeader));
 }

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "bcast/buffer.h"
+#include "bcast/crc.h"
 #include "bcast/engine.h"
 #include "bcast/fd.h"
 #include "tmpdir.h"
@@ -82,7 +84,7 @@ class StoreTest : public TmpDirTest {
     m.size = data.size();
     m.mode = 0644;
     m.mtime_ns = 1'000'000'000;
-    EXPECT_TRUE((*txn)->finish(m, 0));
+    EXPECT_TRUE((*txn)->finish(m, 0, nullptr));
     EXPECT_TRUE((*txn)->sync());
     EXPECT_TRUE((*txn)->commit());
     return dest;
@@ -187,6 +189,78 @@ long smaps_field(const void* p, const std::string& field) {
       return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
   }
   return -1;
+}
+
+// A copy's chunk record: one CRC per chunk, coarser power-of-two units past kMaxRecordUnits
+// chunks (so that it fits one xattr block), and it proves only streams whose chunk size and
+// its unit divide one another, of this size and whole-file CRC.
+TEST(ChunkRecordTest, CoarserUnitsPastTheLimitAndProofsOnlyForDividingChunkSizes) {
+  const uint64_t chunk = 4096;
+  const std::string data = [] {
+    std::string d(1000 * 4096 + 123, '\0');
+    for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<char>(i * 2654435761U >> 24);
+    return d;
+  }();
+  std::vector<uint64_t> chunk_crcs;
+  for (uint64_t off = 0; off < data.size(); off += chunk)
+    chunk_crcs.push_back(crc64(std::as_bytes(std::span(data.data() + off, std::min<uint64_t>(chunk, data.size() - off)))));
+  const uint64_t whole = crc64(std::as_bytes(std::span(data.data(), data.size())));
+  const ChunkRecord r = make_chunk_record(chunk_crcs, chunk, data.size());
+  EXPECT_EQ(r.unit, 4 * chunk);  // 1001 chunks: 251 units of 4 chunks
+  EXPECT_LE(r.crcs.size(), kMaxRecordUnits);
+  EXPECT_LE(encode_chunk_record(r).size(), 3200U);
+  auto back = decode_chunk_record(encode_chunk_record(r));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->unit, r.unit);
+  EXPECT_EQ(back->crcs, r.crcs);
+  EXPECT_TRUE(r.proves(chunk, data.size(), whole));
+  EXPECT_TRUE(r.proves(16 * chunk, data.size(), whole));
+  EXPECT_FALSE(r.proves(3 * chunk, data.size(), whole)) << "neither divides the other";
+  EXPECT_FALSE(r.proves(chunk, data.size(), whole ^ 1)) << "a record of other bytes";
+  EXPECT_FALSE(r.proves(chunk, data.size() + 1, whole)) << "a record of another size";
+  EXPECT_FALSE(decode_chunk_record(encode_chunk_record(r).substr(0, 100)));
+}
+
+// A temporary copy finished (its mode the source's, read-only here) and then written again,
+// as a transfer fed again after a failed seed does, by a writer that is not root: it can be
+// emptied and written again, and its chunk record is what it recorded last.
+TEST_F(StoreTest, AFinishedCopyCanBeWrittenAgainByAWriterThatIsNotRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  const std::string dir = path("user");
+  ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0);  // nobody may pass through the test's directory
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the child: nobody, writing a copy of a 0444 source twice
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+    PosixStore store;
+    auto txn = store.begin(dir + "/copy");
+    if (!txn) ::_exit(3);
+    FileMeta m{8192, 1'000'000'000, 1, 1, 1, 0444};
+    const std::string a(8192, 'a'), b(8192, 'b');
+    const std::vector<uint64_t> crcs{crc64(std::as_bytes(std::span(b.data(), 4096))),
+                                     crc64(std::as_bytes(std::span(b.data(), 4096)))};
+    const ChunkRecord rec = make_chunk_record(crcs, 4096, 8192);
+    if (auto st = (*txn)->write(0, std::as_bytes(std::span(a))); !st) ::_exit(4);
+    if (auto st = (*txn)->finish(m, 0, nullptr); !st) {
+      std::fprintf(stderr, "%s\n", st.error().message.c_str());
+      ::_exit(9);
+    }
+    if (!(*txn)->rewind()) ::_exit(5);
+    if (!(*txn)->write(0, std::as_bytes(std::span(b))) || !(*txn)->finish(m, 0, &rec)) ::_exit(6);
+    if (!(*txn)->commit()) ::_exit(7);
+    auto got = store.chunk_record(dir + "/copy");
+    ::_exit(got && *got && (*got)->chunks.crcs == rec.crcs ? 0 : 8);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed (see the child's exit codes)";
+  EXPECT_TRUE(read_file(dir + "/copy") == std::string(8192, 'b'));
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/copy").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0444U);
 }
 
 TEST(ChunkBuffer, AlignedForDirectIoAndHugePages) {
