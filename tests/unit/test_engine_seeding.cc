@@ -362,6 +362,57 @@ TEST_F(SeedingTest, ReadsDuringTheCopyNeverGetAByteOfACorruptedSeed) {
   copy_faults_.corrupt_at = -1;
 }
 
+// A sparse file's copy, written by a transfer read during the copy, records its chunks by chunk
+// of the file (a chunk in a hole: its zeros). The next transfer is fed by that copy, which
+// proves each chunk of data it sends, the holes skipped; a bit flipped on its disk after the
+// hole is caught before any reader gets it, and the source feeds instead.
+TEST_F(SeedingTest, ASparseCopysChunkRecordProvesTheDataAroundItsHoles) {
+  constexpr uint64_t kChunks = 24;
+  const std::string head = random_bytes(3 * kChunk, 21), tail = random_bytes(4 * kChunk + 77, 22);
+  {
+    const int fd = ::open(path("src.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+    const off_t at = static_cast<off_t>((kChunks - 4) * kChunk);
+    ASSERT_EQ(::pwrite(fd, tail.data(), tail.size(), at), static_cast<ssize_t>(tail.size()));
+    ::close(fd);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path("src.bin").c_str(), &st), 0);
+  if (static_cast<uint64_t>(st.st_blocks) * 512U >= static_cast<uint64_t>(st.st_size) / 2)
+    GTEST_SKIP() << "no sparse files here";
+  const std::string data = read_file(path("src.bin"));
+  const auto live = [&](std::vector<std::unique_ptr<CheckingReaders>>& readers, std::vector<uint64_t> wants) {
+    readers.clear();
+    for (int r = 0; r < kRanks; ++r) readers.push_back(std::make_unique<CheckingReaders>(data, wants));
+    return [&readers](int r, StageOptions& o) { o.live_copy = readers[static_cast<size_t>(r)].get(); };
+  };
+  std::vector<std::unique_ptr<CheckingReaders>> readers;
+  auto reps = run(seeding(), path("src.bin"), true, "copy.bin", live(readers, {}));
+  ASSERT_TRUE(reps[0].ok) << first_error(reps[0]);
+  for (const int keep : {1, 2}) {  // node 1: healthy; node 2: a bit flipped after the hole
+    SCOPED_TRACE(keep == 1 ? "a healthy sparse seed" : "a sparse seed with a flipped bit");
+    for (int r = 0; r < kRanks; ++r)
+      if (r != keep) fs::remove(node(r));
+    copy_faults_.corrupt_at = keep == 2 ? static_cast<int64_t>((kChunks - 2) * kChunk + 5) : -1;
+    const uint64_t source_before = source_faults_.bytes_read;
+    reps = run(seeding(), path("src.bin"), true, "copy.bin", live(readers, {kChunks - 1, 0}));
+    for (const auto& rep : reps) ASSERT_TRUE(rep.ok) << first_error(rep);
+    EXPECT_EQ(reps[0].feed_retries, keep == 1 ? 0 : 1);
+    EXPECT_EQ(reps[0].fed_by, keep == 1 ? 1 : 0);
+    if (keep == 1) {
+      EXPECT_EQ(source_faults_.bytes_read, source_before) << "a proven seed reads no source byte";
+    }
+    for (int r = 0; r < kRanks; ++r) {
+      if (r != keep) {
+        EXPECT_EQ(readers[static_cast<size_t>(r)]->mismatched, 0) << "rank " << r;
+      }
+      EXPECT_TRUE(read_file(node(r)) == data) << "node " << r;
+    }
+  }
+  copy_faults_.corrupt_at = -1;
+}
+
 // A copy without a chunk record (an older copy) never feeds a transfer whose copy may be read
 // before it ends; it still feeds one without such readers, and it is still this node's copy.
 TEST_F(SeedingTest, ACopyWithoutAChunkRecordFeedsOnlyTransfersWithoutReadsDuringTheCopy) {
