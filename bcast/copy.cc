@@ -201,6 +201,13 @@ void Transfer::start_live(const Layout& layout, bool write_here) {
   writer_chunk_crc_.assign(nchunks, 0);
   if (opt_.live_copy != nullptr && write_here && need_local_[e] != 0 && txn_[e])
     opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, *txn_[e]);
+  // Wants known before the copy starts (a replayed profile's) go first: on the reading rank,
+  // before its reader picks a chunk.
+  if (opt_.live_copy != nullptr && is_reader()) {
+    want_scratch_.clear();
+    opt_.live_copy->take_wanted(want_scratch_);
+    for (uint64_t w : want_scratch_) push_want(w);
+  }
 }
 
 // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the

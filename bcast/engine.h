@@ -64,8 +64,9 @@ class LiveCopyReaders {
   // The writer thread: chunk `index` is verified (its CRC) and in the temporary file; zero: it
   // is a hole (nothing written: it reads as zeros).
   virtual void chunk_written(uint64_t index, bool zero) = 0;
-  // The calling thread, at every turn of the copy loop, on every rank: chunk indices readers
-  // here wait for, appended to `out`. Must be cheap when there are none.
+  // The calling thread, at every turn of the copy loop, on every rank (and on the reading
+  // rank once before its reader picks the first chunk): chunk indices readers here wait for,
+  // appended to `out`, wanted first in that order. Must be cheap when there are none.
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
 };
 

@@ -74,11 +74,14 @@ class LiveCopy;
 using Clock = std::chrono::steady_clock;
 
 // Whom a materialization is for: the uid of the open that asked (the group's queue takes
-// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch: queued
-// behind every open).
+// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch, a
+// replayed profile: queued behind every open). A background transfer evicts no copy; when it
+// finds no room, a want that may_evict asks again as an open would (stagectl prefetch), one
+// that may not gets the error (a replayed profile stays within the cache's limit).
 struct Want {
   uint32_t uid = 0;
   bool background = false;
+  bool may_evict = true;
 };
 
 class Materializer {

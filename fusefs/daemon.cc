@@ -224,7 +224,9 @@ GroupConfig Daemon::group_config() {
   g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
   // Admission is the cache's (NodeCache::admit_transfer, admit_batch): the group calls it on
   // every node before a transfer or a batch, and tells it what was published after.
-  g.before_transfer = [this](const std::string& rel) { return cache_->admit_transfer(source_root_.get(), rel); };
+  g.before_transfer = [this](const std::string& rel, bool may_evict) {
+    return cache_->admit_transfer(source_root_.get(), rel, may_evict);
+  };
   g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
     cache_->transfer_done(rel);
     if (metrics_) metrics_->observe_transfer(secs, ok);
