@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -22,10 +23,11 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/metrics.h"
-#include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
+#include "fusefs/metrics.h"
+#include "fusefs/profile/file.h"
+#include "fusefs/profile/job_profile.h"
 
 namespace stagefs {
 
@@ -126,6 +128,7 @@ class Daemon {
   std::string open_cache(const std::string& cache_as_given);
   void limit_cache();
   [[nodiscard]] GroupConfig group_config();
+  [[nodiscard]] std::string profile_path() const;
   std::string create_group_core_mount(const GroupConfig& g);
   // The steps of run.
   static void set_signals();
@@ -148,6 +151,7 @@ class Daemon {
   std::unique_ptr<BeneathSource> source_;
   std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holding.h)
   std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
   std::unique_ptr<StageFsCore> core_;
   std::unique_ptr<FuseMount> mount_;
@@ -158,6 +162,7 @@ class Daemon {
   bool main_done_ = false;      // guarded by m_
   bool shutting_down_ = false;  // guarded by m_
   bool usage_error_ = false;    // setup_local refused the paths: exit status 2
+  bool mpi_usable_ = true;      // false: the profiles' exchange cancelled a send (no finalize)
 };
 
 std::string Daemon::setup_local() {
@@ -175,6 +180,8 @@ std::string Daemon::setup_local() {
   if (!source_root_.valid()) return "SOURCE_DIR " + cfg_.source_dir + ": " + std::strerror(errno);
   source_ = std::make_unique<BeneathSource>(source_root_.get());
   limit_cache();
+  profile_ = std::make_unique<JobProfile>(JobProfile::Config{profile_path(), cfg_.replay, cfg_.source_dir,
+                                                             cfg_.chunk_size, cfg_.small_file_size});
   return create_group_core_mount(group_config());
 }
 
@@ -216,6 +223,19 @@ void Daemon::limit_cache() {
                  cache_->usage().bytes);
 }
 
+// --profile as a path ("" off): made absolute, its last component not resolved (a symlink
+// there is read_profile's to refuse).
+std::string Daemon::profile_path() const {
+  if (cfg_.profile == "off") return {};
+  if (cfg_.profile == "auto") {
+    std::string p = default_profile_path(cfg_.source_dir);
+    if (p.empty())
+      spdlog::warn("no home directory: no profile is recorded or replayed (give --profile PATH)");
+    return p;
+  }
+  return fs::absolute(cfg_.profile).lexically_normal().string();
+}
+
 // The group's configuration: the daemon's options, and the cache's admission around every
 // transfer and batch.
 GroupConfig Daemon::group_config() {
@@ -251,6 +271,7 @@ GroupConfig Daemon::group_config() {
     std::lock_guard lk(m_);
     return shutting_down_;
   };
+  profile_->attach(g);
   g.bcast.chunk_size = cfg_.chunk_size;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
@@ -278,6 +299,7 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
+  profile_->core_ready(*core_);
   auto mount = FuseMount::create(*core_, cfg_.mount);
   if (!mount) return mount.error().message;
   mount_ = std::move(mount.value());
@@ -335,6 +357,7 @@ MountStatus Daemon::status() const {
   s.current_total = g.current_total;
   s.current_seconds = g.current_seconds;
   s.cache = cache_->usage();
+  s.replay = profile_->stats();
   return s;
 }
 
@@ -398,6 +421,7 @@ int Daemon::run(int* argc, char*** argv) {
                                              [this] { return status(); });
   spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
                data_->size());
+  if (ctl_->is_coordinator()) profile_->start_replay(*group_, *core_, source_root_.get());
   return serve();
 }
 
@@ -478,9 +502,12 @@ int Daemon::serve() {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
+  // Every node's record to rank 0, within part of the shutdown's time (the supervisor's clock).
+  mpi_usable_ = profile_->finish(*data_, group_->state() == GroupState::broken,
+                                 std::chrono::milliseconds(std::llround(cfg_.shutdown_timeout * 400)));
   core_->stop();     // opens answered late by the completion pool are done (or dropped) now
   metrics_.reset();  // a last write, with the final counters
-  if (group_->state() != GroupState::broken) {
+  if (group_->state() != GroupState::broken && mpi_usable_) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.
     ctl_.reset();
@@ -494,7 +521,7 @@ int Daemon::serve() {
   }
   cv_.notify_all();
   supervisor.join();
-  if (group_->state() == GroupState::broken) {
+  if (group_->state() == GroupState::broken || !mpi_usable_) {
     std::fflush(nullptr);
     std::_Exit(1);  // MPI may be stuck mid-collective: do not finalize
   }

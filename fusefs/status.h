@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fusefs/cache/cache.h"
+#include "fusefs/profile/replay.h"
 
 namespace stagefs {
 
@@ -34,6 +36,8 @@ struct MountStatus {
   double current_seconds = 0;
   bool current_hidden = false;  // a transfer runs that this reader may not see: hide_current()
   CacheUsage cache;
+  // The replay of the last job's profile: on the coordinator's node (rank 0) only.
+  std::optional<ReplayStats> replay;
 
   // For a reader who may not read what is in flight: only that a transfer runs is kept. Its
   // name goes (a path inside a directory they cannot enter) and so do its bytes and times:
