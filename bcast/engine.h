@@ -126,6 +126,9 @@ struct StageOptions {
   bool overwrite = false;
   bool recursive = false;
   FileSelection selection;  // none: ep.source whole
+  // A tree (recursive): these files (manifest paths) go first in the stream, in this order (a
+  // profile's: the files a job read first); the others follow. Only the source rank's counts.
+  std::vector<std::string> first_files;
   int root = 0;
   // Seeding: when some writer's copies of every file any node needs are current (by `pre`),
   // the lowest such rank (the seed) reads its own copies and roots the broadcast instead of

@@ -339,6 +339,7 @@ MountStatus Daemon::status() const {
   s.transfers = g.transfers;
   s.batches = g.batches;
   s.nested_batches = g.nested;
+  s.nested_files = g.nested_files;
   s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;

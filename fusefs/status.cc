@@ -49,6 +49,7 @@ std::string to_json(const MountStatus& s) {
   j["transfers"] = s.transfers;
   j["batches"] = s.batches;
   j["nested_batches"] = s.nested_batches;
+  j["nested_files"] = s.nested_files;
   j["batch_files"] = s.batch_files;
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;

@@ -23,6 +23,7 @@ struct MountStatus {
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here
   uint64_t nested_batches = 0;  // of the batches, run nested in a single-file transfer
+  uint64_t nested_files = 0;    // single-file transfers run nested in a background one
   // where the transfers' bytes were read: the shared source, or a node's cached copy (a
   // seed); transfers this node's cache fed
   uint64_t bytes_from_source = 0, bytes_from_seeds = 0, seeded_here = 0;

@@ -129,4 +129,19 @@ stage::Result<LoadedProfile> read_profile(const std::string& path, std::optional
   return LoadedProfile{std::move(p.value()), st.st_uid};
 }
 
+std::vector<std::string> profile_paths_under(const Profile& p, const std::string& source) {
+  std::string prefix;  // source, relative to the profile's source directory
+  if (source != p.source && !p.source.empty() && source.size() > p.source.size() &&
+      source.compare(0, p.source.size(), p.source) == 0 &&
+      (p.source.back() == '/' || source[p.source.size()] == '/'))
+    prefix = source.substr(p.source.size() + (p.source.back() == '/' ? 0 : 1)) + "/";
+  std::vector<std::string> out;
+  for (const ProfileFile& f : p.files)
+    if (prefix.empty())
+      out.push_back(f.path);
+    else if (f.path.size() > prefix.size() && f.path.compare(0, prefix.size(), prefix) == 0)
+      out.push_back(f.path.substr(prefix.size()));
+  return out;
+}
+
 }  // namespace stagefs

@@ -20,6 +20,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fusefs/profile/format.h"
 
@@ -37,5 +38,11 @@ struct LoadedProfile {
 };
 // owner: the only owner accepted (nullopt: any). ENOENT (Errc via errno) when there is none.
 stage::Result<LoadedProfile> read_profile(const std::string& path, std::optional<uid_t> owner);
+
+// stage-bcast --profile: the profile's files, in order, as paths relative to `source` (an
+// absolute, resolved directory): as recorded when the profile was made for `source`; with the
+// source's path stripped when `source` lies inside the profile's source directory (the others
+// left out). Pure.
+std::vector<std::string> profile_paths_under(const Profile& p, const std::string& source);
 
 }  // namespace stagefs

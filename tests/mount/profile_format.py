@@ -8,6 +8,7 @@ codec), so that the tests check the file against its documentation. Standard lib
 Raises ValueError on anything the format does not allow.
 """
 import json
+import os
 import sys
 
 MAGIC = b"STGPROF"
@@ -98,6 +99,60 @@ def decode(data):
     if r.pos != len(r.data):
         raise ValueError("bytes after the last file")
     return out
+
+
+def _varint(v):
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _zigzag(v):
+    return (v << 1) ^ (v >> 63) if v >= 0 else ((-v) << 1) - 1
+
+
+def encode(profile):
+    """The bytes of a profile (a dict as decode() returns; missing fields 0 or empty), written
+    as the format says, whatever it holds: tests use it to forge profiles."""
+    files = profile.get("files", [])
+    split = [(f["path"].rsplit("/", 1) if "/" in f["path"] else ["", f["path"]]) for f in files]
+    dirs = sorted({d.encode(errors="surrogateescape") for d, _ in split})
+    body = bytearray()
+    source = profile.get("source", "").encode(errors="surrogateescape")
+    body += _varint(profile.get("chunk_size", 0)) + _varint(profile.get("uid", 0)) + _varint(profile.get("created", 0))
+    body += _varint(len(source)) + source + _varint(len(dirs))
+    prev = b""
+    for d in dirs:
+        shared = 0
+        while shared < min(len(prev), len(d)) and prev[shared] == d[shared]:
+            shared += 1
+        body += _varint(shared) + _varint(len(d) - shared) + d[shared:]
+        prev = d
+    body += _varint(len(files))
+    ms = 0
+    for f, (d, name) in zip(files, split):
+        n = name.encode(errors="surrogateescape")
+        body += _varint(dirs.index(d.encode(errors="surrogateescape"))) + _varint(len(n)) + n
+        body += _varint(max(f.get("first_ms", 0) - ms, 0))
+        ms = max(ms, f.get("first_ms", 0))
+        chunks = f.get("chunks", [])
+        body += _varint(len(chunks))
+        c = -1
+        for k in chunks:
+            body += _varint(_zigzag(k - c))
+            c = k
+    head = MAGIC + bytes([1, 1 if profile.get("truncated") else 0, 0, 0, 0]) + len(body).to_bytes(4, "little")
+    data = head + bytes(body)
+    return data + crc64(data).to_bytes(8, "little")
+
+
+def write(path, profile, mode=0o600):
+    with open(path, "wb") as f:
+        f.write(encode(profile))
+    os.chmod(path, mode)
 
 
 def read(path):

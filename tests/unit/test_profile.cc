@@ -17,6 +17,7 @@
 
 #include "bcast/crc.h"
 #include "bcast/fd.h"
+#include "bcast/manifest.h"
 #include "fake_p2p.h"
 #include "fusefs/profile/exchange.h"
 #include "fusefs/profile/file.h"
@@ -595,6 +596,40 @@ TEST(ReplayTest, ARecordedFilesChunksAreWantedFirstInTheTransfersChunkSize) {
   EXPECT_EQ(replay.first_chunks("big0", 2 << 20), (std::vector<uint64_t>{4, 1}));
   EXPECT_EQ(replay.first_chunks("big0", 512 << 10), (std::vector<uint64_t>{18, 19, 4, 5}));
   EXPECT_TRUE(replay.first_chunks("other", 1 << 20).empty());
+}
+
+// stage-bcast --profile: the profile's files first in a tree's stream, in its order; the
+// directories and symlinks ahead of every file (each directory before what it holds).
+TEST(ProfileOrderTest, AProfilesFilesGoFirstInATreesStreamAndDirectoriesKeepTheirPlaces) {
+  stage::Manifest m;
+  m.tree = true;
+  for (const auto& [path, type] :
+       std::vector<std::pair<std::string, stage::EntryType>>{{"", stage::EntryType::dir},
+                                                             {"a", stage::EntryType::dir},
+                                                             {"a/1", stage::EntryType::file},
+                                                             {"a/2", stage::EntryType::file},
+                                                             {"b", stage::EntryType::dir},
+                                                             {"b/3", stage::EntryType::file},
+                                                             {"b/l", stage::EntryType::symlink},
+                                                             {"b/4", stage::EntryType::file}})
+    m.entries.push_back(stage::Entry{path, type, {}, type == stage::EntryType::symlink ? "target" : "", 0});
+  stage::order_files_first(m, {"b/4", "nope", "a", "a/2", "b/4"});
+  std::vector<std::string> order;
+  for (const auto& e : m.entries) order.push_back(e.path);
+  EXPECT_EQ(order, (std::vector<std::string>{"", "a", "b", "b/l", "b/4", "a/2", "a/1", "b/3"}));
+  const std::string bytes = stage::encode(m);  // every parent still before what it holds
+  EXPECT_TRUE(stage::decode(std::as_bytes(std::span(bytes.data(), bytes.size()))));
+}
+
+TEST(ProfileOrderTest, PathsAreTakenRelativeToASourceInsideTheProfilesSource) {
+  Profile p;
+  p.source = "/shared/data";
+  p.files = {{"ds/a", 0, {}}, {"img", 1, {}}, {"ds/b/c", 2, {}}, {"dsx/d", 3, {}}};
+  EXPECT_EQ(profile_paths_under(p, "/shared/data"),
+            (std::vector<std::string>{"ds/a", "img", "ds/b/c", "dsx/d"}));
+  EXPECT_EQ(profile_paths_under(p, "/shared/data/ds"), (std::vector<std::string>{"a", "b/c"}));
+  EXPECT_EQ(profile_paths_under(p, "/elsewhere"),
+            (std::vector<std::string>{"ds/a", "img", "ds/b/c", "dsx/d"}));
 }
 
 }  // namespace
