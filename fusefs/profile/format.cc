@@ -74,8 +74,12 @@ class Reader {
   }
   bool bounded(uint64_t& v, uint64_t max) { return varint(v) && v <= max; }
   bool bytes(std::string& s, uint64_t n) {
+    s.clear();
+    return append(s, n);
+  }
+  bool append(std::string& s, uint64_t n) {
     if (n > left()) return false;
-    s.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    s.append(reinterpret_cast<const char*>(b_.data() + pos_), n);
     pos_ += n;
     return true;
   }
@@ -92,6 +96,7 @@ stage::Error bad(const std::string& why) {
 
 std::string encode_body(const Profile& p) {
   std::string body;
+  body.reserve(64 + p.files.size() * 24);
   put_varint(body, p.chunk_size);
   put_varint(body, p.uid);
   put_varint(body, static_cast<uint64_t>(std::max<int64_t>(p.created, 0)));
@@ -99,6 +104,7 @@ std::string encode_body(const Profile& p) {
   // Only what decode accepts: a file with an unsafe path, or a path seen before, is left out.
   std::vector<const ProfileFile*> files;
   std::unordered_set<std::string_view> seen;
+  seen.reserve(p.files.size());
   std::map<std::string_view, uint64_t> dirs;
   for (const ProfileFile& f : p.files) {
     if (files.size() == kMaxProfileFiles) break;
@@ -159,14 +165,21 @@ stage::Status decode_dirs(Reader& r, std::vector<std::string>& dirs) {
 
 stage::Result<ProfileFile> decode_file(Reader& r, const std::vector<std::string>& dirs, uint64_t& ms) {
   uint64_t dir = 0, len = 0, delta = 0, nchunks = 0;
-  std::string name;
-  if (!r.bounded(dir, dirs.size() - 1) || !r.bounded(len, kMaxName) || !r.bytes(name, len) ||
-      !r.varint(delta) || !r.bounded(nchunks, std::min<uint64_t>(kMaxProfileChunks, r.left())))
+  ProfileFile f{{}, 0, {}};
+  if (!r.bounded(dir, dirs.size() - 1) || !r.bounded(len, kMaxName)) return bad("bad file entry");
+  // The path in one allocation: the directory, "/", the name.
+  f.path.reserve(dirs[dir].size() + 1 + len);
+  f.path = dirs[dir];
+  if (!f.path.empty()) f.path.push_back('/');
+  const size_t name_at = f.path.size();
+  if (!r.append(f.path, len) || !r.varint(delta) ||
+      !r.bounded(nchunks, std::min<uint64_t>(kMaxProfileChunks, r.left())))
     return bad("bad file entry");
-  if (!plain_name(name)) return bad("a file name that is not a plain name");
+  if (!plain_name(std::string_view(f.path).substr(name_at)))
+    return bad("a file name that is not a plain name");
   if (delta > UINT64_MAX - ms) return bad("bad access time");
   ms += delta;
-  ProfileFile f{dirs[dir].empty() ? name : dirs[dir] + "/" + name, ms, {}};
+  f.first_ms = ms;
   if (f.path.size() > kMaxPathBytes) return bad("a path too long");
   f.chunks.reserve(nchunks);
   int64_t prev = -1;
@@ -198,14 +211,15 @@ stage::Result<Profile> decode_body(std::span<const std::byte> body, bool truncat
   uint64_t n = 0;
   if (!r.bounded(n, std::min<uint64_t>(kMaxProfileFiles, r.left() / 4))) return bad("bad file count");
   if (n > 0 && dirs.empty()) return bad("files without a directory");
-  p.files.reserve(n);
-  std::unordered_set<std::string> seen;
+  p.files.reserve(n);  // exactly: the names below point into the paths, which must not move
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(n);
   uint64_t ms = 0;
   for (uint64_t i = 0; i < n; ++i) {
     auto f = decode_file(r, dirs, ms);
     if (!f) return f.error();
-    if (!seen.insert(f->path).second) return bad("a file listed twice");
     p.files.push_back(std::move(f.value()));
+    if (!seen.insert(p.files.back().path).second) return bad("a file listed twice");
   }
   if (r.left() != 0) return bad("bytes after the last file");
   return p;

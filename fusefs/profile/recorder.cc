@@ -71,46 +71,49 @@ Profile merge_profiles(std::vector<Profile> profiles) {
   out.uid = profiles[0].uid;
   out.created = profiles[0].created;
   out.source = profiles[0].source;
-  struct Merged {
-    ProfileFile file;
-    size_t order;  // profile, then position: the tie-break
-  };
-  std::unordered_map<std::string, Merged> by_path;
-  size_t order = 0;
+  size_t total = 0;
+  for (const Profile& p : profiles) total += p.files.size();
+  // Each path once, in order of appearance (reserved: the index's views into the paths stay
+  // valid), then ordered by first access, ties by appearance (a stable sort).
+  std::vector<ProfileFile> all;
+  all.reserve(total);
+  std::unordered_map<std::string_view, size_t> at;
+  at.reserve(total);
   for (Profile& p : profiles) {
     out.truncated = out.truncated || p.truncated;
     for (ProfileFile& f : p.files) {
-      if (p.chunk_size != out.chunk_size) {
+      if (p.chunk_size != out.chunk_size && !f.chunks.empty()) {
         std::vector<uint32_t> c;
         for (uint64_t k : convert_chunks(f.chunks, p.chunk_size, out.chunk_size))
           if (k <= UINT32_MAX) c.push_back(static_cast<uint32_t>(k));
         f.chunks = std::move(c);
       }
-      auto [it, fresh] = by_path.try_emplace(f.path, Merged{f, order++});
-      if (fresh) continue;
-      ProfileFile& m = it->second.file;
+      auto it = at.find(f.path);
+      if (it == at.end()) {
+        all.push_back(std::move(f));
+        at.emplace(all.back().path, all.size() - 1);
+        continue;
+      }
+      ProfileFile& m = all[it->second];
       std::vector<uint32_t> later = std::move(f.chunks);
       if (f.first_ms < m.first_ms) {
         m.first_ms = f.first_ms;
         std::swap(m.chunks, later);
       }
+      if (later.empty()) continue;
       std::unordered_set<uint32_t> have(m.chunks.begin(), m.chunks.end());
       for (uint32_t c : later)
         if (m.chunks.size() < kMaxProfileChunks && have.insert(c).second) m.chunks.push_back(c);
     }
   }
-  std::vector<Merged> all;
-  all.reserve(by_path.size());
-  for (auto& [path, m] : by_path) all.push_back(std::move(m));
-  std::sort(all.begin(), all.end(), [](const Merged& a, const Merged& b) {
-    return a.file.first_ms != b.file.first_ms ? a.file.first_ms < b.file.first_ms : a.order < b.order;
-  });
+  at.clear();
+  std::stable_sort(all.begin(), all.end(),
+                   [](const ProfileFile& a, const ProfileFile& b) { return a.first_ms < b.first_ms; });
   if (all.size() > kMaxProfileFiles) {
     all.resize(kMaxProfileFiles);
     out.truncated = true;
   }
-  out.files.reserve(all.size());
-  for (Merged& m : all) out.files.push_back(std::move(m.file));
+  out.files = std::move(all);
   return out;
 }
 
