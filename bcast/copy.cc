@@ -209,6 +209,14 @@ void Transfer::start_live(const Layout& layout, bool write_here) {
     opt_.live_copy->started(m_.entries[e].meta, m_.chunk_size, m_.entries[e].holes, *txn_[e]);
     live_started_ = true;
   }
+  // Wants known before the copy starts (a replayed profile's) go first: on the reading rank,
+  // before its reader picks a chunk.
+  if (is_reader()) {
+    want_scratch_.clear();
+    opt_.live_copy->take_wanted(want_scratch_);
+    for (uint64_t c : want_scratch_)
+      if (const auto w = layout.stream_chunk(c, m_.chunk_size)) push_want(*w);  // a hole: nothing to send
+  }
 }
 
 // Trailer: the reader's verdict on what it read; with a seed, the source rank's on the

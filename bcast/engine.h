@@ -74,8 +74,9 @@ class LiveCopyReaders {
   // The writer thread: chunk `index` is verified (its CRC) and in the temporary file; zero: it
   // is a hole (nothing written: it reads as zeros).
   virtual void chunk_written(uint64_t index, bool zero) = 0;
-  // The calling thread, at every turn of the copy loop, on every rank: chunk indices readers
-  // here wait for, appended to `out`. Must be cheap when there are none.
+  // The calling thread, at every turn of the copy loop, on every rank (and on the reading
+  // rank once before its reader picks the first chunk): chunk indices readers here wait for,
+  // appended to `out`, wanted first in that order. Must be cheap when there are none.
   virtual void take_wanted(std::vector<uint64_t>& out) = 0;
   // The calling thread: the copy runs again (its feeder failed; see Fallback above) into the
   // same temporary file, from another feeder. Chunks written stay written (the same version:
@@ -149,6 +150,9 @@ struct StageOptions {
   bool overwrite = false;
   bool recursive = false;
   FileSelection selection;  // none: ep.source whole
+  // A tree (recursive): these files (manifest paths) go first in the stream, in this order (a
+  // profile's: the files a job read first); the others follow. Only the source rank's counts.
+  std::vector<std::string> first_files;
   int root = 0;
   // Seeding: when some writer's copies of every file any node needs are current (by `pre`),
   // the lowest such rank (the seed) reads its own copies and roots the broadcast instead of

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace stage {
@@ -77,6 +78,30 @@ struct timespec from_ns(int64_t ns) noexcept {
     --sec;
   }
   return timespec{static_cast<time_t>(sec), static_cast<long>(rem)};
+}
+
+void order_files_first(Manifest& m, const std::vector<std::string>& first) {
+  if (first.empty()) return;
+  // Directories and symlinks first, as they were (a parent before what it holds: decode()
+  // insists), then the files: the named ones in first's order, then the others as they were.
+  std::vector<Entry> out;
+  out.reserve(m.entries.size());
+  std::unordered_map<std::string_view, size_t> file_at;
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    if (m.entries[i].type == EntryType::file)
+      file_at.emplace(m.entries[i].path, i);
+    else
+      out.push_back(m.entries[i]);
+  }
+  std::vector<char> taken(m.entries.size(), 0);
+  for (const std::string& p : first)
+    if (auto it = file_at.find(p); it != file_at.end() && taken[it->second] == 0) {
+      taken[it->second] = 1;
+      out.push_back(m.entries[it->second]);
+    }
+  for (size_t i = 0; i < m.entries.size(); ++i)
+    if (m.entries[i].type == EntryType::file && taken[i] == 0) out.push_back(m.entries[i]);
+  m.entries = std::move(out);
 }
 
 bool is_safe_relative(std::string_view path) {

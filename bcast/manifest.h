@@ -100,6 +100,11 @@ Result<Manifest> decode(std::span<const std::byte> bytes);
 // The bytes of e that the stream carries: its size less its holes.
 uint64_t streamed_bytes(const Entry& e);
 
+// The regular files of m named in `first` (manifest paths) go first in the stream, in first's
+// order; the other files follow in their order. Directories and symlinks move ahead of every
+// file, in their order (a directory still comes before what it holds). Pure.
+void order_files_first(Manifest& m, const std::vector<std::string>& first);
+
 // True for a path that stays below its root: relative, no "." or ".." or empty component.
 bool is_safe_relative(std::string_view path);
 

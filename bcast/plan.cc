@@ -55,7 +55,9 @@ Result<Manifest> Transfer::scan_source() {
     r_.skipped.push_back(path + ": " + why);
     spdlog::warn("{}: skipping {}: {}", host_name(), path, why);
   };
-  return src_->scan(ep_.source, opt_.recursive, skip);
+  auto m = src_->scan(ep_.source, opt_.recursive, skip);
+  if (m && m->tree) order_files_first(*m, opt_.first_files);
+  return m;
 }
 
 void Transfer::count_entries() {

@@ -61,7 +61,7 @@ stage::Result<Message> decode_message(std::span<const std::byte> b) {
   std::memcpy(&from_len, b.data() + 22, 2);
   std::memcpy(&until_len, b.data() + 24, 2);
   if (magic != kMagic) return bad("bad magic");
-  if (type < static_cast<uint8_t>(MsgType::materialize) || type > static_cast<uint8_t>(MsgType::batch_prefetch))
+  if (type < static_cast<uint8_t>(MsgType::materialize) || type > static_cast<uint8_t>(MsgType::file_nested))
     return bad("bad type");
   m.type = static_cast<MsgType>(type);
   if (len > kMaxPath || from_len > kMaxName || until_len > kMaxName ||
@@ -74,8 +74,7 @@ stage::Result<Message> decode_message(std::span<const std::byte> b) {
   m.until.assign(text + len + from_len, until_len);
   if (!plain_bound(m.from) || !plain_bound(m.until)) return bad("bad slice name");
   if (!is_batch(m.type) && (!m.from.empty() || !m.until.empty())) return bad("slice on a non-batch");
-  if (m.type == MsgType::materialize && (m.path.empty() || !stage::is_safe_relative(m.path)))
-    return bad("unsafe path");
+  if (is_file(m.type) && (m.path.empty() || !stage::is_safe_relative(m.path))) return bad("unsafe path");
   if (is_batch(m.type) && !stage::is_safe_relative(m.path))
     return bad("unsafe path");  // "" = root
   if (m.type == MsgType::shutdown && !m.path.empty()) return bad("path on shutdown");

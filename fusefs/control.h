@@ -37,10 +37,34 @@ inline constexpr size_t kMaxMessage = kMaxPath + 2 * kMaxName + 64;
 // batch_prefetch: an announcement only, a batch that no open had asked for when it was
 // announced (a walk's, coordinator.h): it never evicts a copy to make room. Its key is the
 // batch's.
-enum class MsgType : uint8_t { materialize = 1, shutdown = 2, batch = 3, batch_nested = 4, batch_prefetch = 5 };
+// file_prefetch: an announcement only, one file that no open had asked for when it was
+// announced (a background request: a replayed profile, stagectl prefetch): it never evicts
+// a copy, and a request of an open may run nested in it (file_nested). Its key is the file's.
+// file_nested: an announcement only, one file to run nested in the background transfer in
+// progress, as batch_nested. Its key is the file's.
+enum class MsgType : uint8_t {
+  materialize = 1,
+  shutdown = 2,
+  batch = 3,
+  batch_nested = 4,
+  batch_prefetch = 5,
+  file_prefetch = 6,
+  file_nested = 7
+};
 // A directory batch, whatever the announcement's kind.
 inline bool is_batch(MsgType t) {
   return t == MsgType::batch || t == MsgType::batch_nested || t == MsgType::batch_prefetch;
+}
+// One file, whatever the announcement's kind.
+inline bool is_file(MsgType t) {
+  return t == MsgType::materialize || t == MsgType::file_prefetch || t == MsgType::file_nested;
+}
+inline bool is_nested(MsgType t) {
+  return t == MsgType::batch_nested || t == MsgType::file_nested;
+}
+// The key an announcement answers: (materialize, FILE) or (batch, DIR).
+inline MsgType key_type(MsgType t) {
+  return is_batch(t) ? MsgType::batch : is_file(t) ? MsgType::materialize : t;
 }
 
 struct Message {

@@ -8,7 +8,8 @@ namespace stagefs {
 void Coordinator::on_request(const Message& m) {
   ++stats_.requests;
   if (shutdown_queued_) return;  // answered by the shutdown announcement
-  if (m.type == MsgType::batch_nested || m.type == MsgType::batch_prefetch) return;  // announcements' types only
+  if (m.type != MsgType::materialize && m.type != MsgType::batch && m.type != MsgType::shutdown)
+    return;  // announcements' types only
   if (m.type == MsgType::shutdown) {
     shutdown_queued_ = true;  // before any further transfer; no prefetch is announced after it
     later_.clear();
@@ -34,16 +35,20 @@ void Coordinator::on_request(const Message& m) {
     p.flags = m.flags & kToEnd;
   }
   if (background) {
-    if (!later_set_.emplace(key, std::move(p)).second) {
-      ++stats_.merged;
-      return;
-    }
-    later_.push_back(std::move(key));
+    if (!queue_later(std::move(key), std::move(p))) ++stats_.merged;
     return;
   }
   // Promoted: its entry in later_ is skipped when reached (no search of a long queue).
   if (later_set_.erase(key) > 0) ++stats_.promoted;
   enqueue(std::move(key), std::move(p));
+}
+
+bool Coordinator::queue_later(Key key, Pending p) {
+  p.later_seq = ++later_seq_;
+  const uint64_t seq = p.later_seq;
+  if (!later_set_.emplace(key, std::move(p)).second) return false;
+  later_.emplace_back(std::move(key), seq);
+  return true;
 }
 
 void Coordinator::enqueue(Key key, Pending p) {
@@ -127,9 +132,7 @@ bool Coordinator::prefetch(const std::string& dir) {
   if (announced_id_.contains(key) || queued_.contains(key) || later_set_.contains(key)) return false;
   Pending p;
   p.walk = batch_dir_of(dir);
-  later_set_.emplace(key, std::move(p));
-  later_.push_back(std::move(key));
-  return true;
+  return queue_later(std::move(key), std::move(p));
 }
 
 bool Coordinator::continue_batch(const Message& a, const std::string& next, Spent spent) {
@@ -160,8 +163,7 @@ bool Coordinator::continue_batch(const Message& a, const std::string& next, Spen
   }
   ++stats_.continued;
   if (a.type == MsgType::batch_prefetch) {  // a walk's, or a background request's: behind every request
-    later_set_.emplace(key, std::move(p));
-    later_.push_back(std::move(key));
+    queue_later(std::move(key), std::move(p));
     return true;
   }
   enqueue(std::move(key), std::move(p));
@@ -222,13 +224,17 @@ size_t Coordinator::drop_prefetches() {
 std::optional<Message> Coordinator::next_announcement() {
   if (outstanding_ || shutdown_announced_) return std::nullopt;
   Message m;
-  if (running_) {  // only a batch, nested in a single file's transfer, one at a time
-    if (!nesting_ || running_->type != MsgType::materialize || nested_open_ != 0 || shutdown_queued_)
+  if (running_) {  // nested in a single file's transfer, one at a time: a batch, or anything
+                   // in a background one
+    const bool background = running_->type == MsgType::file_prefetch;
+    if (!nesting_ || (running_->type != MsgType::materialize && !background) || nested_open_ != 0 ||
+        shutdown_queued_)
       return std::nullopt;
-    auto key = take_turn(/*batch_only=*/true);
+    auto key = take_turn(/*batch_only=*/!background);
     if (!key) return std::nullopt;
     auto node = queued_.extract(*key);
-    m = announce(MsgType::batch_nested, *key, node.mapped());
+    m = announce(key->first == MsgType::batch ? MsgType::batch_nested : MsgType::file_nested, *key,
+                 node.mapped());
     charge_to_[m.id] = m.uid;
     nested_open_ = m.id;
     ++stats_.nested;
@@ -239,8 +245,12 @@ std::optional<Message> Coordinator::next_announcement() {
     by_uid_.clear();
     turns_.clear();
   } else if (queued_.empty() && !later_set_.empty()) {  // nothing waits: the next prefetched batch
-    while (!later_set_.contains(later_.front())) later_.pop_front();  // promoted or dropped meanwhile
-    Key key = std::move(later_.front());
+    for (;;) {                                          // skip the entries promoted or dropped meanwhile
+      auto it = later_set_.find(later_.front().first);
+      if (it != later_set_.end() && it->second.later_seq == later_.front().second) break;
+      later_.pop_front();
+    }
+    Key key = std::move(later_.front().first);
     later_.pop_front();
     auto node = later_set_.extract(key);
     const Pending& p = node.mapped();
@@ -250,7 +260,7 @@ std::optional<Message> Coordinator::next_announcement() {
       else
         walk_of_.erase(key.second);
     }
-    m = announce(key.first == MsgType::batch ? MsgType::batch_prefetch : key.first, key, p);
+    m = announce(key.first == MsgType::batch ? MsgType::batch_prefetch : MsgType::file_prefetch, key, p);
     if (key.first == MsgType::batch) ++stats_.prefetched;
   } else {
     auto key = take_turn(/*batch_only=*/false);
@@ -268,11 +278,11 @@ void Coordinator::on_announced(const Message& /*m*/) {
 }
 
 void Coordinator::on_started(const Message& m) {
-  if (m.type != MsgType::batch_nested) running_ = m;
+  if (!is_nested(m.type)) running_ = m;
 }
 
 void Coordinator::on_finished(const Message& m) {
-  if (m.type == MsgType::batch_nested) {
+  if (is_nested(m.type)) {
     if (nested_open_ == m.id) nested_open_ = 0;
   } else {
     running_.reset();

@@ -18,11 +18,14 @@
 //     see it), and nothing is announced after it.
 //   - Nested (only with nesting on): while the coordinator's node runs the
 //     transfer of one file (on_started .. on_finished of a materialize announcement), the
-//     first queued batch, and only a batch, is announced as batch_nested; at most one nested
-//     batch is open at a time (from its announcement to its on_finished); nothing else is
-//     announced while a transfer runs (nor after a shutdown request), and shutdown waits for
-//     its end. Without on_started calls (or with nesting off) one announcement runs at a
-//     time, in request order.
+//     first queued batch, and only a batch, is announced as batch_nested; while it runs a
+//     background transfer of one file (file_prefetch: no open had asked for it), the first
+//     queued request in turn, a batch or a file, is announced nested (batch_nested,
+//     file_nested): an open never waits behind a background copy of a large file. At most one
+//     nested transfer is open at a time (from its announcement to its on_finished); nothing
+//     else is announced while a transfer runs (nor after a shutdown request), and shutdown
+//     waits for its end. Without on_started calls (or with nesting off) one announcement runs
+//     at a time, in request order.
 //   - Walks (readers that walk a tree; only with walks on): once opens have asked
 //     for the batches of two different directories with the same parent, that parent is a
 //     walk, reported once by take_walks(). The caller lists the parent's subdirectories
@@ -54,8 +57,9 @@
 //     A slice that found nothing to copy on any node ends the sequence (the rest is staged
 //     already, or is staged at its own opens): a new file in a big staged directory costs one
 //     slice, not a check of every name.
-//   - Background requests (Message::flags kBackground, stagectl prefetch): queued with the
-//     walks' prefetches, behind every request; a request for the same key promotes it.
+//   - Background requests (Message::flags kBackground: stagectl prefetch, a replayed
+//     profile): queued with the walks' prefetches, behind every request; a request for the
+//     same key promotes it. A background file is announced as file_prefetch (it never evicts).
 //   - Budgets (what staging beyond the files opened may take): one walk's prefetched slices
 //     list at most the budget's files and bytes of small files (batch_ran: each file charged
 //     at least what its copy takes, so empty files are not free); past it, that walk's
@@ -89,7 +93,7 @@ struct CoordinatorStats {
   uint64_t already_answered = 0;  // announced after the node's last seen id
   uint64_t announced = 0;         // transfers (shutdown not counted)
   uint64_t batches = 0;           // of which directory batches
-  uint64_t nested = 0;            // of which announced nested in a running transfer
+  uint64_t nested = 0;            // of which announced nested in a running transfer (batch or file)
   uint64_t walks = 0;             // parents found walked (take_walks)
   uint64_t prefetched = 0;        // batches announced from prefetch() (not asked for by then)
   uint64_t promoted = 0;          // prefetch keys a request moved ahead
@@ -183,8 +187,11 @@ class Coordinator {
     std::optional<std::string> walk;  // a walk's prefetch: the walked parent
     bool continued = false;           // a slice after its sequence's first...
     Spent spent{};                    // ...and what the sequence listed before it
+    uint64_t later_seq = 0;           // background: its entry in later_
   };
   void enqueue(Key key, Pending p);
+  // Behind every request (later_); false if the key is there already.
+  bool queue_later(Key key, Pending p);
   // Removes and returns the key to announce next: the first of the uid whose turn it is, or
   // with batch_only the first batch in turn order (a nested one).
   std::optional<Key> take_turn(bool batch_only);
@@ -201,10 +208,11 @@ class Coordinator {
   uint64_t served_tally_ = 0;
   std::map<uint64_t, uint32_t> charge_to_;
   // Prefetched batches and background requests, behind every request: later_set_ holds the
-  // ones still queued, later_ their order (a promoted one stays in later_ until reached, then
-  // is skipped).
-  std::deque<Key> later_;
+  // ones still queued, later_ their order (a promoted or dropped one stays in later_ until
+  // reached, then is skipped: its sequence number is no longer the key's).
+  std::deque<std::pair<Key, uint64_t>> later_;
   std::map<Key, Pending> later_set_;
+  uint64_t later_seq_ = 0;
   bool walks_on_ = false;
   // Walks: per parent, the first directory asked for as a batch (until a second one makes it
   // a walk, then the parent goes to walked_).
@@ -229,7 +237,7 @@ class Coordinator {
   bool outstanding_ = false;
   bool nesting_ = false;
   std::optional<Message> running_;  // the transfer the coordinator's node runs (outer one)
-  uint64_t nested_open_ = 0;        // id of the nested batch announced and not yet finished
+  uint64_t nested_open_ = 0;        // id of the nested transfer announced and not yet finished
   uint64_t next_id_ = 1;
   CoordinatorStats stats_;
 };

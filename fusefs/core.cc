@@ -580,6 +580,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
       return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
     return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
   }
+  if (open_observer_ && !background) open_observer_(rel);
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
   struct stat cst {};
   if (auto fd = checker_->open_trusted(rel, st, cst)) {

@@ -74,11 +74,14 @@ class LiveCopy;
 using Clock = std::chrono::steady_clock;
 
 // Whom a materialization is for: the uid of the open that asked (the group's queue takes
-// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch: queued
-// behind every open).
+// turns by uid, coordinator.h), and whether no open waits for it (stagectl prefetch, a
+// replayed profile: queued behind every open). A background transfer evicts no copy; when it
+// finds no room, a want that may_evict asks again as an open would (stagectl prefetch), one
+// that may not gets the error (a replayed profile stays within the cache's limit).
 struct Want {
   uint32_t uid = 0;
   bool background = false;
+  bool may_evict = true;
 };
 
 class Materializer {
@@ -250,6 +253,11 @@ class StageFsCore {
   // caller who asks (what it shows may depend on who: may_read()).
   using ControlXattr = std::function<std::optional<std::string>(const std::string& name, const Caller& who)>;
   void set_control_xattr(ControlXattr fn) { control_xattr_ = std::move(fn); }
+  // Told of each open of a regular file that passed its checks (access, version), cached or
+  // not, on the opening thread (not stagectl prefetch): the mount's record of what its job
+  // read (profile/recorder.h). Must be quick. Set before the mount serves.
+  using OpenObserver = std::function<void(const std::string& rel)>;
+  void set_open_observer(OpenObserver fn) { open_observer_ = std::move(fn); }
   // Whether the caller could open rel (a file: read it; a directory: list it) through the
   // mount: rel is resolved beneath SOURCE_DIR with the caller's credentials (search
   // permission on SOURCE_DIR and on every directory on the way, as the kernel's walk through
@@ -380,6 +388,7 @@ class StageFsCore {
   uint64_t next_id_ = kRootId + 1;
   mutable CoreCounters counters_;  // counted from const paths too (access checks)
   ControlXattr control_xattr_;
+  OpenObserver open_observer_;
   XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
 

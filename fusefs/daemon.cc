@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -23,10 +24,11 @@
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
-#include "fusefs/metrics.h"
-#include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
+#include "fusefs/metrics.h"
+#include "fusefs/profile/file.h"
+#include "fusefs/profile/job_profile.h"
 
 namespace stagefs {
 
@@ -127,6 +129,7 @@ class Daemon {
   std::string open_cache(const std::string& cache_as_given);
   void limit_cache();
   [[nodiscard]] GroupConfig group_config();
+  [[nodiscard]] std::string profile_path() const;
   std::string create_group_core_mount(const GroupConfig& g);
   // The steps of run.
   static void set_signals();
@@ -149,6 +152,7 @@ class Daemon {
   std::unique_ptr<BeneathSource> source_;
   std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holding.h)
   std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
   std::unique_ptr<StageFsCore> core_;
   std::unique_ptr<FuseMount> mount_;
@@ -159,6 +163,7 @@ class Daemon {
   bool main_done_ = false;      // guarded by m_
   bool shutting_down_ = false;  // guarded by m_
   bool usage_error_ = false;    // setup_local refused the paths: exit status 2
+  bool mpi_usable_ = true;      // false: the profiles' exchange cancelled a send (no finalize)
 };
 
 std::string Daemon::setup_local() {
@@ -176,6 +181,8 @@ std::string Daemon::setup_local() {
   if (!source_root_.valid()) return "SOURCE_DIR " + cfg_.source_dir + ": " + std::strerror(errno);
   source_ = std::make_unique<BeneathSource>(source_root_.get());
   limit_cache();
+  profile_ = std::make_unique<JobProfile>(JobProfile::Config{profile_path(), cfg_.replay, cfg_.source_dir,
+                                                             cfg_.chunk_size, cfg_.small_file_size});
   return create_group_core_mount(group_config());
 }
 
@@ -218,6 +225,19 @@ void Daemon::limit_cache() {
                  cache_->usage().bytes);
 }
 
+// --profile as a path ("" off): made absolute, its last component not resolved (a symlink
+// there is read_profile's to refuse).
+std::string Daemon::profile_path() const {
+  if (cfg_.profile == "off") return {};
+  if (cfg_.profile == "auto") {
+    std::string p = default_profile_path(cfg_.source_dir);
+    if (p.empty())
+      spdlog::warn("no home directory: no profile is recorded or replayed (give --profile PATH)");
+    return p;
+  }
+  return fs::absolute(cfg_.profile).lexically_normal().string();
+}
+
 // The group's configuration: the daemon's options, and the cache's admission around every
 // transfer and batch.
 GroupConfig Daemon::group_config() {
@@ -226,7 +246,9 @@ GroupConfig Daemon::group_config() {
   g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
   // Admission is the cache's (NodeCache::admit_transfer, admit_batch): the group calls it on
   // every node before a transfer or a batch, and tells it what was published after.
-  g.before_transfer = [this](const std::string& rel) { return cache_->admit_transfer(source_root_.get(), rel); };
+  g.before_transfer = [this](const std::string& rel, bool may_evict) {
+    return cache_->admit_transfer(source_root_.get(), rel, may_evict);
+  };
   g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
     cache_->transfer_done(rel);
     if (metrics_) metrics_->observe_transfer(secs, ok);
@@ -253,6 +275,7 @@ GroupConfig Daemon::group_config() {
     std::lock_guard lk(m_);
     return shutting_down_;
   };
+  profile_->attach(g);
   g.bcast.chunk_size = cfg_.chunk_size;
   g.bcast.source_version = cfg_.source_version;
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
@@ -276,6 +299,7 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
+  profile_->core_ready(*core_);
   MountOptions mount_opt = cfg_.mount;
   mount_opt.backing_probe = cache_->dir() + "/.lock";  // a regular file on the cache's filesystem
   auto mount = FuseMount::create(*core_, mount_opt);
@@ -317,6 +341,7 @@ MountStatus Daemon::status() const {
   s.transfers = g.transfers;
   s.batches = g.batches;
   s.nested_batches = g.nested;
+  s.nested_files = g.nested_files;
   s.batch_files = g.batch_files;
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
@@ -338,6 +363,7 @@ MountStatus Daemon::status() const {
   s.current_total = g.current_total;
   s.current_seconds = g.current_seconds;
   s.cache = cache_->usage();
+  s.replay = profile_->stats();
   return s;
 }
 
@@ -406,6 +432,7 @@ int Daemon::run(int* argc, char*** argv) {
                                              [this] { return status(); });
   spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
                data_->size());
+  if (ctl_->is_coordinator()) profile_->start_replay(*group_, *core_, source_root_.get());
   return serve();
 }
 
@@ -486,9 +513,12 @@ int Daemon::serve() {
   if (!st) spdlog::error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
+  // Every node's record to rank 0, within part of the shutdown's time (the supervisor's clock).
+  mpi_usable_ = profile_->finish(*data_, group_->state() == GroupState::broken,
+                                 std::chrono::milliseconds(std::llround(cfg_.shutdown_timeout * 400)));
   core_->stop();     // opens answered late by the completion pool are done (or dropped) now
   metrics_.reset();  // a last write, with the final counters
-  if (group_->state() != GroupState::broken) {
+  if (group_->state() != GroupState::broken && mpi_usable_) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.
     ctl_.reset();
@@ -502,7 +532,7 @@ int Daemon::serve() {
   }
   cv_.notify_all();
   supervisor.join();
-  if (group_->state() == GroupState::broken) {
+  if (group_->state() == GroupState::broken || !mpi_usable_) {
     std::fflush(nullptr);
     std::_Exit(1);  // MPI may be stuck mid-collective: do not finalize
   }

@@ -81,6 +81,13 @@ struct DaemonConfig {
   double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
+  // --profile: where the mount records what its job read, written when it ends, and where
+  // the next mount finds it to replay: "auto" (under the user's cache directory, keyed by
+  // SOURCE_DIR: profile/file.h), "off" (neither), or a path. The same on every node.
+  std::string profile = "auto";
+  // --replay: the coordinator's node stages the profile's files in the background once every
+  // node mounted (profile/replay.h). Off: only record.
+  bool replay = true;
   std::string metrics_file;         // --metrics-file (empty: none)
   double metrics_interval = 10;     // seconds between rewrites
   MountOptions mount;

@@ -56,7 +56,7 @@ Message request(MsgType type, std::string path, const Want& want) {
 }  // namespace
 
 void GroupService::materialize_async(const std::string& rel, const Want& want, Done done) {
-  wait_for(request(MsgType::materialize, rel, want), std::move(done));
+  wait_for(request(MsgType::materialize, rel, want), want.may_evict, std::move(done));
 }
 
 void GroupService::materialize_small_async(const std::string& rel, uint64_t since, const Want& want,
@@ -72,12 +72,13 @@ void GroupService::materialize_small_async(const std::string& rel, uint64_t sinc
   }
   Message ask = request(MsgType::batch, std::move(dir), want);
   ask.from = rel.substr(rel.rfind('/') + 1);  // npos + 1 = 0: a file at the root
-  wait_for(std::move(ask), std::move(done), since);
+  wait_for(std::move(ask), want.may_evict, std::move(done), since);
 }
 
 void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) {
   if (!cfg_.read_during_copy) return materialize_async(rel, want, std::move(done));
-  wait_for(request(MsgType::materialize, rel, want), std::move(done), UINT64_MAX, std::move(on_live));
+  wait_for(request(MsgType::materialize, rel, want), want.may_evict, std::move(done), UINT64_MAX,
+           std::move(on_live));
 }
 
 // The transfer of rel runs here, its temporary file open: the opens waiting for it go on.
@@ -110,7 +111,7 @@ bool GroupService::batch_running(const std::string& rel) const {
   return batch_running_.contains(dir);
 }
 
-void GroupService::wait_for(Message ask, Done done, uint64_t since, LiveStarted on_live) {
+void GroupService::wait_for(Message ask, bool may_evict, Done done, uint64_t since, LiveStarted on_live) {
   const Key key{ask.type, ask.path};
   std::unique_lock lk(m_);
   const std::string& rel = key.second;
@@ -138,13 +139,20 @@ void GroupService::wait_for(Message ask, Done done, uint64_t since, LiveStarted 
     return done(stage::sys_error(ESHUTDOWN, "materialize (mount is shutting down)", rel));
   }
   auto& slot = waits_[key];
+  const bool running_here = key.first == MsgType::batch && batch_running_.contains(key.second);
   if (!slot) {  // first open of this file (batch) on this node: one request, shared by later opens
     slot = std::make_shared<Waiter>();
     slot->requested = Clock::now();
     slot->ask = std::move(ask);
-    if (key.first != MsgType::batch || !batch_running_.contains(key.second)) ask_locked(slot->ask);
+    if (!running_here) ask_locked(slot->ask);
     watchdog_cv_.notify_all();
+  } else if ((slot->ask.flags & kBackground) != 0 && (ask.flags & kBackground) == 0) {
+    // An open joins a background wait (a replay's, a prefetch's): it asks as an open, so that
+    // the coordinator moves the key ahead of the background queue.
+    slot->ask = std::move(ask);
+    if (!running_here) ask_locked(slot->ask);
   }
+  slot->may_evict = slot->may_evict || may_evict;
   if (on_live)
     slot->on_live.emplace_back(std::move(on_live), std::move(done));
   else
@@ -293,50 +301,33 @@ std::string GroupService::fed_by(const stage::StageReport& r) const {
          (r.fed_by == data_.rank() ? " (this node, " + stage::host_name() + ")" : std::string()) + again;
 }
 
-GroupService::Ran GroupService::run_transfer(const Message& a) {
+// A transfer of one file: an open's (materialize), a background one (file_prefetch: it evicts
+// nothing here), or an open's nested in a background one (file_nested, on the nested Comm).
+GroupService::Ran GroupService::run_transfer(const Message& a, stage::Comm& comm) {
   const auto t0 = Clock::now();
+  const bool nested = a.type == MsgType::file_nested;
   stage::StageOptions opt = transfer_options();
   // The source reader resolves a.path beneath SOURCE_DIR (BeneathSource); the copy goes to the
   // same relative path in the cache.
   NestHook nest(*this);
-  if (nested_ != nullptr) opt.nest = &nest;
-  std::shared_ptr<LiveCopy> live;
-  if (cfg_.read_during_copy) {
-    live = std::make_shared<LiveCopy>([this, rel = a.path] { live_started(rel); });
-    std::lock_guard lk(m_);
-    live_[a.path] = live;
-    last_progress_ = Clock::now();
-    opt.live_copy = live.get();
-    watchdog_cv_.notify_all();
-  }
-  const stage::Status room = cfg_.before_transfer ? cfg_.before_transfer(a.path) : stage::Status{};
+  if (nested_ != nullptr && !nested) opt.nest = &nest;
+  std::shared_ptr<LiveCopy> live = start_live(a.path);
+  opt.live_copy = live.get();
+  const stage::Status room =
+      cfg_.before_transfer ? cfg_.before_transfer(a.path, a.type != MsgType::file_prefetch) : stage::Status{};
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), room.ok()};
-  {
-    std::lock_guard lk(m_);
-    stats_.current = a.path;
-    stats_.current_done = stats_.current_total = 0;
-    current_start_ = t0;
-  }
-  auto report = stage::stage_transfer(data_, &src_, store_, opt, ep, transfer_progress());
+  ShownTransfer outer = show_batch(a.path, t0);
+  auto report = stage::stage_transfer(comm, &src_, store_, opt, ep, transfer_progress());
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (live) {
-    {
-      std::lock_guard lk(m_);
-      live_.erase(a.path);
-    }
-    // Reads of chunks that never came: EIO, or the stall error when the data path broke (the
-    // core then reads the source for them with --on-stall source).
-    live->end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
-                                            : std::error_code(EIO, std::generic_category()));
-    const LiveCopy::Stats ls = live->stats();
-    std::lock_guard lk(m_);
-    stats_.reads_waited_during_copy += ls.reads_waited;
-    stats_.chunks_wanted += ls.chunks_wanted;
-  }
+  if (live) end_live(a.path, *live, report);
   if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);
   {
     std::lock_guard lk(m_);
     stats_.current.clear();
+    if (nested) {
+      ++stats_.nested_files;
+      show_again_locked(std::move(outer));
+    }
     ++stats_.transfers;
     stats_.bytes_broadcast += report.bytes_streamed;
     stats_.chunks_broadcast += report.chunks;
@@ -345,29 +336,81 @@ GroupService::Ran GroupService::run_transfer(const Message& a) {
     if (!report.ok) ++stats_.failures;
     last_progress_ = Clock::now();
   }
+  finish_transfer(a, report, room, secs);
+  return Ran{!report.comm_broken, transfer_cost(report.bytes_streamed, report.chunks, report.files)};
+}
+
+// With reads during the copy: the transfer's LiveCopy, known to the opens (live_), with the
+// chunks a replayed profile wants first on the coordinator's node.
+std::shared_ptr<LiveCopy> GroupService::start_live(const std::string& rel) {
+  if (!cfg_.read_during_copy) return nullptr;
+  auto live = std::make_shared<LiveCopy>([this, rel] { live_started(rel); });
+  if (coord_ && cfg_.first_chunks) live->want_first(cfg_.first_chunks(rel, cfg_.bcast.chunk_size));
+  std::lock_guard lk(m_);
+  live_[rel] = live;
+  last_progress_ = Clock::now();
+  watchdog_cv_.notify_all();
+  return live;
+}
+
+void GroupService::end_live(const std::string& rel, LiveCopy& live, const stage::StageReport& report) {
+  {
+    std::lock_guard lk(m_);
+    live_.erase(rel);
+  }
+  // Reads of chunks that never came: EIO, or the stall error when the data path broke (the
+  // core then reads the source for them with --on-stall source).
+  live.end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
+                                         : std::error_code(EIO, std::generic_category()));
+  if (cfg_.live_reads)
+    if (auto order = live.read_order(); !order.chunks.empty()) cfg_.live_reads(rel, order);
+  const LiveCopy::Stats ls = live.stats();
+  std::lock_guard lk(m_);
+  stats_.reads_waited_during_copy += ls.reads_waited;
+  stats_.chunks_wanted += ls.chunks_wanted;
+}
+
+// The transfer's one log line and its waiters' answer.
+void GroupService::finish_transfer(const Message& a, const stage::StageReport& report,
+                                   const stage::Status& room, double secs) {
+  const Key key{MsgType::materialize, a.path};
   if (report.ok && !room.ok()) {
     spdlog::info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
                  report.nodes_needing);
-    complete(Key{MsgType::materialize, a.path}, room);
+    {
+      std::lock_guard lk(m_);
+      if (a.type == MsgType::file_prefetch && ask_again_evicting_locked(key)) return;
+    }
+    complete(key, room);
   } else if (report.ok) {
-    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}, reads via {}",
-                 a.path, report.bytes_total, secs,
-                 secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
-                 report.nodes_needing, report.writers, fed_by(report),
-                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
-    complete(Key{MsgType::materialize, a.path}, {});
+    spdlog::info(
+        "materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}{}, reads via {}",
+        a.path, report.bytes_total, secs,
+        secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
+        report.writers, fed_by(report),
+        a.type == MsgType::file_nested     ? " (nested)"
+        : a.type == MsgType::file_prefetch ? " (background)"
+                                           : "",
+        cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    complete(key, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
     spdlog::error("materialize {} failed: {}", a.path, why);
     // This node's own cause (ENOSPC in its cache...), else the source's (its errno), is what
     // its opens report.
-    complete(Key{MsgType::materialize, a.path},
-             stage::Error{report.local_error    ? report.local_error
-                          : report.source_error ? report.source_error
-                                                : stage::make_error_code(stage::Errc::peer_failed),
-                          why});
+    complete(key, stage::Error{report.local_error    ? report.local_error
+                               : report.source_error ? report.source_error
+                                                     : stage::make_error_code(stage::Errc::peer_failed),
+                               why});
   }
-  return Ran{!report.comm_broken, transfer_cost(report.bytes_streamed, report.chunks, report.files)};
+}
+
+bool GroupService::ask_again_evicting_locked(const Key& key) {
+  auto w = waits_.find(key);
+  if (w == waits_.end() || !w->second->may_evict) return false;
+  w->second->ask.flags = 0;  // an open's request now, one that may evict
+  ask_locked(w->second->ask);
+  return true;
 }
 
 // A batch: every small file of directory a.path in one transfer. Collective like a single
@@ -443,6 +486,13 @@ GroupService::ShownTransfer GroupService::show_batch(const std::string& shown, C
   return outer;
 }
 
+void GroupService::show_again_locked(ShownTransfer outer) {
+  stats_.current = std::move(outer.current);
+  stats_.current_done = outer.done;
+  stats_.current_total = outer.total;
+  current_start_ = outer.start;
+}
+
 // The batch's transfer, run once more if it failed (not a prefetch, nor a broken Comm).
 GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm& comm,
                                                   const std::string& shown, bool prefetch) {
@@ -482,10 +532,7 @@ void GroupService::count_batch(const Message& a, const BatchRuns& r, ShownTransf
   stats_.current.clear();
   if (nested) {
     ++stats_.nested;
-    stats_.current = std::move(outer.current);
-    stats_.current_done = outer.done;
-    stats_.current_total = outer.total;
-    current_start_ = outer.start;
+    show_again_locked(std::move(outer));
   }
   ++stats_.transfers;
   ++stats_.batches;
@@ -520,16 +567,19 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
     // asked for. Nothing is marked failed (an open of this directory asks for it as usual),
     // and the prefetches still queued go too: they would not fit either. Opens that attached
     // to this batch meanwhile keep waiting and ask for it again, as an ordinary batch (one
-    // that may evict); the request says it saw this announcement, so it is not dropped.
+    // that may evict); the request says it saw this announcement, so it is not dropped. A
+    // wait that may not evict (a replayed profile's) gets the error.
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
     spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
-    std::lock_guard lk(m_);
-    batch_running_.erase(a.path);
-    if (auto w = waits_.find(key); w != waits_.end()) {
-      w->second->ask.flags = 0;  // an ordinary batch now, one that may evict
-      ask_locked(w->second->ask);
+    {
+      std::lock_guard lk(m_);
+      batch_running_.erase(a.path);
+      if (!waits_.contains(key) || ask_again_evicting_locked(key)) return;
     }
+    complete(key, stage::Error{report.local_error ? report.local_error
+                                                  : stage::make_error_code(stage::Errc::peer_failed),
+                               why});
   } else {
     spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {
@@ -662,12 +712,10 @@ bool GroupService::run_announcement(const Message& m) {
     batch_running_.insert(m.path);
   }
   last_seen_id_ = std::max(last_seen_id_, m.id);
-  running_.emplace_back(is_batch(m.type) ? MsgType::batch : m.type, m.path);
+  running_.emplace_back(key_type(m.type), m.path);
   if (coord_) coord_->on_started(m);
-  const Ran ran =
-      m.type == MsgType::materialize
-          ? run_transfer(m)
-          : run_batch(m, m.type == MsgType::batch_nested && nested_ != nullptr ? *nested_ : data_);
+  stage::Comm& comm = is_nested(m.type) && nested_ != nullptr ? *nested_ : data_;
+  const Ran ran = is_file(m.type) ? run_transfer(m, comm) : run_batch(m, comm);
   if (coord_) {
     coord_->charge(m, ran.cost);
     coord_->on_finished(m);
@@ -699,7 +747,7 @@ stage::Status GroupService::nest_poll() {
 // last, once. Every rank receives every announcement, so any rank can place the mark.
 uint32_t GroupService::nest_mark() {
   for (const Message& m : deferred_)
-    if (m.type == MsgType::batch_nested && m.id > marked_) {
+    if (is_nested(m.type) && m.id > marked_) {
       marked_ = m.id;
       return nest_token(m.id);
     }
@@ -712,7 +760,7 @@ uint32_t GroupService::nest_mark() {
 stage::Status GroupService::nest_run(uint32_t token) {
   auto first_nested = [&] {
     return std::find_if(deferred_.begin(), deferred_.end(),
-                        [](const Message& m) { return m.type == MsgType::batch_nested; });
+                        [](const Message& m) { return is_nested(m.type); });
   };
   const auto t0 = Clock::now();
   auto it = first_nested();
@@ -725,18 +773,19 @@ stage::Status GroupService::nest_run(uint32_t token) {
       continue;
     }
     if (cfg_.stall_timeout.count() > 0 && Clock::now() - t0 > cfg_.stall_timeout)
-      return stage::stage_error(stage::Errc::timed_out, "the announcement of a nested batch never came");
+      return stage::stage_error(stage::Errc::timed_out, "the announcement of a nested transfer never came");
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   if (nest_token(it->id) != token)
     return stage::stage_error(stage::Errc::bad_message,
-                              "a mark names nested batch " + std::to_string(token) + ", the next one announced is " +
-                                  std::to_string(it->id));
+                              "a mark names nested transfer " + std::to_string(token) +
+                                  ", the next one announced is " + std::to_string(it->id));
   const Message m = std::move(*it);
   deferred_.erase(it);
   if (!run_announcement(m))
-    return stage::stage_error(stage::Errc::group_broken,
-                              "the nested batch of " + (m.path.empty() ? std::string("/") : m.path) + " broke");
+    return stage::stage_error(
+        stage::Errc::group_broken,
+        "the nested transfer of " + (m.path.empty() ? std::string("/") : m.path) + " broke");
   return {};
 }
 

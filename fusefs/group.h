@@ -27,7 +27,12 @@
 // and the source rank puts a mark in the running stream. Every rank runs that batch on the
 // second Comm once the mark is complete on it, then goes on with the file.
 // A nested announcement whose mark never came (the stream ended first) runs right after the
-// transfer, like any announcement. Large files still go one at a time (they share the links).
+// transfer, like any announcement. Large files still go one at a time (they share the links),
+// except that an open's file runs nested in a background one (file_prefetch: a replayed
+// profile's, stagectl prefetch's): the background stream pauses at the mark and goes on after.
+// Background transfers (Want::background) evict no copy; one that found no room answers a
+// want that may_evict by asking again as an open, and any other with the error. An open that
+// joins a background wait on this node asks again as an open (the coordinator moves it ahead).
 // Walks (GroupConfig::prefetch_siblings; coordinator.h): when the coordinator sees a walk,
 // this (its) node lists the parent's subdirectories through the source reader and queues
 // their batches behind every request. An open that misses a file of the batch running on
@@ -78,11 +83,11 @@ struct GroupConfig {
   // Named in the one log line per materialization (how reads of the copy are served).
   std::function<std::string()> read_path;
   // Called on every rank before a transfer of rel starts (the mount removes an outdated copy
-  // there, so that its space counts as free, and makes room). An error (no room in this
-  // node's cache) makes this node relay the transfer without writing a copy: the other nodes
-  // get theirs, and this node's opens of rel get the error (the core then waits for room
-  // and asks again, StageFsCore::no_room).
-  std::function<stage::Status(const std::string&)> before_transfer;
+  // there, so that its space counts as free, and makes room, evicting only if may_evict: not
+  // for a background transfer). An error (no room in this node's cache) makes this node relay
+  // the transfer without writing a copy: the other nodes get theirs, and this node's opens of
+  // rel get the error (the core then waits for room and asks again, StageFsCore::no_room).
+  std::function<stage::Status(const std::string& rel, bool may_evict)> before_transfer;
   // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
   std::function<bool()> cancelled;
   // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).
@@ -92,6 +97,12 @@ struct GroupConfig {
   uint64_t small_file_size = 0;
   // Reads before the copy ends: single-file transfers get a LiveCopy (materialize_live_async).
   bool read_during_copy = false;
+  // With read_during_copy, on the coordinator's node, before a transfer of rel: chunks (of
+  // chunk_size bytes) its LiveCopy wants first, in this order (a replayed profile's).
+  std::function<std::vector<uint64_t>(const std::string& rel, uint64_t chunk_size)> first_chunks;
+  // With read_during_copy, on every rank, after a transfer of rel: what this node's readers
+  // read during the copy (LiveCopy::read_order; called only if they read something).
+  std::function<void(const std::string& rel, const LiveCopy::ReadOrder& order)> live_reads;
   // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
   // room by evicting; a batch that does not fit is then refused by the engine's free-space
   // check, on every rank.
@@ -131,7 +142,8 @@ struct GroupConfig {
 struct GroupStats {
   uint64_t transfers = 0;     // announcements run on this node (every node counts each one)
   uint64_t batches = 0;       // of which directory batches
-  uint64_t nested = 0;        // of which ran nested in a transfer of one file
+  uint64_t nested = 0;        // of which batches ran nested in a transfer of one file
+  uint64_t nested_files = 0;  // files whose transfer ran nested in a background one
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
@@ -193,15 +205,18 @@ class GroupService final : public Materializer {
  private:
   struct Waiter {
     Clock::time_point requested;
-    Message ask;  // the request it sent (sent again if a prefetch it attached to was skipped)
+    Message ask;             // the request it sent (sent again if a prefetch it attached to was skipped)
+    bool may_evict = false;  // some want of it may evict (Want::may_evict)
     std::vector<Done> callbacks;
     std::vector<std::pair<LiveStarted, Done>> on_live;  // answered by on_live() once the copy runs here
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
   using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
 
-  // ask: the request to send if this is the node's first wait for its key.
-  void wait_for(Message ask, Done done, uint64_t since = UINT64_MAX, LiveStarted on_live = {});
+  // ask: the request to send if this is the node's first wait for its key (or an open's
+  // joining a background wait).
+  void wait_for(Message ask, bool may_evict, Done done, uint64_t since = UINT64_MAX,
+                LiveStarted on_live = {});
   void live_started(const std::string& rel);  // MPI thread, from the LiveCopy
   // Each returns false when the data path broke (StageReport::comm_broken): the Comm must
   // not be used again, so the group stops transferring.
@@ -211,7 +226,12 @@ class GroupService final : public Materializer {
     bool data_ok = true;
     uint64_t cost = 0;
   };
-  Ran run_transfer(const Message& a);
+  Ran run_transfer(const Message& a, stage::Comm& comm);
+  // The steps of run_transfer.
+  std::shared_ptr<LiveCopy> start_live(const std::string& rel);
+  void end_live(const std::string& rel, LiveCopy& live, const stage::StageReport& report);
+  void finish_transfer(const Message& a, const stage::StageReport& report, const stage::Status& room,
+                       double secs);
   Ran run_batch(const Message& a, stage::Comm& comm);
   // The steps of run_batch. The status line a batch replaces (a nested batch puts back the
   // transfer it interrupted), and its runs (at most two) summed.
@@ -229,6 +249,11 @@ class GroupService final : public Materializer {
   };
   [[nodiscard]] stage::StageOptions batch_options(const Message& a) const;
   ShownTransfer show_batch(const std::string& shown, Clock::time_point t0);
+  // A nested transfer ended: status shows the one it interrupted again (m_ held).
+  void show_again_locked(ShownTransfer outer);
+  // A background transfer found no room here (m_ held): the opens or requests waiting for key
+  // that may evict ask again, as an open; true if they do (then the key is not completed).
+  bool ask_again_evicting_locked(const Key& key);
   BatchRuns stage_batch(const Message& a, stage::Comm& comm, const std::string& shown, bool prefetch);
   void count_batch(const Message& a, const BatchRuns& r, ShownTransfer outer, bool prefetch);
   void finish_batch(const Message& a, const std::string& shown, const BatchRuns& r, double secs,

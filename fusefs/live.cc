@@ -34,6 +34,7 @@ void LiveCopy::started(const stage::FileMeta& source, uint64_t chunk_size,
       for (uint64_t c = h.off / chunk_; c < std::min(n, (h.off + h.len + chunk_ - 1) / chunk_); ++c)
         state_[c] = kZero;
     asked_.assign(n, 0);
+    read_.assign(n, 0);
     started_ = true;
   }
   if (on_started_) on_started_();
@@ -71,6 +72,11 @@ void LiveCopy::chunk_written(uint64_t index, bool zero) {
     }
   }
   for (auto& r : now) r({});
+}
+
+void LiveCopy::want_first(const std::vector<uint64_t>& chunks) {
+  std::lock_guard lk(m_);
+  wants_.insert(wants_.end(), chunks.begin(), chunks.end());
 }
 
 void LiveCopy::take_wanted(std::vector<uint64_t>& out) {
@@ -114,7 +120,13 @@ std::optional<std::error_code> LiveCopy::await(uint64_t off, size_t size, Ready 
     return why_;
   }
   const uint64_t end = std::min<uint64_t>(source_.size, off + size);
-  if (off >= end || have_locked(off, end)) return std::error_code{};
+  if (off >= end) return std::error_code{};
+  for (uint64_t c = off / chunk_; c * chunk_ < end && read_order_.size() < kMaxReadOrder; ++c)
+    if (read_[c] == 0) {
+      read_[c] = 1;
+      read_order_.push_back(c);
+    }
+  if (have_locked(off, end)) return std::error_code{};
   ++stats_.reads_waited;
   want_locked(off, end);
   pending_.push_back(Pending{off, end, std::move(ready), std::chrono::steady_clock::now()});
@@ -171,6 +183,11 @@ stage::FileMeta LiveCopy::source() const {
 LiveCopy::Stats LiveCopy::stats() const {
   std::lock_guard lk(m_);
   return stats_;
+}
+
+LiveCopy::ReadOrder LiveCopy::read_order() const {
+  std::lock_guard lk(m_);
+  return ReadOrder{chunk_, read_order_};
 }
 
 }  // namespace stagefs

@@ -18,6 +18,10 @@
 // Holes travel as "zero" chunks, or not at all (a sparse file's holes of whole chunks are
 // here from the start), and read as zeros. Bytes past the source's size read as EOF.
 // A file of one chunk or less never becomes ready: its opens wait for the whole copy.
+// What readers read is remembered (read_order: each chunk once, in the order readers first
+// asked for it, at most kMaxReadOrder chunks): a profile replays it (fusefs/profile/). Chunks
+// known to be wanted before any reader asks (want_first: a replayed profile's) are wanted
+// first, in that order.
 //
 // Thread-safety: every method is thread-safe. started() and take_wanted() come from the MPI
 // thread, chunk_written() from the engine's writer thread (which only collects the ready
@@ -50,6 +54,13 @@ class LiveCopy final : public stage::LiveCopyReaders {
   // on_started: called (without the lock) once the temporary file is open for reading.
   explicit LiveCopy(std::function<void()> on_started = {}) : on_started_(std::move(on_started)) {}
 
+  // The most chunks read_order() keeps.
+  static constexpr size_t kMaxReadOrder = 4096;
+
+  // Chunks to send before any reader asks, in this order (valid on any rank, started or not:
+  // the engine routes them to the rank that reads).
+  void want_first(const std::vector<uint64_t>& chunks);
+
   // stage::LiveCopyReaders
   void started(const stage::FileMeta& source, uint64_t chunk_size, const std::vector<stage::Extent>& holes,
                const stage::Txn& txn) override;
@@ -79,6 +90,13 @@ class LiveCopy final : public stage::LiveCopyReaders {
     uint64_t reads = 0, reads_waited = 0, reads_failed = 0, chunks_wanted = 0;
   };
   [[nodiscard]] Stats stats() const;
+  // The chunks this node's readers read, each once, in the order they first asked for it
+  // (empty if none read, or the copy never started here), in chunks of chunk_size.
+  struct ReadOrder {
+    uint64_t chunk_size = 0;
+    std::vector<uint64_t> chunks;
+  };
+  [[nodiscard]] ReadOrder read_order() const;
 
  private:
   struct Pending {
@@ -100,6 +118,8 @@ class LiveCopy final : public stage::LiveCopyReaders {
   std::error_code why_{EIO, std::generic_category()};
   std::vector<char> state_;  // per chunk
   std::vector<char> asked_;  // per chunk: already wanted
+  std::vector<char> read_;   // per chunk: in read_order_
+  std::vector<uint64_t> read_order_;
   std::vector<uint64_t> wants_;
   std::deque<Pending> pending_;
   Stats stats_;

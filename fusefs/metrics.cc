@@ -68,6 +68,24 @@ struct MetricsFile::Impl {
       l["kind"] = k;
       err[k] = &errors.Add(l);
     }
+    auto& replay_files = pm::BuildCounter()
+                             .Name("stagefs_replay_files_total")
+                             .Help(
+                                 "The coordinator's node: files of the last job's profile the replay asked "
+                                 "for (queued), got staged (staged: copied, or current already), skipped "
+                                 "(gone, not readable by the profile's user, failed); at unmount, of the "
+                                 "staged ones, those the job opened on any node (used) and the rest (unused)")
+                             .Register(*registry);
+    auto& replay_bytes = pm::BuildCounter()
+                             .Name("stagefs_replay_bytes_total")
+                             .Help("The bytes of stagefs_replay_files_total's files, by the same kinds")
+                             .Register(*registry);
+    for (const char* k : {"queued", "staged", "skipped", "used", "unused"}) {
+      pm::Labels l = labels;
+      l["kind"] = k;
+      replay_file[k] = &replay_files.Add(l);
+      if (std::string_view(k) != "skipped") replay_byte[k] = &replay_bytes.Add(l);
+    }
     cache_bytes = &gauge("stagefs_cache_bytes", "Bytes the cached copies occupy on this node");
     cache_limit = &gauge("stagefs_cache_limit_bytes", "--cache-size in bytes (0: no limit)");
     cache_files = &gauge("stagefs_cache_files", "Copies in the cache");
@@ -110,6 +128,18 @@ struct MetricsFile::Impl {
     feed(err["corrupt"], s.corrupt, last.corrupt);
     feed(err["denied"], s.denied, last.denied);
     feed(err["fallback"], s.source_fallbacks, last.source_fallbacks);
+    if (s.replay) {
+      const ReplayStats& r = *s.replay;
+      feed(replay_file["queued"], r.files_queued, last_replay.files_queued);
+      feed(replay_file["staged"], r.files_done, last_replay.files_done);
+      feed(replay_file["skipped"], r.files_skipped, last_replay.files_skipped);
+      feed(replay_file["used"], r.files_used, last_replay.files_used);
+      feed(replay_file["unused"], r.files_unused, last_replay.files_unused);
+      feed(replay_byte["queued"], r.bytes_queued, last_replay.bytes_queued);
+      feed(replay_byte["staged"], r.bytes_done, last_replay.bytes_done);
+      feed(replay_byte["used"], r.bytes_used, last_replay.bytes_used);
+      feed(replay_byte["unused"], r.bytes_unused, last_replay.bytes_unused);
+    }
     cache_bytes->Set(static_cast<double>(s.cache.bytes));
     cache_limit->Set(static_cast<double>(s.cache.limit));
     cache_files->Set(static_cast<double>(s.cache.files));
@@ -125,6 +155,8 @@ struct MetricsFile::Impl {
   pm::Counter *opens, *hits, *misses, *transfers, *local_writes, *bytes_bcast, *read_source, *read_seed,
       *seeded_here, *feed_retries, *evictions, *evicted_bytes, *prefetches;
   std::map<std::string, pm::Counter*> err;
+  std::map<std::string, pm::Counter*> replay_file, replay_byte;
+  ReplayStats last_replay;
   pm::Gauge *cache_bytes, *cache_limit, *cache_files, *cache_unsynced, *waiting, *in_flight_done,
       *in_flight_size, *up;
   pm::Histogram* transfer_seconds;

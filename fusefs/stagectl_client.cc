@@ -21,6 +21,39 @@ namespace {
 
 using nlohmann::json;
 
+// The replay of the last job's profile, as the coordinator's node (rank 0) shows it.
+void print_replay(const json& s) {
+  if (!s.contains("replay") || !s["replay"].is_object()) {
+    if (s.value("ranks", 1) > 1) std::printf("replay: shown on the coordinator's node (rank 0)\n");
+    return;
+  }
+  const json& r = s["replay"];
+  const std::string state = r.value("state", "?");
+  const auto count = [&](const char* k) { return static_cast<unsigned long long>(r.value(k, uint64_t{0})); };
+  const auto bytes = [&](const char* k) { return stage::human_bytes(r.value(k, uint64_t{0})); };
+  if (state == "off") {
+    std::printf("replay: off\n");
+  } else if (state == "none") {
+    std::printf("replay: no profile yet (%s): this job's reads make one when it ends\n",
+                shown(r.value("profile", "?")).c_str());
+  } else if (state == "refused") {
+    std::printf("replay: profile refused: %s\n", shown(r.value("profile", "?")).c_str());
+  } else {
+    std::printf("replay: %s, %llu of %llu file(s) staged ahead (%s of %s), %llu skipped; profile %s\n",
+                shown(state).c_str(), count("files_done"), count("files_queued"), bytes("bytes_done").c_str(),
+                bytes("bytes_queued").c_str(), count("files_skipped"),
+                shown(r.value("profile", "?")).c_str());
+  }
+  if (r.contains("used") && r["used"].is_object()) {
+    const json& u = r["used"];
+    std::printf("replay: the job opened %llu of the files staged ahead (%s); %llu it did not (%s)\n",
+                static_cast<unsigned long long>(u.value("files", uint64_t{0})),
+                stage::human_bytes(u.value("bytes", uint64_t{0})).c_str(),
+                static_cast<unsigned long long>(u.value("files_unused", uint64_t{0})),
+                stage::human_bytes(u.value("bytes_unused", uint64_t{0})).c_str());
+  }
+}
+
 void print_status(const json& s) {
   // How reads of complete copies are served; files opened during their copy are read through
   // the daemon until closed (user guide: reads during a copy).
@@ -44,6 +77,7 @@ void print_status(const json& s) {
       stage::human_bytes(c.value("pinned_bytes", uint64_t{0})).c_str(),
       static_cast<unsigned long long>(c.value("pinned_files", uint64_t{0})),
       static_cast<unsigned long long>(s.value("room_waits", uint64_t{0})));
+  print_replay(s);
   if (s.contains("transfer") && s["transfer"].is_object() && s["transfer"].value("hidden", false)) {
     std::printf("transfer: one in flight (of a file you may not read: not named)\n");
   } else if (s.contains("transfer") && s["transfer"].is_object()) {
@@ -66,6 +100,11 @@ void print_stats(const json& s) {
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s.value(k, uint64_t{0})));
   for (const char* k : {"evictions", "unsynced", "synced_later"})
     std::printf("%-18s %llu\n", k, static_cast<unsigned long long>(s["cache"].value(k, uint64_t{0})));
+  if (s.contains("replay") && s["replay"].is_object())
+    for (const char* k :
+         {"files", "files_queued", "bytes_queued", "files_done", "bytes_done", "files_skipped"})
+      std::printf("replay_%-11s %llu\n", k,
+                  static_cast<unsigned long long>(s["replay"].value(k, uint64_t{0})));
 }
 
 }  // namespace

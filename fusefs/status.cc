@@ -49,6 +49,7 @@ std::string to_json(const MountStatus& s) {
   j["transfers"] = s.transfers;
   j["batches"] = s.batches;
   j["nested_batches"] = s.nested_batches;
+  j["nested_files"] = s.nested_files;
   j["batch_files"] = s.batch_files;
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;
@@ -70,6 +71,24 @@ std::string to_json(const MountStatus& s) {
                 {"evictions", s.cache.evictions}, {"evicted_bytes", s.cache.evicted_bytes},
                 {"unsynced", s.cache.unsynced},   {"synced_later", s.cache.synced_later},
                 {"pinned_bytes", s.cache.pinned_bytes}, {"pinned_files", s.cache.pinned_files}};
+  if (s.replay) {
+    const ReplayStats& r = *s.replay;
+    j["replay"] = {{"state", r.state},
+                   {"profile", r.note},
+                   {"files", r.files},
+                   {"files_queued", r.files_queued},
+                   {"bytes_queued", r.bytes_queued},
+                   {"files_done", r.files_done},
+                   {"bytes_done", r.bytes_done},
+                   {"files_skipped", r.files_skipped}};
+    if (r.accounted)
+      j["replay"]["used"] = {{"files", r.files_used},
+                             {"bytes", r.bytes_used},
+                             {"files_unused", r.files_unused},
+                             {"bytes_unused", r.bytes_unused}};
+  } else {
+    j["replay"] = nullptr;
+  }
   if (s.current_hidden) {
     j["transfer"] = {{"path", nullptr}, {"hidden", true}};
   } else if (!s.current.empty()) {

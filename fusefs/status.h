@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fusefs/cache/cache.h"
+#include "fusefs/profile/replay.h"
 
 namespace stagefs {
 
@@ -23,6 +25,7 @@ struct MountStatus {
   uint64_t budget_stops = 0;      // coordinator's node: walks and batch sequences stopped at their budget
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here
   uint64_t nested_batches = 0;  // of the batches, run nested in a single-file transfer
+  uint64_t nested_files = 0;    // single-file transfers run nested in a background one
   // where the transfers' bytes were read: the shared source, or a node's cached copy (a
   // seed); transfers this node's cache fed
   uint64_t bytes_from_source = 0, bytes_from_seeds = 0, seeded_here = 0;
@@ -38,6 +41,8 @@ struct MountStatus {
   double current_seconds = 0;
   bool current_hidden = false;  // a transfer runs that this reader may not see: hide_current()
   CacheUsage cache;
+  // The replay of the last job's profile: on the coordinator's node (rank 0) only.
+  std::optional<ReplayStats> replay;
 
   // For a reader who may not read what is in flight: only that a transfer runs is kept. Its
   // name goes (a path inside a directory they cannot enter) and so do its bytes and times:

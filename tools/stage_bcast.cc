@@ -4,6 +4,7 @@
 // shows) and run it. Exit status: 0 done, 1 failed (the same on every rank), 2 usage,
 // 3 MPI start-up did not complete within --startup-timeout (bcast/mpi_start.h).
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -13,6 +14,8 @@
 
 #include "bcast/comm_mpi.h"
 #include "bcast/job.h"
+#include "bcast/paths.h"
+#include "fusefs/profile/file.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
 
@@ -30,8 +33,8 @@ const char* const kAbout =
     "contents), a --dest that is the source or, with -r, overlaps the source tree. A source\n"
     "that reads longer than its size fails the copy (1); nothing is published.";
 
-// Declares the options on `job`; returns --source-rank's option (given or not).
-CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
+// Declares the options on `job` (and --profile's path); returns --source-rank's option.
+CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profile) {
   using stage::Validate;
   using stagetools::add_choice;
   stage::StageOptions& opt = job.opt;
@@ -92,6 +95,12 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
              "auto: write each copy with O_DIRECT where the destination filesystem accepts it (no "
              "page-cache copy, no cache pollution; unaligned parts go buffered), off: buffered writes");
   app.add_flag("-r,--recursive", opt.recursive, "stage a directory tree (files, directories, symlinks)");
+  app.add_option("--profile", profile,
+                 "with --recursive: the files of this stagefs profile (what a job read, see stagefs "
+                 "--profile) go first in the stream, in the order that job read them; the other files "
+                 "follow. Paths are taken relative to --source (or to the profile's source directory, "
+                 "when --source lies inside it). Read by the source rank; one it cannot use is said "
+                 "and left out");
   app.add_flag("--ranks-as-nodes", job.ranks_as_nodes,
                "treat every rank as its own node (tests on one machine)");
   app.add_flag("--json", job.json, "print the report as JSON on stdout");
@@ -108,6 +117,21 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   return source_rank;
 }
 
+// --profile: the profile's files, for the source rank's stream (none, said, if it cannot be
+// used: the order only saves time, and the other ranks do not read it).
+std::vector<std::string> first_files(const std::string& path, const stage::BcastJob& job) {
+  if (!job.opt.recursive) {
+    std::fprintf(stderr, "stage-bcast: --profile orders the files of a tree: it needs --recursive\n");
+    return {};
+  }
+  auto p = stagefs::read_profile(path, ::geteuid() != 0 ? std::optional<uid_t>(::geteuid()) : std::nullopt);
+  if (!p) {
+    std::fprintf(stderr, "stage-bcast: --profile not used: %s\n", p.error().message.c_str());
+    return {};
+  }
+  return stagefs::profile_paths_under(p->profile, stage::resolve_path(job.source));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,7 +143,8 @@ int main(int argc, char** argv) {
   CLI::App app{kAbout, "stage-bcast"};
   stagetools::use_help_format(app);
   app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
-  CLI::Option* source_rank = add_options(app, job);
+  std::string profile;
+  CLI::Option* source_rank = add_options(app, job, profile);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -135,5 +160,7 @@ int main(int argc, char** argv) {
     return stage::bcast_usage_error(e.what());
   }
   job.opt.seed_from_copies = source_rank->count() == 0;
+  if (!profile.empty() && stage::launcher_rank() == job.opt.root)
+    job.opt.first_files = first_files(profile, job);
   return stage::run_bcast_job(std::move(job), &argc, &argv);
 }

@@ -192,6 +192,18 @@ void add_options(CLI::App& app, Cli& cli) {
                  "synced. 0: sync each batch before its files appear")
       ->capture_default_str()
       ->check(seconds(0, 3600));
+  app.add_option("--profile", cfg.profile,
+                 "where the mount records what its job read (the files, in the order of first access, "
+                 "and the chunks of large files read while they were copied), written when the mount "
+                 "ends, and where the next mount of SOURCE_DIR finds it: auto (under $XDG_CACHE_HOME "
+                 "or ~/.cache/stagefs/profiles/, one file per SOURCE_DIR), off (no profile), or a path "
+                 "(the same on every node)")
+      ->capture_default_str();
+  add_choice(app, "--replay", cfg.replay, kOnOff,
+             "on: once every node has mounted, the files of the last job's profile are staged in the "
+             "background, in the order that job read them: behind every open, never evicting a copy, "
+             "each checked against the access of the profile's user (the daemon's; for a daemon "
+             "running as root, the profile file's owner). off: only record (rank 0's setting)");
   app.add_option("--metrics-file", cfg.metrics_file,
                  "write the counters in Prometheus text format to this file (atomically, every "
                  "--metrics-interval seconds), e.g. for node_exporter's textfile collector");

@@ -18,14 +18,19 @@ namespace stagefs {
 // larger than the whole limit): the error makes this node relay the transfer without writing
 // (GroupConfig::before_transfer), so one node's full cache does not fail the copy on the
 // others; a filesystem without room is left to the engine's collective free-space check.
-stage::Status NodeCache::admit_transfer(int source_root, const std::string& rel) {
+stage::Status NodeCache::admit_transfer(int source_root, const std::string& rel, bool may_evict) {
   auto fd = open_beneath(source_root, rel, O_PATH);
   struct stat st {};
   if (!fd || ::fstat(fd->get(), &st) != 0) return {};
   if (remove_stale(rel, st)) spdlog::debug("removed the outdated cached copy of {}", rel);
   set_pending_overhead(copy_overhead());
-  auto room = make_room(rel, stage::allocated_from_stat(st) + copy_overhead());
-  if (!room) spdlog::warn("{}", room.error().message);
+  auto room = make_room(rel, stage::allocated_from_stat(st) + copy_overhead(), may_evict);
+  if (!room) {
+    if (may_evict)
+      spdlog::warn("{}", room.error().message);
+    else
+      spdlog::info("{}", room.error().message);
+  }
   return room;
 }
 

@@ -501,7 +501,7 @@ uint64_t NodeCache::fs_free() const {
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
-stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
+stage::Status NodeCache::make_room(const std::string& rel, uint64_t need, bool may_evict) {
   std::unique_lock lk(m_);
   if (limit_ != 0 && need > limit_)
     return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes, more than the whole --cache-size (" +
@@ -513,6 +513,12 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need) {
     lk.lock();
     const bool no_space = free_now < need;
     if (!over_limit && !no_space) return {};
+    if (!may_evict) {  // a filesystem without room is the engine's free-space check to report
+      if (!over_limit) return {};
+      return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes; the cache holds " +
+                                          std::to_string(bytes_) + " of its " + std::to_string(limit_) +
+                                          " bytes, and a background copy evicts nothing");
+    }
     // Evict only when it can be enough: a copy that cannot fit anyway must not cost the
     // node the copies it has.
     uint64_t evictable = 0;

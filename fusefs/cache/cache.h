@@ -168,8 +168,9 @@ class NodeCache {
   // before a transfer, 0 after it (the service thread).
   void set_pending_overhead(uint64_t bytes) { pending_overhead_ = bytes; }
   // Evicts LRU unpinned copies (never `rel` itself) until need more bytes fit under the
-  // limit and in the filesystem. Error (ENOSPC, with both sizes) when they cannot.
-  stage::Status make_room(const std::string& rel, uint64_t need);
+  // limit and in the filesystem. Error (ENOSPC, with both sizes) when they cannot, or, with
+  // !may_evict, when they do not fit under the limit as the cache is.
+  stage::Status make_room(const std::string& rel, uint64_t need, bool may_evict = true);
   // Removes rel's copy unless it is pinned (EBUSY) or absent (ENOENT).
   // source: the source file whose owner asked (dev, inode). A copy recorded as made from
   // another file (the path was swapped since the owner check) is left alone: EBUSY.
@@ -177,8 +178,9 @@ class NodeCache {
   // ---- admission (cache/admit.cc): called on every node by the group's service thread,
   // through GroupConfig's hooks, around each transfer or batch. source_root: SOURCE_DIR's fd.
   // Before a transfer of rel: removes an outdated copy, then makes room for the new one (an
-  // error, logged: no room under the limit; this node then relays without writing).
-  stage::Status admit_transfer(int source_root, const std::string& rel);
+  // error, logged: no room under the limit; this node then relays without writing). With
+  // !may_evict (a background transfer: no open asked for it) no copy is evicted for it.
+  stage::Status admit_transfer(int source_root, const std::string& rel, bool may_evict = true);
   // Before a batch of dir's slice (its files as batch_eligible() takes them, at most max_size
   // bytes each): keeps current copies, removes stale ones, and makes room for the others in
   // one make_room (none when !may_evict: a prefetch never evicts).

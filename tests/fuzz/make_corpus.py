@@ -29,6 +29,13 @@ seeds = {
     "sparse": manifest(False, [entry("", 1, 1 << 40, holes=[(0, 2 * CHUNK), (4 * CHUNK, (1 << 40) - 4 * CHUNK)])]),
     "tree": manifest(True, [entry("", 2, 0), entry("a", 2, 0), entry("a/f", 1, 10), entry("l", 3, 0, b"a/f")]),
 }
+# A profile (docs/profile-format.md), as tests/mount/profile_format.py writes it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mount"))
+sys.dont_write_bytecode = True
+import profile_format  # noqa: E402
+seeds["profile"] = profile_format.encode({"chunk_size": 16 << 20, "uid": 1000, "source": "/shared/data", "files": [
+    {"path": "img.sqsh", "first_ms": 0, "chunks": [0, 63, 1, 2]}, {"path": "train/d001/a.jpg", "first_ms": 30},
+    {"path": "train/d000/b.jpg", "first_ms": 31}, {"path": "top", "first_ms": 900}]})
 for name, data in seeds.items():
     with open(os.path.join(out, name), "wb") as f:
         f.write(data)

@@ -24,6 +24,10 @@ import tempfile
 import time
 import unittest
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mount"))
+import profile_format  # noqa: E402  (a profile written as docs/profile-format.md says)
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -613,6 +617,43 @@ class StageBcastTest(unittest.TestCase):
                 if p != changed and v[0] != "dir":
                     self.assertEqual(v[-1], before[k][p][-1], "node %d: %s was rewritten" % (k, p))
             self.assertNotEqual(got[changed][-1][0], before[k][changed][-1][0])
+        self.assert_no_temps()
+
+    # ---- 8b. a profile's files first in a tree's stream -----------------------------------
+    def test_08b_profile_orders_the_stream(self):
+        if shutil.which("strace") is None:
+            self.skipTest("strace not installed")
+        src = os.path.join(self.src_dir, "tree")
+        names = ["d%d/f%d" % (d, f) for d in range(3) for f in range(3)]
+        for n in names:
+            os.makedirs(os.path.dirname(os.path.join(src, n)), exist_ok=True)
+            write_random(os.path.join(src, n), 1 * MiB + 17, 0o644, 1_600_000_000_000_000_000, self.rng)
+        prof = os.path.join(self.work, "job.profile")
+        profile_format.write(prof, {"chunk_size": MiB, "source": src,
+                                    "files": [{"path": "d2/f1"}, {"path": "gone"}, {"path": "d0/f2"}]})
+        trace = os.path.join(self.work, "trace")
+        os.mkdir(trace)
+        wrapper = ('if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec strace -f -qq -e trace=openat -o %s/r0 "$0" "$@"; '
+                   'else exec "$0" "$@"; fi' % trace)
+        cmd = MPIRUN + ["-np", str(NP), "/bin/sh", "-c", wrapper, BIN, "--ranks-as-nodes", "-r", "--source", src,
+                        "--dest", self.dest_pattern("stage/tree"), "--chunk-size", "1M", "--profile", prof, "--json"]
+        r = run(cmd, env=mpi_env())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = self.report_of(r)
+        self.assertEqual(rep["files"], len(names))
+        opened = []
+        for name in os.listdir(trace):
+            with open(os.path.join(trace, name)) as f:
+                for line in f:
+                    for n in names:
+                        if '"%s"' % os.path.join(src, n) in line and "O_RDONLY" in line and n not in opened:
+                            opened.append(n)
+        rest = [n for n in names if n not in ("d2/f1", "d0/f2")]
+        self.assertEqual(opened[:2], ["d2/f1", "d0/f2"], "the profile's files first, in its order: %s" % opened)
+        self.assertEqual(sorted(opened[2:]), sorted(rest))
+        for k in range(NP):
+            for n in names:
+                self.assert_copy(os.path.join(src, n), self.dest(k, os.path.join("stage/tree", n)))
         self.assert_no_temps()
 
     # ---- 9. usage errors -----------------------------------------------------------------

@@ -1323,7 +1323,7 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
       g->materialize_async("many/large.bin", Want{2000, false},
                            [&](stage::Status st) { other.set_value(st); });
   };
-  cfg.before_transfer = [&](const std::string& rel) {
+  cfg.before_transfer = [&](const std::string& rel, bool) {
     order.push_back("file " + rel);
     return stage::Status{};
   };

@@ -13,6 +13,10 @@
 //   - turns between users by cost: the next request is the first of the uid with the lowest
 //     tally of what its transfers cost (ties: the uid served longest ago), a uid that asks
 //     again starts at the tally of the uid served last.
+//   - background requests (a replay, stagectl prefetch) are announced only when no request
+//     waits (a file as file_prefetch), and an open's request for one moves it ahead;
+//   - nesting: in a transfer of one file only a batch nests; in a background one (file_prefetch)
+//     the next request nests, a batch or a file; one nested transfer at a time.
 // Keys: a node waits per (materialize, file) or (batch, directory): an open of a small file
 // waits for its directory's batch, so small files of one directory merge into one
 // batch transfer, and a batch never answers a wait for a large file of the same directory.
@@ -36,8 +40,9 @@
 namespace stagefs {
 namespace {
 
-Message req(const std::string& path, uint64_t seen, MsgType type = MsgType::materialize, uint32_t uid = 0) {
-  return Message{type, seen, path, uid};
+Message req(const std::string& path, uint64_t seen, MsgType type = MsgType::materialize, uint32_t uid = 0,
+            uint8_t flags = 0) {
+  return Message{type, seen, path, uid, flags};
 }
 // The key a node waits on for a small file: its directory's batch.
 std::string dir_of(const std::string& file) {
@@ -53,7 +58,7 @@ class ReferenceCoordinator {
  public:
   ReferenceCoordinator(bool nesting, bool walks) : nesting_(nesting), walks_(walks) {}
   void on_request(const Message& m) {
-    if (m.type == MsgType::batch_nested || m.type == MsgType::batch_prefetch) return;
+    if (m.type != MsgType::materialize && m.type != MsgType::batch && m.type != MsgType::shutdown) return;
     if (std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }) || done_)
       return;
     if (m.type == MsgType::shutdown) {
@@ -61,7 +66,8 @@ class ReferenceCoordinator {
       later_.clear();
       return;
     }
-    if (m.type == MsgType::batch && walks_ && !m.path.empty()) {
+    const bool background = (m.flags & kBackground) != 0;
+    if (m.type == MsgType::batch && walks_ && !m.path.empty() && !background) {
       auto& kids = children_[dir_of(m.path)];
       if (kids.insert(m.path).second && kids.size() == 2) new_walks_.push_back(dir_of(m.path));
     }
@@ -72,7 +78,12 @@ class ReferenceCoordinator {
       }
     if (std::ranges::any_of(queue_, [&](const Message& q) { return q.type == m.type && q.path == m.path; }))
       return;
-    if (m.type == MsgType::batch) std::erase(later_, m.path);
+    auto in_later = [&](const Later& l) { return l.type == m.type && l.path == m.path; };
+    if (background) {
+      if (std::ranges::none_of(later_, in_later)) later_.push_back(Later{m.type, m.path, false, m.uid});
+      return;
+    }
+    std::erase_if(later_, in_later);
     if (std::ranges::none_of(queue_, [&](const Message& q) { return q.uid == m.uid; })) {
       tally_[m.uid] = std::max(tally_[m.uid], served_);  // nothing banked while idle
       stamp_[m.uid] = ++clock_;
@@ -85,33 +96,45 @@ class ReferenceCoordinator {
   }
   std::vector<std::string> take_walks() { return std::exchange(new_walks_, {}); }
   void prefetch(const std::string& dir) {
-    if (done_ || std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; })) return;
-    if (std::ranges::any_of(history_, [&](const Message& h) { return key_type(h.type) == MsgType::batch && h.path == dir; }) ||
-        std::ranges::any_of(queue_, [&](const Message& q) { return q.type == MsgType::batch && q.path == dir; }) ||
-        std::ranges::find(later_, dir) != later_.end())
+    if (done_ || std::ranges::any_of(queue_, [](const Message& q) { return q.type == MsgType::shutdown; }))
       return;
-    later_.push_back(dir);
+    if (std::ranges::any_of(
+            history_,
+            [&](const Message& h) { return key_type(h.type) == MsgType::batch && h.path == dir; }) ||
+        std::ranges::any_of(queue_,
+                            [&](const Message& q) { return q.type == MsgType::batch && q.path == dir; }) ||
+        std::ranges::any_of(later_,
+                            [&](const Later& l) { return l.type == MsgType::batch && l.path == dir; }))
+      return;
+    later_.push_back(Later{MsgType::batch, dir, true});
   }
-  // Whether the last announcement came from prefetch() (it may answer no wait).
+  // Whether the last announcement came from the background queue (a walk's prefetch() or a
+  // background request), and from a walk (it answers no wait).
   [[nodiscard]] bool last_prefetched() const { return last_prefetched_; }
+  [[nodiscard]] bool last_walk() const { return last_walk_; }
   std::optional<Message> next() {
-    last_prefetched_ = false;
+    last_prefetched_ = last_walk_ = false;
     if (outstanding_ || done_) return std::nullopt;
     if (queue_.empty() && !later_.empty() && !running_) {
-      Message m{MsgType::batch_prefetch, history_.size() + 1, later_.front()};
+      const Later l = later_.front();
+      Message m{l.type == MsgType::batch ? MsgType::batch_prefetch : MsgType::file_prefetch,
+                history_.size() + 1, l.path, l.uid};
       later_.erase(later_.begin());
       history_.push_back(m);
       outstanding_ = true;
       last_prefetched_ = true;
+      last_walk_ = l.walk;
       return m;
     }
     if (queue_.empty()) return std::nullopt;
     auto pick = queue_.begin();
-    if (running_) {  // only a batch, nested in a single file's transfer, one at a time
-      if (!nesting_ || running_->type != MsgType::materialize || nested_open_ ||
+    if (running_) {  // nested in a single file's transfer, one at a time: a batch, or anything
+                     // in a background one
+      const bool background = running_->type == MsgType::file_prefetch;
+      if (!nesting_ || (running_->type != MsgType::materialize && !background) || nested_open_ ||
           queue_.front().type == MsgType::shutdown)
         return std::nullopt;
-      pick = fair_pick(true);
+      pick = fair_pick(/*batch_only=*/!background);
       if (pick == queue_.end()) return std::nullopt;
     } else if (queue_.front().type != MsgType::shutdown) {
       pick = fair_pick(false);
@@ -125,7 +148,7 @@ class ReferenceCoordinator {
       charge_to_[m.id] = m.uid;
     }
     if (running_) {
-      m.type = MsgType::batch_nested;
+      m.type = m.type == MsgType::batch ? MsgType::batch_nested : MsgType::file_nested;
       nested_open_ = true;
     }
     if (m.type == MsgType::shutdown) {
@@ -137,17 +160,19 @@ class ReferenceCoordinator {
     return m;
   }
   void announced() { outstanding_ = false; }
-  size_t drop_prefetches() { return std::exchange(later_, {}).size(); }
+  size_t drop_prefetches() {
+    return std::erase_if(later_, [](const Later& l) { return l.walk; });
+  }
   void started(const Message& m) {
-    if (m.type != MsgType::batch_nested) running_ = m;
+    if (!is_nested(m.type)) running_ = m;
   }
   void finished(const Message& m) {
-    if (m.type == MsgType::batch_nested)
+    if (is_nested(m.type))
       nested_open_ = false;
     else
       running_.reset();
   }
-  static MsgType key_type(MsgType t) { return is_batch(t) ? MsgType::batch : t; }
+  static MsgType key_type(MsgType t) { return stagefs::key_type(t); }
 
  private:
   // The first request (with batch_only: batch) of the uid with the lowest (tally, stamp)
@@ -165,12 +190,19 @@ class ReferenceCoordinator {
   std::map<uint32_t, uint64_t> tally_, stamp_;
   std::map<uint64_t, uint32_t> charge_to_;
   uint64_t served_ = 0, clock_ = 0;
+  // The background queue: a walk's prefetched batch, or a background request.
+  struct Later {
+    MsgType type;
+    std::string path;
+    bool walk;
+    uint32_t uid = 0;  // a background request's: the first asker's (a walk's: none)
+  };
   bool nesting_;
   bool walks_;
   std::map<std::string, std::set<std::string>> children_;
   std::vector<std::string> new_walks_;
-  std::vector<std::string> later_;
-  bool last_prefetched_ = false;
+  std::vector<Later> later_;
+  bool last_prefetched_ = false, last_walk_ = false;
   std::optional<Message> running_;
   bool nested_open_ = false;
   std::vector<Message> queue_;
@@ -184,8 +216,9 @@ struct SimRank {
   uint64_t last_seen = 0;
   // (type, path) -> id it had seen when it sent the request
   std::map<std::pair<MsgType, std::string>, uint64_t> waiting;
-  std::deque<Message> in_flight;            // requests not yet received by the coordinator
-  size_t delivered = 0;                     // announcements processed
+  std::set<std::pair<MsgType, std::string>> background;  // waits no open has joined yet
+  std::deque<Message> in_flight;                         // requests not yet received by the coordinator
+  size_t delivered = 0;                                  // announcements processed
   bool stopped = false;
   bool shutdown_sent = false;
   uint64_t waits = 0, answered = 0, failed = 0;
@@ -203,17 +236,25 @@ class Group {
     coord_.set_walks(!subdirs_.empty());
   }
 
-  void open(int r, const std::string& path, MsgType type = MsgType::materialize, uint32_t uid = 0) {
+  // background: a wait no open asked for (a replay, stagectl prefetch). An open that joins a
+  // background wait of its node asks again as an open (GroupService::wait_for).
+  void open(int r, const std::string& path, MsgType type = MsgType::materialize, uint32_t uid = 0,
+            bool background = false) {
     auto& k = rank(r);
     const std::pair key{type, path};
-    if (k.stopped || k.shutdown_sent || k.waiting.contains(key)) return;  // merged on the node
+    if (k.stopped || k.shutdown_sent) return;
+    if (k.waiting.contains(key)) {  // merged on the node
+      if (!background && k.background.erase(key) > 0) send(r, req(path, k.last_seen, type, uid));
+      return;
+    }
     k.waiting[key] = k.last_seen;
+    if (background) k.background.insert(key);
     ++k.waits;
-    send(r, req(path, k.last_seen, type, uid));
+    send(r, req(path, k.last_seen, type, uid, background ? kBackground : 0));
   }
   // An open of a small file: the node waits for its directory's batch.
-  void open_small(int r, const std::string& file, uint32_t uid = 0) {
-    open(r, dir_of(file), MsgType::batch, uid);
+  void open_small(int r, const std::string& file, uint32_t uid = 0, bool background = false) {
+    open(r, dir_of(file), MsgType::batch, uid, background);
   }
   void request_shutdown(int r) {
     auto& k = rank(r);
@@ -229,11 +270,16 @@ class Group {
     k.in_flight.pop_front();
     return true;
   }
+  static std::string show(const std::optional<Message>& m) {
+    if (!m) return "none";
+    return "{type " + std::to_string(static_cast<int>(m->type)) + ", id " + std::to_string(m->id) + ", " + m->path +
+           ", uid " + std::to_string(m->uid) + ", flags " + std::to_string(m->flags) + ", " + m->from + ".." + m->until + "}";
+  }
   // The coordinator starts its next broadcast, if it may.
   bool step_coordinator() {
     auto a = coord_.next_announcement();
     auto b = ref_.next();
-    EXPECT_EQ(a, b) << "coordinator and reference disagree";
+    EXPECT_EQ(a, b) << "coordinator and reference disagree: " << show(a) << " vs " << show(b);
     if (!a) return false;
     EXPECT_TRUE(log_.empty() || a->id > log_.back().id);
     if (shutdown_received_) {
@@ -243,29 +289,36 @@ class Group {
       EXPECT_NE(log_.back().type, MsgType::shutdown) << "an announcement after the shutdown";
     }
     EXPECT_LE(log_.size(), rank(0).delivered) << "two announcements outstanding";
-    if (a->type == MsgType::batch_nested) {
-      EXPECT_TRUE(running_ && running_->type == MsgType::materialize) << "nested outside a file's transfer";
-      EXPECT_FALSE(nested_) << "two nested batches at once";
+    if (is_nested(a->type)) {
+      EXPECT_TRUE(running_ &&
+                  (running_->type == MsgType::materialize || running_->type == MsgType::file_prefetch))
+          << "nested outside a file's transfer";
+      EXPECT_TRUE(a->type == MsgType::batch_nested || running_->type == MsgType::file_prefetch)
+          << "a file nested in an open's transfer";
+      EXPECT_FALSE(nested_) << "two nested transfers at once";
     } else {
       EXPECT_FALSE(running_) << "a transfer announced while one runs";
     }
-    EXPECT_EQ(ref_.last_prefetched(), a->type == MsgType::batch_prefetch) << "prefetched iff announced so";
+    EXPECT_EQ(ref_.last_prefetched(), a->type == MsgType::batch_prefetch || a->type == MsgType::file_prefetch)
+        << "background iff announced so";
     if (ref_.last_prefetched()) {
-      EXPECT_FALSE(running_) << "a prefetched batch while a transfer runs";
+      EXPECT_FALSE(running_) << "a background transfer while a transfer runs";
+    }
+    if (ref_.last_walk()) {
       for (const Message& m : log_)
         EXPECT_FALSE(ReferenceCoordinator::key_type(m.type) == MsgType::batch && m.path == a->path)
             << "prefetched batch " << a->path << " announced twice";
     }
     log_.push_back(*a);
     answers_.push_back(0);
-    prefetched_.push_back(ref_.last_prefetched());
+    prefetched_.push_back(ref_.last_walk());
     return true;
   }
   // Rank r processes its next announcement, as GroupService does.
   bool deliver_announcement(int r) {
     auto& k = rank(r);
     if (k.stopped || k.delivered == log_.size()) return false;
-    if (r == 0 && (nested_ || (running_ && log_[k.delivered].type != MsgType::batch_nested)))
+    if (r == 0 && (nested_ || (running_ && !is_nested(log_[k.delivered].type))))
       return false;  // busy running a transfer
     const size_t i = k.delivered++;
     const Message& m = log_[i];
@@ -275,7 +328,7 @@ class Group {
       if (m.type != MsgType::shutdown) {
         coord_.on_started(m);
         ref_.started(m);
-        (m.type == MsgType::batch_nested ? nested_ : running_) = m;  // a nested one may outlive its transfer
+        (is_nested(m.type) ? nested_ : running_) = m;  // a nested one may outlive its transfer
       }
     }
     EXPECT_GT(m.id, k.last_seen);
@@ -283,11 +336,13 @@ class Group {
     if (m.type == MsgType::shutdown) {
       k.failed += k.waiting.size();
       k.waiting.clear();
+      k.background.clear();
       k.stopped = true;
       return true;
     }
     if (auto it = k.waiting.find(std::pair{ReferenceCoordinator::key_type(m.type), m.path}); it != k.waiting.end()) {
       EXPECT_GT(m.id, it->second);  // announced after the node asked
+      k.background.erase(it->first);
       k.waiting.erase(it);
       ++k.answered;
       ++answers_[i];
@@ -380,7 +435,7 @@ class Group {
   std::vector<SimRank> ranks_;
   std::vector<Message> log_;       // every announcement, in order
   std::vector<uint64_t> answers_;  // waits each announcement answered
-  std::vector<bool> prefetched_;   // announcements that came from a walk
+  std::vector<bool> prefetched_;   // announcements that came from a walk (they answer no wait)
   std::map<std::string, std::vector<std::string>> subdirs_;
   uint64_t walks_ = 0;
   bool shutdown_received_ = false;
@@ -501,8 +556,10 @@ TEST(CoordinatorTest, ASmallFileRequestThatRacedWithItsBatchIsDropped) {
 }
 
 TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
-  for (const Message& m : {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""},
-                           Message{MsgType::batch_nested, 9, "d"}, Message{MsgType::batch_prefetch, 10, "d/f"}}) {
+  for (const Message& m :
+       {Message{MsgType::batch, 7, "d/e"}, Message{MsgType::batch, 8, ""},
+        Message{MsgType::batch_nested, 9, "d"}, Message{MsgType::batch_prefetch, 10, "d/f"},
+        Message{MsgType::file_prefetch, 11, "d/g"}, Message{MsgType::file_nested, 12, "h"}}) {
     const std::string bytes = encode_message(m);
     auto back = decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())));
     ASSERT_TRUE(back) << back.error().message;
@@ -514,12 +571,15 @@ TEST(ControlMessageTest, BatchesRoundTripAndUnsafeDirectoriesAreRefused) {
       EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
     }
   }
-  // A single file still needs a name.
-  const std::string empty = encode_message(Message{MsgType::materialize, 1, ""});
-  EXPECT_FALSE(decode_message(std::as_bytes(std::span(empty.data(), empty.size()))));
+  // A single file still needs a name, and a safe one.
+  for (MsgType t : {MsgType::materialize, MsgType::file_prefetch, MsgType::file_nested})
+    for (const char* bad : {"", "../x", "/etc", "d//e"}) {
+      const std::string bytes = encode_message(Message{t, 1, bad});
+      EXPECT_FALSE(decode_message(std::as_bytes(std::span(bytes.data(), bytes.size())))) << bad;
+    }
   // No type beyond the last one.
-  std::string unknown = encode_message(Message{MsgType::batch_prefetch, 1, "d"});
-  unknown[4] = static_cast<char>(static_cast<uint8_t>(MsgType::batch_prefetch) + 1);
+  std::string unknown = encode_message(Message{MsgType::file_nested, 1, "d"});
+  unknown[4] = static_cast<char>(static_cast<uint8_t>(MsgType::file_nested) + 1);
   EXPECT_FALSE(decode_message(std::as_bytes(std::span(unknown.data(), unknown.size()))));
   unknown[4] = 0;
   EXPECT_FALSE(decode_message(std::as_bytes(std::span(unknown.data(), unknown.size()))));
@@ -563,6 +623,69 @@ TEST(CoordinatorTest, WhileAFileIsCopiedOnlyABatchIsAnnouncedNested) {
 }
 
 // Without nesting (or with nesting, inside a batch) nothing is announced while rank 0 runs.
+// A background copy of a large file (a replay's, stagectl prefetch's) never holds up an open:
+// the next request runs nested in it, a file as well as a batch, one at a time; the background
+// file's own open joins it (no second transfer), and a shutdown waits for its end.
+TEST(CoordinatorTest, WhileABackgroundFileIsCopiedAnOpensFileRunsNested) {
+  Group g(3, /*nesting=*/true);
+  g.open(0, "replayed", MsgType::materialize, 0, /*background=*/true);
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::file_prefetch, 1, "replayed"}));
+  ASSERT_TRUE(g.deliver_announcement(0));  // rank 0 runs it
+  g.open(1, "wanted");
+  g.open_small(2, "d/s1");
+  g.open(2, "second");
+  while (g.deliver_request(1) || g.deliver_request(2)) {
+  }
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::file_nested, 2, "wanted"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  EXPECT_FALSE(g.step_coordinator());  // one nested transfer at a time
+  ASSERT_TRUE(g.finish0());            // "wanted" ends, "replayed" goes on
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::batch_nested, 3, "d"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.finish0());
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::file_nested, 4, "second"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  ASSERT_TRUE(g.finish0());
+  g.request_shutdown(1);
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_FALSE(g.step_coordinator());  // the shutdown waits for "replayed"
+  ASSERT_TRUE(g.finish0());
+  g.drain();
+  EXPECT_EQ(g.log().back().type, MsgType::shutdown);
+  EXPECT_EQ(g.coordinator().stats().nested, 3U);
+  g.check_quiescent();
+  EXPECT_EQ(g.rank(0).answered, 1U);  // the background wait, answered by its transfer
+}
+
+// An open joins a background wait of its own node: it asks as an open, and the key goes
+// ahead of the rest of the background queue; with nesting off, a background file runs alone.
+TEST(CoordinatorTest, AnOpenMovesABackgroundFileAheadAndWithoutNestingWaitsForTheRunningOne) {
+  Group g(2, /*nesting=*/false);
+  for (const char* p : {"r0", "r1", "r2"}) g.open(0, p, MsgType::materialize, 0, /*background=*/true);
+  ASSERT_TRUE(g.step_coordinator());
+  EXPECT_EQ(g.log().back(), (Message{MsgType::file_prefetch, 1, "r0"}));
+  ASSERT_TRUE(g.deliver_announcement(0));
+  g.open(0, "r2");  // the job opens a file the replay queued last
+  g.open(1, "other");
+  ASSERT_TRUE(g.deliver_request(1));
+  EXPECT_FALSE(g.step_coordinator());  // nesting off: "r0" runs alone
+  ASSERT_TRUE(g.finish0());
+  std::vector<std::string> order;
+  while (g.step_coordinator()) {
+    order.push_back(g.log().back().path);
+    ASSERT_TRUE(g.deliver_announcement(0));
+    ASSERT_TRUE(g.finish0());
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"r2", "other", "r1"}));
+  EXPECT_EQ(g.coordinator().stats().promoted, 1U);
+  g.drain();
+  g.check_quiescent();
+}
+
 TEST(CoordinatorTest, NothingIsAnnouncedWhileABatchRunsOrWithNestingOff) {
   for (bool nesting : {false, true}) {
     Group g(2, nesting);
@@ -692,7 +815,8 @@ TEST(CoordinatorTest, DroppedPrefetchesAreNotAnnouncedButRequestsAndLaterWalksAr
 // Random interleavings of opens (large files, small files by directory), deliveries and
 // shutdowns on 1 to 7 ranks.
 TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
-  uint64_t nested = 0;  // the runs with nesting on do nest
+  uint64_t nested = 0;                                 // the runs with nesting on do nest
+  uint64_t nested_files = 0, background_files = 0;     // files nest in background ones
   uint64_t prefetched = 0, promoted = 0, dropped = 0;  // and the runs with walks do prefetch (and drop)
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     std::mt19937 rng(seed);
@@ -706,21 +830,23 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
     auto pick = [&](int k) { return static_cast<int>(rng() % static_cast<uint32_t>(k)); };
     const int users = 1 + static_cast<int>(seed % 4);  // one to four users take turns by cost
     auto uid = [&] { return static_cast<uint32_t>(1000 + pick(users)); };
+    // Three runs in four also make background requests (a replay, stagectl prefetch).
+    auto background = [&] { return seed % 4 != 3 && pick(3) == 0; };
     for (int step = 0; step < 400; ++step) {
       const int r = pick(n);
       switch (pick(10)) {
         case 0:
-          g.open(r, "f" + std::to_string(pick(paths)), MsgType::materialize, uid());
+          g.open(r, "f" + std::to_string(pick(paths)), MsgType::materialize, uid(), background());
           break;
         case 1:  // a large file in a directory: its own transfer
           g.open(r, "d" + std::to_string(pick(3)) + "/f" + std::to_string(pick(paths)), MsgType::materialize,
-                 uid());
+                 uid(), background());
           break;
         case 2:  // a small file (in the root or a directory): its directory's batch
           g.open_small(r,
                        (pick(4) == 0 ? std::string() : "d" + std::to_string(pick(3)) + "/") + "s" +
                            std::to_string(pick(paths)),
-                       uid());
+                       uid(), background());
           break;
         case 3:
         case 4:
@@ -754,10 +880,16 @@ TEST(CoordinatorTest, RandomInterleavingsKeepThePromises) {
     for (int r = 0; r < n; ++r) EXPECT_TRUE(g.stopped(r)) << "seed " << seed;
     if (::testing::Test::HasFailure()) FAIL() << "seed " << seed;
     nested += g.coordinator().stats().nested;
+    for (const Message& m : g.log()) {
+      nested_files += m.type == MsgType::file_nested ? 1 : 0;
+      background_files += m.type == MsgType::file_prefetch ? 1 : 0;
+    }
     prefetched += g.coordinator().stats().prefetched;
     promoted += g.coordinator().stats().promoted;
   }
   EXPECT_GT(nested, 100U);
+  EXPECT_GT(background_files, 50U);
+  EXPECT_GT(nested_files, 10U);
   EXPECT_GT(prefetched, 20U);
   EXPECT_GT(promoted, 5U);
   EXPECT_GT(dropped, 5U);

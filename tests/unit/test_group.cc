@@ -346,7 +346,7 @@ class RoomTest : public GroupTest {
   }
   GroupConfig room_config() {
     GroupConfig g = config();
-    g.before_transfer = [this](const std::string& rel) -> stage::Status {
+    g.before_transfer = [this](const std::string& rel, bool) -> stage::Status {
       struct stat st {};
       if (::stat(path("src/" + rel).c_str(), &st) != 0) return {};
       return cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead());

@@ -244,5 +244,25 @@ TEST_F(LiveOpenTest, AnotherInodeIsAnotherVersion) {
   EXPECT_EQ(r.error().to_errno(), ESTALE);
 }
 
+// What readers read is remembered for a profile: each chunk once, in the order readers first
+// asked for it, whether it was here or waited; chunks wanted first (a replayed profile's) come
+// before any reader's wants.
+TEST_F(LiveCopyTest, ReadersFirstReadsAreRememberedInOrderAndChunksWantedFirstLeadTheWants) {
+  live_->want_first({9, 4});
+  write_chunk(0);
+  read(0, 100);                   // here
+  read(7 * kChunk + 10, kChunk);  // chunks 7 and 8, waiting
+  read(5, 10);                    // chunk 0 again: not repeated
+  read(meta_.size + 10, 10);      // past the end: nothing
+  EXPECT_EQ(wanted(), (std::vector<uint64_t>{9, 4, 7, 8}));
+  const LiveCopy::ReadOrder order = live_->read_order();
+  EXPECT_EQ(order.chunk_size, kChunk);
+  EXPECT_EQ(order.chunks, (std::vector<uint64_t>{0, 7, 8}));
+  for (uint64_t i = 1; i < 11; ++i) write_chunk(i);
+  live_->end(true);
+  read(3 * kChunk, 1);  // after the copy: still remembered
+  EXPECT_EQ(live_->read_order().chunks, (std::vector<uint64_t>{0, 7, 8, 3}));
+}
+
 }  // namespace
 }  // namespace stagefs
