@@ -22,6 +22,10 @@
 #include "fusefs/passthrough.h"
 #include "fusefs/read_mode.h"
 
+// libfuse's session, opaque here (fuse_ops.h): declared at global scope, so that the member
+// below does not declare a stagefs::fuse_session of its own.
+struct fuse_session;
+
 namespace stagefs {
 
 struct MountOptions {
