@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,39 +17,22 @@
 
 namespace {
 
-// A number of seconds: finite, within [lo, hi] (NaN, inf and 1e300 are refused: they would
-// overflow the clocks they feed), with a message a person can read.
-CLI::Validator seconds(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == text.c_str() || *end != '\0')
-          return "not a number of seconds: '" + text + "'";
-        if (!std::isfinite(v) || v < lo || v > hi) {
-          char buf[128];
-          std::snprintf(buf, sizeof buf, "%s is out of range: give %g to %g seconds", text.c_str(), lo, hi);
-          return buf;
-        }
-        return {};
-      },
-      "SECONDS");
-}
-
 // --cache-size: bytes with K/M/G/T, or N% of the cache filesystem.
 void parse_cache_size(const std::string& text, stagefs::DaemonConfig& cfg) {
   if (!text.empty() && text.back() == '%') {
-    char* end = nullptr;
-    const double pct = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100))
+    const auto pct = stagetools::finite_number(text.substr(0, text.size() - 1));
+    if (!pct || !(*pct > 0 && *pct <= 100))
       throw CLI::ValidationError("--cache-size", "not a percentage in (0, 100]: '" + text + "'");
-    cfg.cache_size_percent = pct;
+    cfg.cache_size_percent = *pct;
     return;
   }
   const auto n = stage::parse_size(text);
   if (!n || *n == 0) throw CLI::ValidationError("--cache-size", "not a size: '" + text + "'");
   cfg.cache_size = *n;
 }
+
+// The largest count an option takes (a double holds every whole number up to it).
+constexpr double kMaxCount = 9007199254740992.0;  // 2^53
 
 const std::vector<std::pair<std::string, bool>> kOnOff{{"on", true}, {"off", false}};
 
@@ -62,7 +44,8 @@ const char* const kAbout =
     "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
     "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
     "  stagefs --wait /stage        # returns once every node has mounted\n"
-    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
+    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- "
+    "...\n\n"
     "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
     "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
     "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
@@ -83,13 +66,16 @@ struct Cli {
 void add_options(CLI::App& app, Cli& cli) {
   using stagetools::add_choice;
   using stagetools::add_size;
+  using stagetools::seconds;
+  using stagetools::whole;
   stagefs::DaemonConfig& cfg = cli.cfg;
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
   app.add_option("--cache", cfg.cache_dir,
                  "node-local directory for the copies (created 0700); not inside SOURCE_DIR or "
                  "MOUNTPOINT, nor containing either");
-  app.add_option("--wait", cli.wait_for, "do not mount: wait until the mount at this path is ready on every node")
+  app.add_option("--wait", cli.wait_for,
+                 "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
   app.add_option("--wait-timeout", cli.wait_timeout, "seconds --wait waits")
       ->capture_default_str()
@@ -124,15 +110,17 @@ void add_options(CLI::App& app, Cli& cli) {
              "off: buffered cache writes, so the copy is in the page cache for the read that "
              "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
              "while materializing, but the first read comes from disk)");
-  add_choice(app, "--verify-cache", cfg.verify, {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
+  add_choice(app, "--verify-cache", cfg.verify,
+             {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
              "crc: before a copy found in the cache (made by an earlier mount) is first served, "
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "
              "and copied again. none: trust size, mtime, ctime and inode");
   app.add_option_function<std::string>(
-      "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
-      "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
-      "recently used copies not open on the node are evicted to make room (default: no "
-      "limit beyond the filesystem's free space)");
+         "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
+         "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
+         "recently used copies not open on the node are evicted to make room (default: no "
+         "limit beyond the filesystem's free space)")
+      ->type_name("SIZE|N%");
   add_choice(app, "--read-during-copy", cfg.read_during_copy, kOnOff,
              "on: an open of a file being copied returns as soon as its transfer runs on this "
              "node; a read waits only for the chunks it needs, and the source sends the chunks "
@@ -154,13 +142,15 @@ void add_options(CLI::App& app, Cli& cli) {
                  "a batch stages at most this many small files: a larger directory goes in several "
                  "batches, the opened file's first, and other users' opens are served between them "
                  "(only the setting of rank 0 counts). 0: no limit")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole(0, kMaxCount));
   add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
            "a batch stages at most this many bytes (K/M/G), as --batch-max-files. 0: no limit");
   app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole(0, kMaxCount));
   add_size(app, "--prefetch-max-bytes", cfg.prefetch_max_bytes,
            "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
            "walked parent; what is left waits for its opens (rank 0's setting). 0: no limit");
@@ -170,7 +160,8 @@ void add_options(CLI::App& app, Cli& cli) {
            "transfer; larger files are copied alone. 0: every file alone",
            [](uint64_t n) -> std::optional<std::string> {
              if (n > stagefs::kMaxSmallFileSize)
-               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" + stage::size_text(n) + "'";
+               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" +
+                      stage::size_text(n) + "'";
              return std::nullopt;
            });
   app.add_option("--sync-after", cfg.sync_after,
@@ -189,7 +180,7 @@ void add_options(CLI::App& app, Cli& cli) {
       ->check(seconds(0.1, 86400));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(whole(1, 1024));
   app.add_flag("--no-passthrough", cli.no_passthrough,
                "serve reads from the daemon even where passthrough works");
   app.add_flag("-v,--verbose", cli.verbose, "debug logging");
