@@ -82,9 +82,7 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job) {
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
          "--stall-timeout",
-         [&o = job.opt](double s) {
-           o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-         },
+         [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
       ->check(stagetools::seconds(0, 1e6))

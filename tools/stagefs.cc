@@ -44,8 +44,7 @@ const char* const kAbout =
     "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
     "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
     "  stagefs --wait /stage        # returns once every node has mounted\n"
-    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- "
-    "...\n\n"
+    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
     "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
     "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
     "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
@@ -74,8 +73,7 @@ void add_options(CLI::App& app, Cli& cli) {
   app.add_option("--cache", cfg.cache_dir,
                  "node-local directory for the copies (created 0700); not inside SOURCE_DIR or "
                  "MOUNTPOINT, nor containing either");
-  app.add_option("--wait", cli.wait_for,
-                 "do not mount: wait until the mount at this path is ready on every node")
+  app.add_option("--wait", cli.wait_for, "do not mount: wait until the mount at this path is ready on every node")
       ->excludes("SOURCE_DIR");
   app.add_option("--wait-timeout", cli.wait_timeout, "seconds --wait waits")
       ->capture_default_str()
@@ -110,8 +108,7 @@ void add_options(CLI::App& app, Cli& cli) {
              "off: buffered cache writes, so the copy is in the page cache for the read that "
              "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
              "while materializing, but the first read comes from disk)");
-  add_choice(app, "--verify-cache", cfg.verify,
-             {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
+  add_choice(app, "--verify-cache", cfg.verify, {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
              "crc: before a copy found in the cache (made by an earlier mount) is first served, "
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "
              "and copied again. none: trust size, mtime, ctime and inode");
@@ -160,8 +157,7 @@ void add_options(CLI::App& app, Cli& cli) {
            "transfer; larger files are copied alone. 0: every file alone",
            [](uint64_t n) -> std::optional<std::string> {
              if (n > stagefs::kMaxSmallFileSize)
-               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" +
-                      stage::size_text(n) + "'";
+               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" + stage::size_text(n) + "'";
              return std::nullopt;
            });
   app.add_option("--sync-after", cfg.sync_after,
