@@ -4,8 +4,6 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
-#include <sys/fsuid.h>
-#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -28,32 +26,6 @@ namespace {
 constexpr const char* kControlPrefix = "user.stagefs.";
 constexpr const char* kSelinuxXattr = "security.selinux";
 
-// Runs permission checks of this thread as the caller: fsuid, fsgid and supplementary groups
-// are per-thread credentials in Linux when set with the raw syscalls (glibc's wrappers of
-// setgroups would change every thread). A non-zero fsuid drops the filesystem capabilities
-// (CAP_DAC_OVERRIDE...), so the kernel decides as it would for the caller, ACLs included.
-class AsCaller {
- public:
-  explicit AsCaller(const Caller& who) {
-    ok_ = ::syscall(SYS_setgroups, who.groups.size(), who.groups.data()) == 0;
-    ::syscall(SYS_setfsgid, who.gid);
-    ::syscall(SYS_setfsuid, who.uid);
-    ok_ = ok_ && static_cast<uint32_t>(::syscall(SYS_setfsuid, -1)) == who.uid &&
-          static_cast<uint32_t>(::syscall(SYS_setfsgid, -1)) == who.gid;
-  }
-  ~AsCaller() {
-    ::syscall(SYS_setfsuid, 0);
-    ::syscall(SYS_setfsgid, 0);
-    ::syscall(SYS_setgroups, 0, nullptr);
-  }
-  AsCaller(const AsCaller&) = delete;
-  AsCaller& operator=(const AsCaller&) = delete;
-  [[nodiscard]] bool ok() const { return ok_; }
-
- private:
-  bool ok_ = false;
-};
-
 bool is_hidden_xattr(std::string_view name, const Caller& who) {
   return who.uid != 0 && name.rfind("trusted.", 0) == 0;
 }
@@ -68,7 +40,11 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
 
 StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader,
                          stage::Fd root)
-    : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
+    : cfg_(std::move(cfg)),
+      cache_(cache),
+      mat_(mat),
+      root_(std::move(root)),
+      access_(AccessCheck::probe(root_.get())) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
   checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
                                            counters_, reader);
@@ -128,6 +104,11 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
   auto core =
       std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
+  if (core->access_.method() != AccessCheck::Method::faccessat2 && ::geteuid() == 0)
+    spdlog::info(
+        "the kernel has no faccessat2 (Linux before 5.8, or a seccomp filter that predates it): each access "
+        "is checked by {}",
+        to_string(core->access_.method()));
   core->nodes_[kRootId] = Node{"", 1, {}};
   core->ids_[""] = kRootId;
   return core;
@@ -489,7 +470,7 @@ Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int fla
     const AsCaller as(who);
     if (as.ok()) {
       fd = open_beneath(root_.get(), rel, flags);
-      if (*fd && ::faccessat((*fd)->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
+      if (*fd) err = access_.check((*fd)->get(), mask);
     }
   }
   if (!fd) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);

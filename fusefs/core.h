@@ -48,20 +48,21 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
-#include <thread>
-#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <string>
+#include <set>
 #include <span>
+#include <string>
+#include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
+#include "fusefs/as_caller.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"
 #include "fusefs/cache/wait.h"
@@ -149,13 +150,6 @@ struct CoreConfig {
   // long from its first refusal, then fails with ENOSPC and a log line that names the cause.
   // The mount passes its stall timeout. 0: such an open fails at once.
   std::chrono::milliseconds space_wait{std::chrono::seconds(60)};
-};
-
-// Who asks (from the FUSE request). uid 0 is not checked.
-struct Caller {
-  uint32_t uid = 0;
-  uint32_t gid = 0;
-  std::vector<uint32_t> groups;
 };
 
 struct OpenFile {
@@ -254,6 +248,7 @@ class StageFsCore {
   [[nodiscard]] const CoreCounters& counters() const { return counters_; }
   [[nodiscard]] XattrCache::Stats xattr_stats() const { return xattrs_.stats(); }
   [[nodiscard]] size_t node_count() const;
+  [[nodiscard]] AccessCheck::Method access_method() const { return access_.method(); }
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
@@ -261,7 +256,8 @@ class StageFsCore {
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
-  // and groups on this thread, then checked for `mask` (faccessat2 AT_EMPTY_PATH) on what was
+  // and groups on this thread, then checked for `mask` (AccessCheck: faccessat2, or where the
+  // kernel lacks it a reopen as the caller, as_caller.h) on what was
   // opened: the kernel searches every directory from SOURCE_DIR down to rel's parent as the
   // caller would (modes and POSIX ACLs as they are now on the source), and the mask is checked
   // on the very inode that is then stat'ed or listed, never on a path resolved again (a path
@@ -369,6 +365,7 @@ class StageFsCore {
   std::unordered_map<std::string, uint64_t> ids_;
   uint64_t next_id_ = kRootId + 1;
   mutable CoreCounters counters_;  // counted from const paths too (access checks)
+  AccessCheck access_;             // how access is checked as the caller (chosen at start)
   ControlXattr control_xattr_;
   XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
 };
