@@ -141,13 +141,22 @@ bool plain_name(const std::string& name) {
 }
 }  // namespace
 
-Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name) {
+Result<struct stat> StageFsCore::stat_as_caller(const std::string& rel, const Caller& who) const {
+  auto fd = resolve_as_caller(rel, O_PATH, 0, who);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
+  return st;
+}
+
+Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name,
+                                                             const Caller& who) {
   if (!plain_name(name))
     return stage::sys_error(name.size() > 255 ? ENAMETOOLONG : ENOENT, "lookup", name);
   auto prel = path_of(parent);
   if (!prel) return prel.error();
   const std::string rel = stage::join_path(*prel, name);
-  auto st = stat_rel(rel);
+  auto st = stat_as_caller(rel, who);
   if (!st) return st.error();
   uint64_t id = 0;
   {
@@ -171,12 +180,15 @@ uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct st
 }
 
 std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup_many(
-    uint64_t parent, std::span<const DirEntry> entries) {
+    uint64_t parent, std::span<const DirEntry> entries, const Caller& who) {
   std::vector<std::optional<std::pair<uint64_t, struct stat>>> out(entries.size());
   auto prel = path_of(parent);
   if (!prel) return out;
-  // The directory resolved as lookup() resolves it; each name is one component, never
-  // followed if it is a symlink.
+  // As the caller, as lookup() resolves: the directory (search permission on the way), then
+  // each name in it (search permission on the directory itself). Each name is one component,
+  // never followed if it is a symlink.
+  std::optional<AsCaller> as;
+  if (checked_as_caller(who) && !as.emplace(who).ok()) return out;
   auto dfd = open_beneath(root_.get(), *prel, O_PATH | O_DIRECTORY);
   if (!dfd) return out;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -208,7 +220,7 @@ void StageFsCore::forget(uint64_t id, uint64_t n) {
   }
 }
 
-Result<struct stat> StageFsCore::getattr(uint64_t id) {
+Result<struct stat> StageFsCore::getattr(uint64_t id, const Caller& who) {
   Node node;
   {
     std::lock_guard lk(m_);
@@ -216,7 +228,7 @@ Result<struct stat> StageFsCore::getattr(uint64_t id) {
     if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
     node = it->second;
   }
-  auto st = stat_rel(node.rel);
+  auto st = stat_as_caller(node.rel, who);
   if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
   const stage::FileMeta& v = node.version;
   if (v == stage::FileMeta{}) return st;  // not a regular file's id
@@ -246,10 +258,10 @@ Result<struct stat> StageFsCore::getattr(uint64_t id) {
   return st;
 }
 
-Result<std::string> StageFsCore::readlink(uint64_t id) {
+Result<std::string> StageFsCore::readlink(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_PATH);
+  auto fd = resolve_as_caller(*rel, O_PATH, 0, who);
   if (!fd) return fd.error();
   std::string buf(4096, '\0');
   const ssize_t n = ::readlinkat(fd->get(), "", buf.data(), buf.size());
@@ -405,6 +417,7 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, 
   }
   auto rel = path_of(id);
   if (!rel) return rel.error();
+  if (auto reach = resolve_as_caller(*rel, O_PATH, 0, who); !reach) return reach.error();
   auto r = xattrs_.get(
       id, name, [&] { return list_source_xattrs(*rel); },
       [&] {
@@ -438,6 +451,7 @@ Result<std::string> StageFsCore::list_source_xattrs(const std::string& rel) cons
 Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
+  if (auto reach = resolve_as_caller(*rel, O_PATH, 0, who); !reach) return reach.error();
   auto r = xattrs_.list(id, [&] { return list_source_xattrs(*rel); });
   if (!r) return r;
   std::string out;
@@ -462,15 +476,14 @@ Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags,
 
 Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int flags, int mask,
                                                  const Caller& who) const {
-  if (who.uid == 0 || ::geteuid() != 0) return open_beneath(root_.get(), rel, flags);  // root, or a daemon
-                                                                                     // that reads as its user
+  if (!checked_as_caller(who)) return open_beneath(root_.get(), rel, flags);
   std::optional<Result<stage::Fd>> fd;  // unset: the credentials could not be taken
   int err = 0;
   {
     const AsCaller as(who);
     if (as.ok()) {
       fd = open_beneath(root_.get(), rel, flags);
-      if (*fd) err = access_.check((*fd)->get(), mask);
+      if (*fd && mask != 0) err = access_.check((*fd)->get(), mask);
     }
   }
   if (!fd) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
@@ -480,6 +493,10 @@ Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int fla
   }
   if (err == 0) return std::move(*fd);
   return stage::sys_error(err, "access (checked against the source)", rel);
+}
+
+bool StageFsCore::checked_as_caller(const Caller& who) {
+  return who.uid != 0 && ::geteuid() == 0;  // root, and a daemon that reads as its own user, are not
 }
 
 bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {

@@ -20,7 +20,9 @@
 //     SOURCE_DIR down) and check read access on what they opened: POSIX ACLs and modes
 //     changed since the kernel cached the attributes are enforced, on the file and on every
 //     directory above it, for a cached copy as for a new one. trusted.* extended
-//     attributes are hidden from callers other than root.
+//     attributes are hidden from callers other than root. Metadata (lookup, getattr,
+//     readlink, xattrs) is resolved as the caller too: a directory closed on the source
+//     shows nothing new to those it was closed to, whatever the kernel cached of its mode.
 //   - Listings: one snapshot per directory version is shared by every open handle of it and
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
@@ -186,16 +188,23 @@ class StageFsCore {
                                                             CopyReader& reader = disk_copy_reader());
   ~StageFsCore();
 
+  // Metadata is answered as the caller `who` (lookup, lookup_many, getattr, readlink,
+  // getxattr, listxattr): the path is resolved with the caller's credentials, so a caller
+  // without search permission on a directory of the path (on the source, now) gets EACCES,
+  // whatever the kernel cached about the directory. Root, and every caller of a daemon that
+  // is not root, are not checked. `who` left empty: as root.
   // lookup() counts one reference to the node; forget() drops n of them.
-  stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name);
+  stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name,
+                                                         const Caller& who = {});
   // lookup() of each entry's name in directory parent (READDIRPLUS: a slice of its listing),
   // with one open of the directory and one fstatat per name; a name that does not resolve
-  // (or is not a plain name) gets none.
+  // (or is not a plain name, or the caller may not search the directory) gets none.
   std::vector<std::optional<std::pair<uint64_t, struct stat>>> lookup_many(uint64_t parent,
-                                                                           std::span<const DirEntry> entries);
+                                                                           std::span<const DirEntry> entries,
+                                                                           const Caller& who = {});
   void forget(uint64_t id, uint64_t n);
-  stage::Result<struct stat> getattr(uint64_t id);
-  stage::Result<std::string> readlink(uint64_t id);
+  stage::Result<struct stat> getattr(uint64_t id, const Caller& who = {});
+  stage::Result<std::string> readlink(uint64_t id, const Caller& who = {});
   // The directory's listing (shared with other handles of the same version).
   stage::Result<DirSnapshot> readdir(uint64_t id, const Caller& who = {});
   stage::Result<struct statvfs> statfs();
@@ -254,6 +263,10 @@ class StageFsCore {
  private:
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
+  // stat of rel resolved as the caller (resolve_as_caller, no access mask).
+  stage::Result<struct stat> stat_as_caller(const std::string& rel, const Caller& who) const;
+  // Whether who's requests are resolved with who's credentials (not root, and a root daemon).
+  static bool checked_as_caller(const Caller& who);
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
   // and groups on this thread, then checked for `mask` (AccessCheck: faccessat2, or where the
@@ -267,7 +280,8 @@ class StageFsCore {
   // answer is cached, so a chmod or setfacl on the source counts from the next open on.
   // Counts a denial (CoreCounters::denied).
   stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
-  // open_as_caller() without counting (may_read() is not an open).
+  // open_as_caller() without counting (may_read() is not an open). mask 0: the path walk
+  // alone (search permission on every directory on the way), no check on what it reached.
   stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
 
   // The open chain. An open (open_async, prefetch_async) takes up to four steps, each handing

@@ -119,7 +119,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     auto& m = fm(req);
     fuse_entry_param e{};
     e.entry_timeout = m.options().entry_timeout;
-    auto r = m.core().lookup(parent, name);
+    auto r = m.core().lookup(parent, name, caller(req, true));
     if (!r) {
       if (r.error().to_errno() == ENOENT) {  // cache the negative answer too
         fuse_reply_entry(req, &e);
@@ -144,9 +144,11 @@ void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data* forg
   fuse_reply_none(req);
 }
 
-void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
+void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto r = fm(req).core().getattr(ino);
+    // Through a handle (the kernel refreshing an open file's size): its holder was checked at
+    // its open. Otherwise as the caller.
+    auto r = fm(req).core().getattr(ino, fi != nullptr ? Caller{} : caller(req, true));
     if (!r) return reply_err(req, r.error());
     fuse_reply_attr(req, &r.value(), fm(req).options().attr_timeout);
   });
@@ -154,7 +156,7 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
   guarded(req, [&] {
-    auto r = fm(req).core().readlink(ino);
+    auto r = fm(req).core().readlink(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
     fuse_reply_readlink(req, r->c_str());
   });
@@ -214,7 +216,8 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     std::vector<char> buf(size);  // allocated before any id is counted
     std::vector<uint64_t> ids;
     ids.reserve(last - first);
-    const auto looked = m.core().lookup_many(ino, std::span(entries).subspan(first, last - first));
+    const auto looked =
+        m.core().lookup_many(ino, std::span(entries).subspan(first, last - first), caller(req, true));
     size_t used = 0;
     for (size_t i = first; i < last; ++i) {
       const DirEntry& d = entries[i];
@@ -342,10 +345,9 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
         });
       });
     }
-    // The status attributes on the root name a transfer only to who may read it: the
-    // caller's groups count there.
-    const bool status = ino == FUSE_ROOT_ID && std::string_view(name).starts_with("user.stagefs.");
-    auto r = fm(req).core().getxattr(ino, name, caller(req, status));
+    // As the caller, groups included (the path's directories as the source says now; the
+    // status attributes on the root name a transfer only to who may read it).
+    auto r = fm(req).core().getxattr(ino, name, caller(req, true));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });
@@ -353,7 +355,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
 
 void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   guarded(req, [&] {
-    auto r = fm(req).core().listxattr(ino, caller(req, false));
+    auto r = fm(req).core().listxattr(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });

@@ -1,6 +1,7 @@
 # A root daemon among hostile users (tests/faults/test_hostile_users.py): what the status
 # attribute and stagectl show of other users' transfers and names, the metrics file in a
-# sticky world-writable directory, SIGPIPE and stray signals; skipped (77) without /dev/fuse,
+# sticky world-writable directory, SIGPIPE and stray signals, the metadata of a directory
+# closed to the user; skipped (77) without /dev/fuse,
 # root, fusermount3, unshare, nsenter, useradd, setpriv.
 function(stage_fault_hostile_users_test name timeout)
   add_test(NAME faults.hostile_users.${name}
@@ -13,3 +14,4 @@ stage_fault_hostile_users_test(Status 90)
 stage_fault_hostile_users_test(Names 90)
 stage_fault_hostile_users_test(Metrics 120)
 stage_fault_hostile_users_test(Signals 90)
+stage_fault_hostile_users_test(ClosedDirectory 90)

@@ -18,6 +18,12 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
             stagefs_up 1
   Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
             SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
+  ClosedDirectory
+            a directory the user could search (its attributes cached by the kernel for
+            --attr-timeout) is closed (chmod 700) on the source: the user learns nothing
+            of it afterwards: no stat of a file created there (lookup), no size of a known
+            file grown since (getattr), no new symlink's target nor a known one's
+            (readlink), no extended attribute (getxattr, listxattr); root still does
 
 Transfers are held at a chunk (bcast/holding.h: STAGE_TEST_HOLD=mid-file,
 STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
@@ -269,6 +275,75 @@ class Metrics(UserCase):
         h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30,
                    "the metrics file to come back once there is room")
         h.wait_for(lambda: "written again" in d.output()[1], 30, "the daemon to log the recovery")
+
+
+# Run as the user: each step's answer on one line, "ok VALUE" or "err ERRNO-NAME".
+METADATA_PROBE = r"""
+import errno, os, subprocess, sys
+d = sys.argv[1]
+def show(fn):
+    try:
+        print("ok", fn())
+    except OSError as e:
+        print("err", errno.errorcode.get(e.errno, str(e.errno)))
+def fresh_size(p):  # statx with AT_STATX_FORCE_SYNC: a GETATTR whatever the kernel cached
+    r = subprocess.run(["stat", "--cached=never", "-c", "%s", p], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise OSError(errno.EACCES if "Permission denied" in r.stderr else errno.EIO, r.stderr)
+    return r.stdout.strip()
+show(lambda: os.stat(os.path.join(d, "new")).st_size)
+show(lambda: fresh_size(os.path.join(d, "known")))
+show(lambda: os.readlink(os.path.join(d, "newlink")))
+show(lambda: os.readlink(os.path.join(d, "knownlink")))
+show(lambda: os.getxattr(os.path.join(d, "known"), "user.note").decode())
+show(lambda: ",".join(sorted(os.listxattr(os.path.join(d, "known")))))
+"""
+
+
+class ClosedDirectory(UserCase):
+    def test_a_closed_directory_shows_the_user_nothing_new(self):
+        d = os.path.join(self.work.src, "team")
+        os.mkdir(d, 0o755)
+        known = os.path.join(d, "known")
+        with open(known, "wb") as f:
+            f.write(b"k" * 100)
+        os.chmod(known, 0o644)
+        os.symlink("old-target", os.path.join(d, "knownlink"))
+        os.setxattr(known, "user.note", b"public")
+        self.daemon(self.work.file("cache")).wait_ready()
+        m = os.path.join(self.work.mnt, "team")
+        # The user looks around: the kernel now holds the directory's attributes (mode 0755),
+        # and the entries of known and knownlink (knownlink's target not read yet).
+        r = self.as_user(h.PYTHON, "-c", "import os,sys; d=sys.argv[1]; print(sorted(os.listdir(d)), "
+                         "os.stat(d + '/known').st_size, os.lstat(d + '/knownlink').st_size)", m)
+        self.assertEqual(r.stdout.split("]")[0] + "]", "['known', 'knownlink']", r.stderr)
+
+        # The administrator closes the directory, then puts new things in it.
+        os.chmod(d, 0o700)
+        with open(os.path.join(d, "new"), "wb") as f:
+            f.write(b"n" * 12345)
+        os.chmod(os.path.join(d, "new"), 0o644)
+        with open(known, "ab") as f:
+            f.write(b"k" * 1000)
+        os.symlink("new-secret-target", os.path.join(d, "newlink"))
+        os.setxattr(known, "user.note", b"secret")
+        os.setxattr(known, "user.plan", b"secret")
+
+        r = self.as_user(h.PYTHON, "-c", METADATA_PROBE, m)
+        got = r.stdout.splitlines()
+        self.assertEqual(len(got), 6, r.stdout + r.stderr)
+        steps = ["stat of a new file", "stat of a known file", "readlink of a new symlink",
+                 "readlink of a known symlink", "getxattr", "listxattr"]
+        self.assertEqual(dict(zip(steps, got)), {step: "err EACCES" for step in steps},
+                         "what the user learnt of the closed directory")
+        # Root, through the mount, sees all of it.
+        self.assertEqual(os.stat(os.path.join(m, "new")).st_size, 12345)
+        self.assertEqual(os.readlink(os.path.join(m, "newlink")), "new-secret-target")
+        self.assertEqual(os.getxattr(os.path.join(m, "known"), "user.note"), b"secret")
+        # Opened again: the user is back.
+        os.chmod(d, 0o755)
+        r = self.as_user(h.PYTHON, "-c", METADATA_PROBE, m)
+        self.assertEqual(r.stdout.splitlines()[0], "ok 12345", r.stdout + r.stderr)
 
 
 class Signals(h.MountTestCase):
