@@ -44,6 +44,8 @@ StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, Co
       cache_(cache),
       mat_(mat),
       root_(std::move(root)),
+      budget_(std::make_shared<UserBytes>(cfg_.listing_bytes_per_user)),
+      nodes_(budget_),
       access_(AccessCheck::probe(root_.get())) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
   checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
@@ -109,21 +111,15 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
         "the kernel has no faccessat2 (Linux before 5.8, or a seccomp filter that predates it): each access "
         "is checked by {}",
         to_string(core->access_.method()));
-  core->nodes_[kRootId] = Node{"", 1, {}};
-  core->ids_[""] = kRootId;
   return core;
 }
 
 size_t StageFsCore::node_count() const {
-  std::lock_guard lk(m_);
   return nodes_.size();
 }
 
 Result<std::string> StageFsCore::path_of(uint64_t id) const {
-  std::lock_guard lk(m_);
-  auto it = nodes_.find(id);
-  if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
-  return it->second.rel;
+  return nodes_.path_of(id);
 }
 
 Result<struct stat> StageFsCore::stat_rel(const std::string& rel) const {
@@ -158,25 +154,10 @@ Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, co
   const std::string rel = stage::join_path(*prel, name);
   auto st = stat_as_caller(rel, who);
   if (!st) return st.error();
-  uint64_t id = 0;
-  {
-    std::lock_guard lk(m_);
-    id = note_lookup_locked(rel, *st);
-  }
-  xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
-  return std::pair{id, *st};
-}
-
-uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct stat& st) {
-  const stage::FileMeta version = S_ISREG(st.st_mode) ? stage::meta_from_stat(st) : stage::FileMeta{};
-  auto it = ids_.find(rel);
-  if (it == ids_.end() || nodes_[it->second].version != version) {
-    // New name, or a new version of the file: a new id (the old one stays for its holders).
-    it = ids_.insert_or_assign(rel, next_id_).first;
-    nodes_[next_id_++] = Node{rel, 0, version, st.st_uid, st.st_gid};
-  }
-  ++nodes_[it->second].nlookup;
-  return it->second;
+  auto id = nodes_.note_lookup(parent, name, *st, who.uid);
+  if (!id) return id.error();
+  xattrs_.observe(*id, stage::to_ns(st->st_ctim), st->st_dev);
+  return std::pair{*id, *st};
 }
 
 std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup_many(
@@ -196,38 +177,22 @@ std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup
     if (!plain_name(name)) continue;
     struct stat st {};
     if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    uint64_t id = 0;
-    {
-      std::lock_guard lk(m_);
-      id = note_lookup_locked(stage::join_path(*prel, name), st);
-    }
-    xattrs_.observe(id, stage::to_ns(st.st_ctim), st.st_dev);
-    out[i] = std::pair{id, st};
+    auto id = nodes_.note_lookup(parent, name, st, who.uid);
+    if (!id) continue;  // past the caller's budget: no attributes (its LOOKUP says why)
+    xattrs_.observe(*id, stage::to_ns(st.st_ctim), st.st_dev);
+    out[i] = std::pair{*id, st};
   }
   return out;
 }
 
 void StageFsCore::forget(uint64_t id, uint64_t n) {
-  if (id == kRootId) return;
-  std::lock_guard lk(m_);
-  auto it = nodes_.find(id);
-  if (it == nodes_.end()) return;
-  it->second.nlookup = it->second.nlookup > n ? it->second.nlookup - n : 0;
-  if (it->second.nlookup == 0) {
-    if (auto by = ids_.find(it->second.rel); by != ids_.end() && by->second == it->first) ids_.erase(by);
-    nodes_.erase(it);
-    xattrs_.forget(id);
-  }
+  for (const uint64_t gone : nodes_.forget(id, n)) xattrs_.forget(gone);
 }
 
 Result<struct stat> StageFsCore::getattr(uint64_t id, const Caller& who) {
-  Node node;
-  {
-    std::lock_guard lk(m_);
-    auto it = nodes_.find(id);
-    if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
-    node = it->second;
-  }
+  auto info = nodes_.info(id);
+  if (!info) return info.error();
+  const NodeTable::Info& node = *info;
   auto st = stat_as_caller(node.rel, who);
   if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
   const stage::FileMeta& v = node.version;
@@ -346,7 +311,13 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto out = list_entries(std::move(*fd), *rel);
   if (!out) return out.error();
   const uint64_t bytes = listing_size(**out);
-  if (auto st = charge_listing(who.uid, bytes, *rel); !st) return st.error();
+  if (uint64_t used = 0; !budget_->charge(who.uid, bytes, used))
+    return stage::sys_error(ENOMEM,
+                            "opendir: the listings and names uid " + std::to_string(who.uid) +
+                                " holds through the mount would take " +
+                                std::to_string((used + bytes) >> 20) + " MiB, over the limit of " +
+                                std::to_string(budget_->limit() >> 20) + " MiB",
+                            *rel);
   DirSnapshot snap = share_listing(std::move(*out), who.uid, bytes);
   std::lock_guard lk(dirs_m_);
   for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots
@@ -355,36 +326,15 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   return snap;
 }
 
-stage::Status StageFsCore::charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel) {
-  if (uid != 0) {
-    std::lock_guard lk(listing_bytes_->m);
-    uint64_t& used = listing_bytes_->by_uid[uid];
-    if (used + bytes > cfg_.listing_bytes_per_user) {
-      if (used == 0) listing_bytes_->by_uid.erase(uid);
-      return stage::sys_error(ENOMEM,
-                              "opendir: the listings held open by uid " + std::to_string(uid) +
-                                  " would take " + std::to_string((used + bytes) >> 20) +
-                                  " MiB, over the limit of " +
-                                  std::to_string(cfg_.listing_bytes_per_user >> 20) + " MiB",
-                              rel);
-    }
-    used += bytes;
-  }
-  return {};
-}
-
 DirSnapshot StageFsCore::share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
                                        uint64_t bytes) const {
   // The last handle's release frees the listing, gives the memory back to the system and to
   // its user's budget.
-  return DirSnapshot(entries.release(), [acct = listing_bytes_, uid, bytes](const std::vector<DirEntry>* v) {
+  return DirSnapshot(entries.release(), [budget = budget_, uid, bytes](const std::vector<DirEntry>* v) {
     const bool big = v->size() > 1000;
     delete v;
     if (big) ::malloc_trim(0);
-    if (uid == 0) return;
-    std::lock_guard lk(acct->m);
-    if (auto it = acct->by_uid.find(uid); it != acct->by_uid.end() && (it->second -= std::min(it->second, bytes)) == 0)
-      acct->by_uid.erase(it);
+    budget->refund(uid, bytes);
   });
 }
 
@@ -544,15 +494,10 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
   };
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
     return done(read_only("open for writing"));
-  stage::FileMeta version;
-  std::string rel;
-  {
-    std::lock_guard lk(m_);
-    auto it = nodes_.find(id);
-    if (it == nodes_.end()) return done(stage::sys_error(ESTALE, "unknown node id"));
-    rel = it->second.rel;
-    version = it->second.version;
-  }
+  auto info = nodes_.info(id);
+  if (!info) return done(info.error());
+  const std::string rel = std::move(info->rel);
+  const stage::FileMeta version = info->version;
   *pinned = rel;
   // One resolution of the path, as the caller, for the access check, the type and the version
   // below. A cache hit is checked the same way: access is the source's at every open.

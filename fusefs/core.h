@@ -68,6 +68,7 @@
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"
 #include "fusefs/cache/wait.h"
+#include "fusefs/nodes.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {
@@ -143,9 +144,11 @@ struct CoreConfig {
   // in progress (OpenFile::live) for the life of that handle.
   bool read_during_copy = false;
   // Memory the directory listings held open by one user (other than root) may take, summed
-  // over the listings that user's opendirs built. Handles on one version of a directory share
-  // one listing; a user who changes a large directory between opendirs builds a new one each
-  // time. Past this, opendir fails with ENOMEM for that user only.
+  // over the listings that user's opendirs built, with the node ids its lookups created
+  // (READDIRPLUS looks up every entry listed) while the kernel holds them. Handles on one
+  // version of a directory share one listing; a user who changes a large directory between
+  // opendirs builds a new one each time. Past this, that user's opendir of a new listing,
+  // and its lookups of names the mount does not hold yet, fail with ENOMEM (that user only).
   uint64_t listing_bytes_per_user = uint64_t{1} << 30;
   // An open whose copy finds no room in this node's cache because copies held open here
   // (pinned) take it waits for room (pins released, copies evicted or removed), up to this
@@ -181,7 +184,7 @@ struct CoreCounters : CheckCounters {
 
 class StageFsCore {
  public:
-  static constexpr uint64_t kRootId = 1;
+  static constexpr uint64_t kRootId = NodeTable::kRootId;
   // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
   static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
                                                             Materializer& mat,
@@ -334,30 +337,15 @@ class StageFsCore {
   bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
   LinkedCopies links_;
 
-  struct Node {
-    std::string rel;
-    uint64_t nlookup = 0;
-    stage::FileMeta version;  // regular files: the source version this id stands for
-    uint32_t uid = 0, gid = 0;  // ... and its owner (getattr once the path holds something else)
-  };
   CoreConfig cfg_;
   NodeCache& cache_;
   Materializer& mat_;
   stage::Fd root_;
   // Directory snapshots by (path, dev, inode, mtime, ctime), while some handle holds them.
   std::mutex dirs_m_;
-  std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>, std::weak_ptr<const std::vector<DirEntry>>>
+  std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>,
+           std::weak_ptr<const std::vector<DirEntry>>>
       dirs_;
-  // Bytes of the listings alive, by the uid whose opendir built them (CoreConfig::
-  // listing_bytes_per_user). Shared with the listings' deleters, which may run after the core.
-  struct ListingBytes {
-    std::mutex m;
-    std::map<uint32_t, uint64_t> by_uid;
-  };
-  std::shared_ptr<ListingBytes> listing_bytes_ = std::make_shared<ListingBytes>();
-  // The steps of readdir. Counts a listing of `bytes` against uid's budget (root: none), or
-  // fails with ENOMEM if it would go over.
-  stage::Status charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel);
   // The listing as the handles share it; the last one's release gives its bytes back.
   DirSnapshot share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
                             uint64_t bytes) const;
@@ -372,16 +360,16 @@ class StageFsCore {
   // Opens waiting for room in the cache (no_room); made after the pool (its answers post to
   // it), stopped before it.
   std::unique_ptr<RoomWaits> room_waits_;
-  // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
-  uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
-  mutable std::mutex m_;  // guards nodes_, ids_, next_id_
-  std::unordered_map<uint64_t, Node> nodes_;
-  std::unordered_map<std::string, uint64_t> ids_;
-  uint64_t next_id_ = kRootId + 1;
+  // Bytes each user holds through the mount: the listings its opendirs built (held while a
+  // handle of them is open) and the nodes its lookups created (held until the kernel forgets
+  // them), against CoreConfig::listing_bytes_per_user. Shared with the listings' deleters,
+  // which may run after the core.
+  std::shared_ptr<UserBytes> budget_;
+  NodeTable nodes_;                // the node ids (thread-safe on its own)
   mutable CoreCounters counters_;  // counted from const paths too (access checks)
   AccessCheck access_;             // how access is checked as the caller (chosen at start)
   ControlXattr control_xattr_;
-  XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
+  XattrCache xattrs_;  // per node id; its lock is innermost
 };
 
 }  // namespace stagefs
