@@ -46,7 +46,8 @@ StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, Co
       root_(std::move(root)),
       budget_(std::make_shared<UserBytes>(cfg_.listing_bytes_per_user)),
       nodes_(budget_),
-      access_(AccessCheck::probe(root_.get())) {
+      access_(AccessCheck::probe(root_.get())),
+      handles_(cfg_.handles) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
   checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
                                            counters_, reader);
@@ -326,6 +327,14 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   return snap;
 }
 
+Result<OpenDir> StageFsCore::opendir(uint64_t id, const Caller& who) {
+  auto slot = handles_.take(who.uid, false);
+  if (!slot) return slot.error();
+  auto entries = readdir(id, who);
+  if (!entries) return entries.error();
+  return OpenDir{std::move(*entries), std::move(*slot)};
+}
+
 DirSnapshot StageFsCore::share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
                                        uint64_t bytes) const {
   // The last handle's release frees the listing, gives the memory back to the system and to
@@ -458,7 +467,7 @@ bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
 Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const struct stat& src,
                                                 const stage::Status& done) {
   if (auto fd = checker_->open_verified(rel, src, done.ok()))
-    return OpenFile{std::move(fd.value()), false, false, {}, {}};
+    return OpenFile{std::move(fd.value()), false, false, {}, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
@@ -468,7 +477,7 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
     if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src))) {
       ++counters_.source_fallbacks;
       spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
-      return OpenFile{std::move(fd.value()), false, true, {}, {}};
+      return OpenFile{std::move(fd.value()), false, true, {}, {}, {}};
     }
   }
   ++counters_.open_errors;
@@ -477,7 +486,20 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
 }
 
 void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
-  check_open(id, flags, who, std::move(done), cfg_.read_during_copy);
+  auto slot = handles_.take(who.uid, true);
+  if (!slot) {
+    ++counters_.open_errors;
+    return done(slot.error());
+  }
+  // The slot goes with the handle, or back when the open fails.
+  check_open(
+      id, flags, who,
+      [slot = std::make_shared<HandleLimits::Slot>(std::move(*slot)),
+       done = std::move(done)](Result<OpenFile> r) {
+        if (r) r->slot = std::move(*slot);
+        done(std::move(r));
+      },
+      cfg_.read_during_copy);
 }
 
 void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool live_ok,
@@ -520,14 +542,14 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
     if (!fd) return done(fd.error());
     if (!stage::same_version(stage::meta_from_stat(now), version))
       return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
-    return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
+    return done(OpenFile{std::move(fd.value()), false, true, {}, {}, {}});
   }
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
   struct stat cst {};
   if (auto fd = checker_->open_trusted(rel, st, cst)) {
     ++counters_.cache_hits;
     cache_.touch(rel, fd->get(), &cst);
-    return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
+    return done(OpenFile{std::move(fd.value()), true, false, {}, {}, {}});
   }
   Ask ask;
   ask.want = Want{who.uid, background};
@@ -567,7 +589,7 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
     if (a.kind == CopyChecker::Answer::serve) {
       ++counters_.cache_hits;
       cache_.touch(rel, a.fd.get());
-      return done(OpenFile{std::move(a.fd), true, false, {}, {}});
+      return done(OpenFile{std::move(a.fd), true, false, {}, {}, {}});
     }
   }
   if (auto alive = cache_.alive(); !alive) {
@@ -599,7 +621,7 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
     if (auto fd = checker_->open_verified(a.other, src, false, /*may_read_back=*/false)) {
       ++counters_.cache_hits;
       cache_.touch(a.other, fd->get());
-      done(OpenFile{std::move(fd.value()), true, false, a.other, {}});
+      done(OpenFile{std::move(fd.value()), true, false, a.other, {}, {}});
       return true;
     }
     links_.forget(key, a.other);
@@ -635,7 +657,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       }
       if (ask.small && outcome.ok()) {
         if (auto fd = checker_->open_verified(rel, src, true))
-          return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
+          return done(OpenFile{std::move(fd.value()), false, false, {}, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
         // version), or it was not in the batch (grew, appeared after the listing, or the

@@ -68,6 +68,7 @@
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"
 #include "fusefs/cache/wait.h"
+#include "fusefs/handles.h"
 #include "fusefs/nodes.h"
 #include "fusefs/xattr_cache.h"
 
@@ -155,6 +156,9 @@ struct CoreConfig {
   // long from its first refusal, then fails with ENOSPC and a log line that names the cause.
   // The mount passes its stall timeout. 0: such an open fails at once.
   std::chrono::milliseconds space_wait{std::chrono::seconds(60)};
+  // What users may hold open (handles.h): per user, and the descriptors of all together.
+  // Zeros: no limit (the daemon sets them from --max-open-per-user and RLIMIT_NOFILE).
+  HandleLimits::Config handles{};
 };
 
 struct OpenFile {
@@ -164,6 +168,7 @@ struct OpenFile {
   std::string pinned;        // the cache copy held while this file is open: pass to release()
   std::shared_ptr<LiveCopy> live;  // set: the copy is in progress; read through read_live()
                                    // (fd: the source for --on-stall source, else unset)
+  HandleLimits::Slot slot;         // this handle's share of its user's limit (held until released)
 };
 
 struct DirEntry {
@@ -172,6 +177,12 @@ struct DirEntry {
   uint32_t mode = 0;
 };
 using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
+
+// An open directory handle: its listing and its share of its user's limit.
+struct OpenDir {
+  DirSnapshot entries;
+  HandleLimits::Slot slot;
+};
 
 // verified, corrupt and verify_waits are the CopyChecker's (CheckCounters).
 struct CoreCounters : CheckCounters {
@@ -210,12 +221,16 @@ class StageFsCore {
   stage::Result<std::string> readlink(uint64_t id, const Caller& who = {});
   // The directory's listing (shared with other handles of the same version).
   stage::Result<DirSnapshot> readdir(uint64_t id, const Caller& who = {});
+  // An opendir: readdir() for a new handle, counted against who's handle limit (EMFILE past it).
+  stage::Result<OpenDir> opendir(uint64_t id, const Caller& who);
   stage::Result<struct statvfs> statfs();
   stage::Result<std::string> getxattr(uint64_t id, const std::string& name, const Caller& who = {});
   stage::Result<std::string> listxattr(uint64_t id, const Caller& who = {});  // names, NUL-terminated
   using OpenDone = std::function<void(stage::Result<OpenFile>)>;
   // Calls done inline when the answer is known at once (a cached, verified copy; an error),
-  // else later from the completion pool.
+  // else later from the completion pool. The handle counts against who's handle limit from
+  // the open on, also while it waits for its copy (EMFILE past it, ENFILE past the room every
+  // user shares: handles.h).
   void open_async(uint64_t id, int flags, const Caller& who, OpenDone done);
   stage::Result<OpenFile> open(uint64_t id, int flags, const Caller& who = {});  // blocking form
   // A read of a handle opened during its copy (OpenFile::live): at once or when its chunks
@@ -370,6 +385,7 @@ class StageFsCore {
   AccessCheck access_;             // how access is checked as the caller (chosen at start)
   ControlXattr control_xattr_;
   XattrCache xattrs_;  // per node id; its lock is innermost
+  HandleLimits handles_;  // what each user holds open
 };
 
 }  // namespace stagefs

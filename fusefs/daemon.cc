@@ -158,6 +158,7 @@ class Daemon {
   bool main_done_ = false;      // guarded by m_
   bool shutting_down_ = false;  // guarded by m_
   bool usage_error_ = false;    // setup_local refused the paths: exit status 2
+  uint64_t descriptor_limit_ = 0;  // RLIMIT_NOFILE, raised to the hard limit at start
 };
 
 std::string Daemon::setup_local() {
@@ -272,6 +273,9 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.read_during_copy = cfg_.read_during_copy;
   core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
+  std::string lowered;
+  core_cfg.handles = descriptor_budget(descriptor_limit_, cfg_.max_open_per_user, lowered);
+  if (!lowered.empty()) spdlog::info("{}", lowered);
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
@@ -387,6 +391,9 @@ void Daemon::supervise() {
 
 int Daemon::run(int* argc, char*** argv) {
   set_signals();
+  // Every handle a user holds is a descriptor here: the soft limit (often 1024) would be the
+  // first thing to run out. Before MPI starts, whose connections take descriptors too.
+  descriptor_limit_ = raise_descriptor_limit();
   if (!start_mpi(argc, argv)) return 1;
   // Set up locally, then agree: either every node is mounted, or none stays mounted.
   if (const int failed = mount_everywhere(); failed != 0) return failed;

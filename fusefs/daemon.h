@@ -73,6 +73,10 @@ struct DaemonConfig {
   double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
+  // --max-open-per-user: files and directories one user other than root may hold open through
+  // the mount on a node (at most a quarter of what the descriptor limit leaves users:
+  // fusefs/handles.h); past it, that user's opens fail with EMFILE.
+  uint64_t max_open_per_user = 4096;
   std::string metrics_file;         // --metrics-file (empty: none)
   double metrics_interval = 10;     // seconds between rewrites
   MountOptions mount;

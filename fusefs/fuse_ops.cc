@@ -30,11 +30,10 @@ struct FileHandle {
   uint64_t node = 0;
   ReadChoice read_mode;  // counted by the mount until release
   std::string pinned;    // the cache copy kept from eviction while this handle is open
+  HandleLimits::Slot slot;  // its share of its user's limit
 };
 
-struct DirHandle {
-  DirSnapshot entries;  // shared by every handle of this directory version
-};
+using DirHandle = OpenDir;  // the listing is shared by every handle of this directory version
 
 FuseMount& fm(fuse_req_t req) {
   return *static_cast<FuseMount*>(fuse_req_userdata(req));
@@ -164,10 +163,9 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto r = fm(req).core().readdir(ino, caller(req, true));
+    auto r = fm(req).core().opendir(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
-    auto h = std::make_unique<DirHandle>();
-    h->entries = std::move(r.value());
+    auto h = std::make_unique<DirHandle>(std::move(r.value()));
     fi->fh = reinterpret_cast<uint64_t>(h.get());
     fi->cache_readdir = 1;
     fi->keep_cache = 1;
@@ -261,6 +259,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   h->read_mode = m.open_read_mode(ino, r->fd.get(), {r->live != nullptr, r->from_source, r->cache_hit});
   h->fd = std::move(r->fd);
   h->pinned = std::move(r->pinned);
+  h->slot = std::move(r->slot);
   if (h->read_mode.mode == ReadMode::during_copy) h->live = std::move(r->live);
   fi.keep_cache = h->read_mode.keep_cache ? 1 : 0;
   fi.fh = reinterpret_cast<uint64_t>(h.get());

@@ -168,6 +168,13 @@ void add_options(CLI::App& app, Cli& cli) {
                  "synced. 0: sync each batch before its files appear")
       ->capture_default_str()
       ->check(seconds(0, 3600));
+  app.add_option("--max-open-per-user", cfg.max_open_per_user,
+                 "files and directories one user (other than root) may hold open through the mount on "
+                 "a node; past it, that user's opens fail with EMFILE (Too many open files), others' "
+                 "go on. At most a quarter of what the daemon's descriptor limit (RLIMIT_NOFILE, raised "
+                 "to its hard limit at start; an eighth is kept for the daemon's own work) leaves users")
+      ->capture_default_str()
+      ->check(whole(1, kMaxCount));
   app.add_option("--metrics-file", cfg.metrics_file,
                  "write the counters in Prometheus text format to this file (atomically, every "
                  "--metrics-interval seconds), e.g. for node_exporter's textfile collector");

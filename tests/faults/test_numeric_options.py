@@ -86,7 +86,7 @@ class NumericOptions(unittest.TestCase):
     def test_stagefs(self):
         opts = self.check_command("stagefs", self.stagefs_cmd, 1, ("--stall-timeout", "30"),
                                   ["--wait-timeout", "--stall-timeout", "--startup-timeout", "--attr-timeout",
-                                   "--threads", "--chunk-size", "--cache-size"])
+                                   "--threads", "--chunk-size", "--cache-size", "--max-open-per-user"])
         print("stagefs: %d numeric options: %s" % (len(opts), " ".join(sorted(opts))), file=sys.stderr)
 
     def test_stage_bcast(self):
