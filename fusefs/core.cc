@@ -16,6 +16,7 @@
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/live.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -108,7 +109,7 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
   auto core =
       std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
   if (core->access_.method() != AccessCheck::Method::faccessat2 && ::geteuid() == 0)
-    spdlog::info(
+    log_info(
         "the kernel has no faccessat2 (Linux before 5.8, or a seccomp filter that predates it): each access "
         "is checked by {}",
         to_string(core->access_.method()));
@@ -476,7 +477,7 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
     auto fd = open_regular_beneath(root_.get(), rel, now);
     if (fd && stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src))) {
       ++counters_.source_fallbacks;
-      spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
+      log_warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
       return OpenFile{std::move(fd.value()), false, true, {}, {}, {}};
     }
   }
@@ -594,7 +595,7 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
   }
   if (auto alive = cache_.alive(); !alive) {
     ++counters_.open_errors;
-    spdlog::error("{}", alive.error().message);
+    log_error("{}", alive.error().message);
     return done(alive.error());
   }
   // Batches copy every name of a small file as their own: only larger files are shared.
@@ -740,8 +741,9 @@ void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd
       return stage::sys_error(EIO, "read after a stall (the source changed too)");
     if (live->first_fallback()) {
       ++counters_.source_fallbacks;
-      spdlog::warn("{}: mount group stalled: reading the rest of a file opened during its copy from the shared source",
-                   stage::host_name());
+      log_warn(
+          "{}: mount group stalled: reading the rest of a file opened during its copy from the shared source",
+          stage::host_name());
     }
     std::string buf(size, '\0');
     const ssize_t n = stage::pread_full(source_fd, buf.data(), size, off);

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -22,10 +23,10 @@
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/metrics.h"
-#include <sys/statvfs.h>
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
+#include "fusefs/log.h"
+#include "fusefs/metrics.h"
 
 namespace stagefs {
 
@@ -189,17 +190,18 @@ std::string Daemon::open_cache(const std::string& cache_as_given) {
   cache_ = std::move(cache.value());
   if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
-      spdlog::warn("cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
-                   "(each is copied again at its next open)",
-                   r.removed);
+      log_warn(
+          "cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
+          "(each is copied again at its next open)",
+          r.removed);
     else
-      spdlog::info("cache: synced {} cop(ies) an earlier daemon of this boot had not synced yet ({} removed)",
-                   r.synced, r.removed);
+      log_info("cache: synced {} cop(ies) an earlier daemon of this boot had not synced yet ({} removed)",
+               r.synced, r.removed);
   }
   if (cache_->swept().temps > 0)
-    spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
+    log_info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
   if (cache_->swept().untrusted > 0)
-    spdlog::warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
+    log_warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
   return {};
 }
 
@@ -213,8 +215,8 @@ void Daemon::limit_cache() {
   }
   cache_->set_limit(cfg_.cache_size);
   if (cfg_.cache_size > 0)
-    spdlog::info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size, cache_->usage().files,
-                 cache_->usage().bytes);
+    log_info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size,
+             cache_->usage().files, cache_->usage().bytes);
 }
 
 // The group's configuration: the daemon's options, and the cache's admission around every
@@ -275,7 +277,7 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
   std::string lowered;
   core_cfg.handles = descriptor_budget(descriptor_limit_, cfg_.max_open_per_user, lowered);
-  if (!lowered.empty()) spdlog::info("{}", lowered);
+  if (!lowered.empty()) log_info("{}", lowered);
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
@@ -356,7 +358,7 @@ void Daemon::trigger_shutdown(const char* why) {
     if (shutting_down_) return;
     shutting_down_ = true;
   }
-  spdlog::info("shutting down: {}", why);
+  log_info("shutting down: {}", why);
   state_ = "stopping";
   mount_->unmount();
   group_->request_shutdown();
@@ -376,14 +378,15 @@ void Daemon::supervise() {
     }
     const int sig = ::sigtimedwait(&sigs, nullptr, &tick);
     if (sig > 0) trigger_shutdown(sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP");
+    held_back_report();  // causes whose log lines were held back and that went quiet since
   }
   std::unique_lock lk(m_);
   const auto limit = std::chrono::duration<double>(cfg_.shutdown_timeout);
   if (!cv_.wait_for(lk, limit, [&] { return main_done_; })) {
     // The MPI thread is stuck (a peer died mid-collective): the mount is already detached,
     // nothing partial was published; end the process rather than leave an orphan.
-    spdlog::error("the mount group did not shut down within {} s (a node or link is gone?); exiting",
-                  cfg_.shutdown_timeout);
+    log_error("the mount group did not shut down within {} s (a node or link is gone?); exiting",
+              cfg_.shutdown_timeout);
     std::fflush(nullptr);
     std::_Exit(1);
   }
@@ -401,8 +404,8 @@ int Daemon::run(int* argc, char*** argv) {
   if (!cfg_.metrics_file.empty())
     metrics_ = std::make_unique<MetricsFile>(cfg_.metrics_file, cfg_.metrics_interval, cfg_.mountpoint,
                                              [this] { return status(); });
-  spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
-               data_->size());
+  log_info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
+           data_->size());
   return serve();
 }
 
@@ -428,18 +431,18 @@ bool Daemon::start_mpi(int* argc, char*** argv) {
   // One daemon per node: no node topology (every rank is its node's writer).
   auto ranks = stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
   if (!ranks) {
-    spdlog::error("{}", ranks.error().message);
+    log_error("{}", ranks.error().message);
     return false;
   }
   if (ranks->mpi()) {
     auto c = MpiControlPlane::create(MPI_COMM_WORLD, 0);
     if (!c) {
-      spdlog::error("{}", c.error().message);
+      log_error("{}", c.error().message);
       return false;
     }
     auto n = stage::MpiComm::dup(MPI_COMM_WORLD);
     if (!n) {
-      spdlog::error("{}", n.error().message);
+      log_error("{}", n.error().message);
       return false;
     }
     nested_ = std::move(n.value());
@@ -458,11 +461,11 @@ bool Daemon::start_mpi(int* argc, char*** argv) {
 // status (this node's mount is undone).
 int Daemon::mount_everywhere() {
   const std::string err = setup_local();
-  if (!err.empty()) spdlog::error("{}", err);
+  if (!err.empty()) log_error("{}", err);
   // 2 (usage: the paths contradict each other) wins over 1, so every rank exits alike.
   auto failed = stage::allreduce_max(*data_, err.empty() ? 0 : usage_error_ ? 2 : 1);
   if (!failed || *failed != 0) {
-    if (err.empty()) spdlog::error("another node failed to mount; unmounting");
+    if (err.empty()) log_error("another node failed to mount; unmounting");
     mount_.reset();
     (void)ctl_->close();  // complete the posted announcement so MPI can finalize
     return failed && *failed == 2 ? 2 : 1;
@@ -474,17 +477,18 @@ int Daemon::mount_everywhere() {
 // broken group, an exit without finalizing MPI).
 int Daemon::serve() {
   std::thread fuse([this] {
-    if (auto st = mount_->loop(); !st) spdlog::error("{}", st.error().message);
+    if (auto st = mount_->loop(); !st) log_error("{}", st.error().message);
     trigger_shutdown("unmounted");
   });
   std::thread supervisor([this] { supervise(); });
 
   auto st = group_->run();  // until every node agreed to shut down
-  if (!st) spdlog::error("{}", st.error().message);
+  if (!st) log_error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
   core_->stop();     // opens answered late by the completion pool are done (or dropped) now
   metrics_.reset();  // a last write, with the final counters
+  held_back_report(/*all=*/true);  // what the log's limits held back and did not say yet
   if (group_->state() != GroupState::broken) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <span>
 
@@ -56,23 +57,16 @@ Caller caller(fuse_req_t req, bool with_groups) {
   return who;
 }
 
-// Failed requests are the one warning any user can cause at will (stat a name under a file,
-// open what they may not read): at most kWarnBurst per kWarnWindow reach the log.
-constexpr unsigned kWarnBurst = 20;
-constexpr std::chrono::seconds kWarnWindow{10};
-WarnBudget g_request_warnings(kWarnBurst, kWarnWindow);
-
+// Failed requests, which any user can cause at will (stat a name under a file, open what they
+// may not read): rate-limited in the log, each errno its own cause (log.h).
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
-  uint64_t held_back = 0;
   if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG ||
       err == ESTALE) {
     spdlog::debug("{}", e.message);
-  } else if (g_request_warnings.allow(WarnBudget::Clock::now(), held_back)) {
-    if (held_back > 0)
-      spdlog::warn("{} more failed requests were not logged (at most {} per {} s)", held_back, kWarnBurst,
-                   kWarnWindow.count());
-    spdlog::warn("{}", e.message);
+  } else {
+    const std::string cause = "failed request: " + std::string(std::strerror(err != 0 ? err : EIO));
+    log_limited(spdlog::level::warn, cause, cause, e.message);
   }
   fuse_reply_err(req, err != 0 ? err : EIO);
 }

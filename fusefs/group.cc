@@ -6,6 +6,8 @@
 #include <thread>
 #include <utility>
 
+#include "fusefs/log.h"
+
 namespace stagefs {
 
 class GroupService::NestHook final : public stage::Nest {
@@ -179,8 +181,8 @@ void GroupService::watchdog() {
                                 ? "the small files of " + (waits_.begin()->first.second.empty() ? std::string("/")
                                                                                                : waits_.begin()->first.second)
                                 : waits_.begin()->first.second;
-    spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
-                  std::chrono::duration<double>(cfg_.stall_timeout).count());
+    log_error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
+              std::chrono::duration<double>(cfg_.stall_timeout).count());
     state_ = GroupState::broken;
     Ready ready = fail_all_locked(stage::stage_error(stage::Errc::timed_out, "materialize", rel));
     lk.unlock();
@@ -340,19 +342,18 @@ bool GroupService::run_transfer(const Message& a) {
     last_progress_ = Clock::now();
   }
   if (report.ok && !room.ok()) {
-    spdlog::info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
-                 report.nodes_needing);
+    log_info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
+             report.nodes_needing);
     complete(Key{MsgType::materialize, a.path}, room);
   } else if (report.ok) {
-    spdlog::info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}, reads via {}",
-                 a.path, report.bytes_total, secs,
-                 secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0,
-                 report.nodes_needing, report.writers, fed_by(report),
-                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    log_info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}, reads via {}",
+             a.path, report.bytes_total, secs,
+             secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
+             report.writers, fed_by(report), cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(Key{MsgType::materialize, a.path}, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
-    spdlog::error("materialize {} failed: {}", a.path, why);
+    log_error("materialize {} failed: {}", a.path, why);
     // This node's own cause (ENOSPC in its cache...) is what its opens report.
     complete(Key{MsgType::materialize, a.path},
              stage::Error{report.local_error ? report.local_error : stage::make_error_code(stage::Errc::peer_failed),
@@ -432,8 +433,8 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
     // Identical on every rank (the outcome is collective): try once more, e.g. after a file
     // changed during the copy.
     if (r.runs == 0)
-      spdlog::warn("batch {} failed ({}): staging it once more", shown,
-                   report.errors.empty() ? "transfer failed" : report.errors.front());
+      log_warn("batch {} failed ({}): staging it once more", shown,
+               report.errors.empty() ? "transfer failed" : report.errors.front());
   }
   reads.ok = report.ok;
   return r;
@@ -471,13 +472,15 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
   const std::string why = report.ok ? std::string() : report.errors.empty() ? "transfer failed" : report.errors.front();
   if (report.ok) {
     // One line per batch, whatever the number of files.
-    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
-                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
-                 shown, report.files, report.bytes_total, r.published.size(), secs, r.runs > 0 ? " (second run)" : "",
-                 a.type == MsgType::batch_nested ? " (nested)" : prefetch ? " (prefetched)" : "",
-                 report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
-                 report.writers, fed_by(report),
-                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    log_info(
+        "materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
+        "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
+        shown, report.files, report.bytes_total, r.published.size(), secs, r.runs > 0 ? " (second run)" : "",
+        a.type == MsgType::batch_nested ? " (nested)"
+        : prefetch                      ? " (prefetched)"
+                                        : "",
+        report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
+        report.writers, fed_by(report), cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
   } else if (prefetch && !report.comm_broken) {
     // Typically a cache full up to --cache-size: what a prefetch would evict is what readers
@@ -486,8 +489,9 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
     // to this batch meanwhile keep waiting and ask for it again, as an ordinary batch (one
     // that may evict); the request says it saw this announcement, so it is not dropped.
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
-    spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
-                 coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
+    log_info(
+        "prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
+        coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
     std::lock_guard lk(m_);
     batch_running_.erase(a.path);
     if (auto w = waits_.find(key); w != waits_.end()) {
@@ -495,7 +499,7 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
       ask_locked(w->second->ask);
     }
   } else {
-    spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
+    log_error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {
       std::lock_guard lk(m_);
       batch_failed_.insert(a.path);
@@ -507,7 +511,7 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
 }
 
 stage::Status GroupService::control_failed(const stage::Error& e, const char* what) {
-  spdlog::error("{}: {} failed: {}", stage::host_name(), what, e.message);
+  log_error("{}: {} failed: {}", stage::host_name(), what, e.message);
   Ready ready;
   {
     std::lock_guard lk(m_);
@@ -559,7 +563,7 @@ stage::Result<bool> GroupService::coordinate() {
   for (;;) {
     auto r = ctl_.poll_request();
     if (!r) {
-      spdlog::warn("{}", r.error().message);  // malformed request: dropped
+      log_warn("{}", r.error().message);  // malformed request: dropped
       continue;
     }
     if (!r->has_value()) break;
@@ -596,8 +600,8 @@ void GroupService::expand_walks() {
       std::lock_guard lk(m_);
       stats_.prefetch_queued += queued;
     }
-    spdlog::info("readers walk {}/: staging the small files of {} of its subdirectories in the background",
-                 parent, queued);
+    log_info("readers walk {}/: staging the small files of {} of its subdirectories in the background",
+             parent, queued);
   }
 }
 

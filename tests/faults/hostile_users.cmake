@@ -1,7 +1,7 @@
 # A root daemon among hostile users (tests/faults/test_hostile_users.py): what the status
 # attribute and stagectl show of other users' transfers and names, the metrics file in a
 # sticky world-writable directory, SIGPIPE and stray signals, the metadata of a directory
-# closed to the user, the memory of a huge listing; skipped (77) without /dev/fuse,
+# closed to the user, the memory of a huge listing, a user flooding the log; skipped (77) without /dev/fuse,
 # root, fusermount3, unshare, nsenter, useradd, setpriv.
 function(stage_fault_hostile_users_test name timeout)
   add_test(NAME faults.hostile_users.${name}
@@ -16,3 +16,4 @@ stage_fault_hostile_users_test(Metrics 120)
 stage_fault_hostile_users_test(Signals 90)
 stage_fault_hostile_users_test(ClosedDirectory 90)
 stage_fault_hostile_users_test(Listing 120)
+stage_fault_hostile_users_test(LogFlood 120)

@@ -16,6 +16,9 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
             at the path itself is replaced, its target untouched; a file that cannot be
             rewritten (its filesystem full) is removed and logged, not left saying
             stagefs_up 1
+  LogFlood  a user rewrites their own file while reopening it through the mount, 3,000
+            times: each cause's lines stay within the log's burst (20; the daemon wrote
+            hundreds of identical error lines before) and the log says how many it held back
   Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
             SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
   ClosedDirectory
@@ -397,6 +400,57 @@ class Listing(UserCase):
         h.wait_for(lambda: (rss_kib(d.pid) - idle) * 1024 / self.N < 512, 60,
                    "the daemon's RSS to come back within 0.5 KB per entry of its idle %d KiB once the kernel "
                    "forgot the entries" % idle)
+
+
+# Run as the user: rewrites argv[1] (the source) on a thread while reopening argv[2] (the same
+# file through the mount) argv[3] times or for 20 s; prints reopens and failures.
+REWRITE_AND_REOPEN = r"""
+import os, sys, threading, time
+src, mnt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stop = threading.Event()
+def rewrite():
+    while not stop.is_set():
+        with open(src, "r+b") as f:
+            f.write(os.urandom(4096))
+threading.Thread(target=rewrite, daemon=True).start()
+failed, end, i = 0, time.monotonic() + 20, 0
+while i < n and time.monotonic() < end:
+    i += 1
+    try:
+        with open(mnt, "rb") as f:
+            f.read()
+    except OSError:
+        failed += 1
+stop.set()
+print(i, failed)
+"""
+
+
+class LogFlood(UserCase):
+    def test_a_user_who_makes_transfers_fail_at_will_floods_no_log(self):
+        mine = os.path.join(self.work.src, "mine")
+        os.mkdir(mine)
+        f = os.path.join(mine, "f")
+        h.write_random(f, 4 * MiB, 9)
+        os.chown(mine, self.uid, self.gid)
+        os.chown(f, self.uid, self.gid)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        r = self.as_user(h.PYTHON, "-c", REWRITE_AND_REOPEN, f, os.path.join(self.work.mnt, "mine", "f"), 3000,
+                         timeout=120)
+        reopens, failed = map(int, r.stdout.split())
+        self.assertGreater(failed, 100, "the rewrites made too few transfers fail to test anything: %s" % r.stdout)
+        self.assertEqual(d.stop(), 0)
+        lines = d.output()[1].splitlines()
+        # Lines of one cause look alike once their numbers are taken out.
+        shapes = {}
+        for line in lines:
+            shape = re.sub(r"[0-9]+", "N", line)
+            shapes[shape] = shapes.get(shape, 0) + 1
+        h.log("%d reopens (%d failed): %d log lines, %d shapes" % (reopens, failed, len(lines), len(shapes)))
+        flooding = {shape: n for shape, n in shapes.items() if n > 20}
+        self.assertEqual(flooding, {}, "causes that wrote more than their burst of 20 lines")
+        self.assertLessEqual(len(lines), 200)
+        self.assertTrue(any("were not logged" in line for line in lines), "no count of the lines held back")
 
 
 class Signals(h.MountTestCase):
