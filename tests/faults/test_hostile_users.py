@@ -353,12 +353,7 @@ class ClosedDirectory(UserCase):
         self.assertEqual(r.stdout.splitlines()[0], "ok 12345", r.stdout + r.stderr)
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+rss_kib = h.rss_kib
 
 
 def deep_listing(root, depth, n):

@@ -18,15 +18,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "core_fixture.h"
 #include "fusefs/as_caller.h"
-#include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
-#include "tmpdir.h"
 
 namespace stagefs {
 namespace {
 
-using stage::testing::TmpDirTest;
 namespace fs = std::filesystem;
 
 constexpr uint32_t kOwner = 61001, kGroup = 61002, kNamedUser = 61096, kNamedGroup = 61090;
@@ -120,17 +117,10 @@ bool hide_faccessat2_on_this_thread() {
          ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
 }
 
-class NoMaterializer final : public Materializer {
- public:
-  void materialize_async(const std::string& rel, const Want&, Done done) override {
-    done(stage::sys_error(EIO, "no group in this test", rel));
-  }
-};
-
-class AccessTest : public TmpDirTest {
+class AccessTest : public testing::CoreFixture {
  protected:
   void SetUp() override {
-    TmpDirTest::SetUp();
+    CoreFixture::SetUp();
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (files of other owners, other callers' credentials)";
     fs::create_directories(path("src"));
     for (const Case& c : kCases) {
@@ -154,13 +144,6 @@ class AccessTest : public TmpDirTest {
     write_file(path("src/closed/inner"), "inner");
     ASSERT_EQ(::chown(path("src/closed").c_str(), kOwner, kGroup), 0);
     ASSERT_EQ(::chmod(path("src/closed").c_str(), 0700), 0);
-    auto cache = NodeCache::open(path("cache"));
-    ASSERT_TRUE(cache) << cache.error().message;
-    cache_ = std::move(cache.value());
-  }
-  void TearDown() override {
-    cache_.reset();
-    TmpDirTest::TearDown();
   }
 
   // Every case's answer ("0"/"1" per caller, kCallers' order) from a core created on this
@@ -188,9 +171,6 @@ class AccessTest : public TmpDirTest {
     out.emplace_back("1000001");  // closed/inner: only the owner (and root) reach it
     return out;
   }
-
-  NoMaterializer mat_;
-  std::unique_ptr<NodeCache> cache_;
 };
 
 // Both methods, asked directly on every case for every caller but root (whom the core never

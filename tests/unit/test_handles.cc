@@ -9,15 +9,12 @@
 #include <filesystem>
 #include <vector>
 
-#include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
+#include "core_fixture.h"
 #include "fusefs/handles.h"
-#include "tmpdir.h"
 
 namespace stagefs {
 namespace {
 
-using stage::testing::TmpDirTest;
 namespace fs = std::filesystem;
 
 int err_of(const stage::Result<HandleLimits::Slot>& r) {
@@ -98,36 +95,16 @@ TEST(HandleLimitsTest, TheSoftDescriptorLimitIsRaisedToTheHardOne) {
   EXPECT_EQ(after.rlim_cur, saved.rlim_max);
 }
 
-class NoMaterializer final : public Materializer {
- public:
-  void materialize_async(const std::string& rel, const Want&, Done done) override {
-    done(stage::sys_error(EIO, "no group in this test", rel));
-  }
-};
-
 // Through the core: failed opens give their slot back; handles and directory handles count.
-class CoreHandlesTest : public TmpDirTest {
+class CoreHandlesTest : public testing::CoreFixture {
  protected:
   void SetUp() override {
-    TmpDirTest::SetUp();
+    CoreFixture::SetUp();
     fs::create_directories(path("src/d"));
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    CoreConfig cfg{path("src")};
+    CoreConfig cfg;
     cfg.handles = {2, 100};
-    auto core = StageFsCore::create(cfg, *cache_, mat_);
-    ASSERT_TRUE(core) << core.error().message;
-    core_ = std::move(core.value());
+    make_core(cfg);
   }
-  void TearDown() override {
-    core_.reset();
-    cache_.reset();
-    TmpDirTest::TearDown();
-  }
-  NoMaterializer mat_;
-  std::unique_ptr<NodeCache> cache_;
-  std::unique_ptr<StageFsCore> core_;
 };
 
 TEST_F(CoreHandlesTest, OpensAndOpendirsCountFailedOnesDoNot) {

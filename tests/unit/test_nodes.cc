@@ -10,15 +10,12 @@
 #include <filesystem>
 #include <string>
 
-#include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
+#include "core_fixture.h"
 #include "fusefs/nodes.h"
-#include "tmpdir.h"
 
 namespace stagefs {
 namespace {
 
-using stage::testing::TmpDirTest;
 namespace fs = std::filesystem;
 
 struct stat dir_stat() {
@@ -97,39 +94,19 @@ TEST(NodeTableTest, EachUsersNodesCountAgainstItsBudgetUntilForgotten) {
   EXPECT_TRUE(t.note_lookup(NodeTable::kRootId, name + "z", file_stat(1, 1), 1000));
 }
 
-class NoMaterializer final : public Materializer {
- public:
-  void materialize_async(const std::string& rel, const Want&, Done done) override {
-    done(stage::sys_error(EIO, "no group in this test", rel));
-  }
-};
-
 // Through the core: a user whose listings and lookups reach the budget gets ENOMEM for new
 // names (READDIRPLUS: entries without attributes), others do not; forgetting gives it back.
-class CoreBudgetTest : public TmpDirTest {
+class CoreBudgetTest : public testing::CoreFixture {
  protected:
   void SetUp() override {
-    TmpDirTest::SetUp();
+    CoreFixture::SetUp();
     fs::create_directories(path("src/d"));
     for (int i = 0; i < 40; ++i)
       write_file(path("src/d/" + std::string(200, static_cast<char>('a' + i % 26)) + std::to_string(i)), "");
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    CoreConfig cfg{path("src")};
+    CoreConfig cfg;
     cfg.listing_bytes_per_user = 20 * NodeTable::node_bytes(std::string(203, 'a')) + 16 * 1024;
-    auto core = StageFsCore::create(cfg, *cache_, mat_);
-    ASSERT_TRUE(core) << core.error().message;
-    core_ = std::move(core.value());
+    make_core(cfg);
   }
-  void TearDown() override {
-    core_.reset();
-    cache_.reset();
-    TmpDirTest::TearDown();
-  }
-  NoMaterializer mat_;
-  std::unique_ptr<NodeCache> cache_;
-  std::unique_ptr<StageFsCore> core_;
 };
 
 TEST_F(CoreBudgetTest, AUserPastItsBudgetGetsEnomemAndOthersGoOn) {
