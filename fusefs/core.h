@@ -225,6 +225,12 @@ class StageFsCore {
   stage::Result<OpenDir> opendir(uint64_t id, const Caller& who);
   stage::Result<struct statvfs> statfs();
   stage::Result<std::string> getxattr(uint64_t id, const std::string& name, const Caller& who = {});
+  // Whether getxattr of `name` resolves the path as the caller (and so needs its groups): every
+  // name but the POSIX ACLs. The kernel reads those for its own permission checks, and `ls -l`
+  // of every entry for its '+', of nodes the kernel already holds: a walk as the caller for
+  // each doubled a warm `ls -l` (credentials switched twice, the caller's groups read from
+  // /proc). Their answer is like the attributes the kernel holds, not new metadata.
+  static bool xattr_checked_as_caller(std::string_view name);
   stage::Result<std::string> listxattr(uint64_t id, const Caller& who = {});  // names, NUL-terminated
   using OpenDone = std::function<void(stage::Result<OpenFile>)>;
   // Calls done inline when the answer is known at once (a cached, verified copy; an error),

@@ -340,7 +340,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
     }
     // As the caller, groups included (the path's directories as the source says now; the
     // status attributes on the root name a transfer only to who may read it).
-    auto r = fm(req).core().getxattr(ino, name, caller(req, true));
+    auto r = fm(req).core().getxattr(ino, name, caller(req, StageFsCore::xattr_checked_as_caller(name)));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });
