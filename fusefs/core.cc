@@ -4,8 +4,6 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
-#include <sys/fsuid.h>
-#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/live.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -27,32 +26,6 @@ using stage::Result;
 namespace {
 constexpr const char* kControlPrefix = "user.stagefs.";
 constexpr const char* kSelinuxXattr = "security.selinux";
-
-// Runs permission checks of this thread as the caller: fsuid, fsgid and supplementary groups
-// are per-thread credentials in Linux when set with the raw syscalls (glibc's wrappers of
-// setgroups would change every thread). A non-zero fsuid drops the filesystem capabilities
-// (CAP_DAC_OVERRIDE...), so the kernel decides as it would for the caller, ACLs included.
-class AsCaller {
- public:
-  explicit AsCaller(const Caller& who) {
-    ok_ = ::syscall(SYS_setgroups, who.groups.size(), who.groups.data()) == 0;
-    ::syscall(SYS_setfsgid, who.gid);
-    ::syscall(SYS_setfsuid, who.uid);
-    ok_ = ok_ && static_cast<uint32_t>(::syscall(SYS_setfsuid, -1)) == who.uid &&
-          static_cast<uint32_t>(::syscall(SYS_setfsgid, -1)) == who.gid;
-  }
-  ~AsCaller() {
-    ::syscall(SYS_setfsuid, 0);
-    ::syscall(SYS_setfsgid, 0);
-    ::syscall(SYS_setgroups, 0, nullptr);
-  }
-  AsCaller(const AsCaller&) = delete;
-  AsCaller& operator=(const AsCaller&) = delete;
-  [[nodiscard]] bool ok() const { return ok_; }
-
- private:
-  bool ok_ = false;
-};
 
 bool is_hidden_xattr(std::string_view name, const Caller& who) {
   return who.uid != 0 && name.rfind("trusted.", 0) == 0;
@@ -68,7 +41,14 @@ stage::Status Materializer::materialize(const std::string& rel, const Want& want
 
 StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader,
                          stage::Fd root)
-    : cfg_(std::move(cfg)), cache_(cache), mat_(mat), root_(std::move(root)) {
+    : cfg_(std::move(cfg)),
+      cache_(cache),
+      mat_(mat),
+      root_(std::move(root)),
+      budget_(std::make_shared<UserBytes>(cfg_.listing_bytes_per_user)),
+      nodes_(budget_),
+      access_(AccessCheck::probe(root_.get())),
+      handles_(cfg_.handles) {
   for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
   checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
                                            counters_, reader);
@@ -128,21 +108,20 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
   auto core =
       std::unique_ptr<StageFsCore>(new StageFsCore(std::move(cfg), cache, mat, reader, std::move(root)));
-  core->nodes_[kRootId] = Node{"", 1, {}};
-  core->ids_[""] = kRootId;
+  if (core->access_.method() != AccessCheck::Method::faccessat2 && ::geteuid() == 0)
+    log_info(
+        "the kernel has no faccessat2 (Linux before 5.8, or a seccomp filter that predates it): each access "
+        "is checked by {}",
+        to_string(core->access_.method()));
   return core;
 }
 
 size_t StageFsCore::node_count() const {
-  std::lock_guard lk(m_);
   return nodes_.size();
 }
 
 Result<std::string> StageFsCore::path_of(uint64_t id) const {
-  std::lock_guard lk(m_);
-  auto it = nodes_.find(id);
-  if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
-  return it->second.rel;
+  return nodes_.path_of(id);
 }
 
 Result<struct stat> StageFsCore::stat_rel(const std::string& rel) const {
@@ -160,42 +139,39 @@ bool plain_name(const std::string& name) {
 }
 }  // namespace
 
-Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name) {
+Result<struct stat> StageFsCore::stat_as_caller(const std::string& rel, const Caller& who) const {
+  auto fd = resolve_as_caller(rel, O_PATH, 0, who);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source", rel);
+  return st;
+}
+
+Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name,
+                                                             const Caller& who) {
   if (!plain_name(name))
     return stage::sys_error(name.size() > 255 ? ENAMETOOLONG : ENOENT, "lookup", name);
   auto prel = path_of(parent);
   if (!prel) return prel.error();
   const std::string rel = stage::join_path(*prel, name);
-  auto st = stat_rel(rel);
+  auto st = stat_as_caller(rel, who);
   if (!st) return st.error();
-  uint64_t id = 0;
-  {
-    std::lock_guard lk(m_);
-    id = note_lookup_locked(rel, *st);
-  }
-  xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
-  return std::pair{id, *st};
-}
-
-uint64_t StageFsCore::note_lookup_locked(const std::string& rel, const struct stat& st) {
-  const stage::FileMeta version = S_ISREG(st.st_mode) ? stage::meta_from_stat(st) : stage::FileMeta{};
-  auto it = ids_.find(rel);
-  if (it == ids_.end() || nodes_[it->second].version != version) {
-    // New name, or a new version of the file: a new id (the old one stays for its holders).
-    it = ids_.insert_or_assign(rel, next_id_).first;
-    nodes_[next_id_++] = Node{rel, 0, version, st.st_uid, st.st_gid};
-  }
-  ++nodes_[it->second].nlookup;
-  return it->second;
+  auto id = nodes_.note_lookup(parent, name, *st, who.uid);
+  if (!id) return id.error();
+  xattrs_.observe(*id, stage::to_ns(st->st_ctim), st->st_dev);
+  return std::pair{*id, *st};
 }
 
 std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup_many(
-    uint64_t parent, std::span<const DirEntry> entries) {
+    uint64_t parent, std::span<const DirEntry> entries, const Caller& who) {
   std::vector<std::optional<std::pair<uint64_t, struct stat>>> out(entries.size());
   auto prel = path_of(parent);
   if (!prel) return out;
-  // The directory resolved as lookup() resolves it; each name is one component, never
-  // followed if it is a symlink.
+  // As the caller, as lookup() resolves: the directory (search permission on the way), then
+  // each name in it (search permission on the directory itself). Each name is one component,
+  // never followed if it is a symlink.
+  std::optional<AsCaller> as;
+  if (checked_as_caller(who) && !as.emplace(who).ok()) return out;
   auto dfd = open_beneath(root_.get(), *prel, O_PATH | O_DIRECTORY);
   if (!dfd) return out;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -203,39 +179,23 @@ std::vector<std::optional<std::pair<uint64_t, struct stat>>> StageFsCore::lookup
     if (!plain_name(name)) continue;
     struct stat st {};
     if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    uint64_t id = 0;
-    {
-      std::lock_guard lk(m_);
-      id = note_lookup_locked(stage::join_path(*prel, name), st);
-    }
-    xattrs_.observe(id, stage::to_ns(st.st_ctim), st.st_dev);
-    out[i] = std::pair{id, st};
+    auto id = nodes_.note_lookup(parent, name, st, who.uid);
+    if (!id) continue;  // past the caller's budget: no attributes (its LOOKUP says why)
+    xattrs_.observe(*id, stage::to_ns(st.st_ctim), st.st_dev);
+    out[i] = std::pair{*id, st};
   }
   return out;
 }
 
 void StageFsCore::forget(uint64_t id, uint64_t n) {
-  if (id == kRootId) return;
-  std::lock_guard lk(m_);
-  auto it = nodes_.find(id);
-  if (it == nodes_.end()) return;
-  it->second.nlookup = it->second.nlookup > n ? it->second.nlookup - n : 0;
-  if (it->second.nlookup == 0) {
-    if (auto by = ids_.find(it->second.rel); by != ids_.end() && by->second == it->first) ids_.erase(by);
-    nodes_.erase(it);
-    xattrs_.forget(id);
-  }
+  for (const uint64_t gone : nodes_.forget(id, n)) xattrs_.forget(gone);
 }
 
-Result<struct stat> StageFsCore::getattr(uint64_t id) {
-  Node node;
-  {
-    std::lock_guard lk(m_);
-    auto it = nodes_.find(id);
-    if (it == nodes_.end()) return stage::sys_error(ESTALE, "unknown node id");
-    node = it->second;
-  }
-  auto st = stat_rel(node.rel);
+Result<struct stat> StageFsCore::getattr(uint64_t id, const Caller& who) {
+  auto info = nodes_.info(id);
+  if (!info) return info.error();
+  const NodeTable::Info& node = *info;
+  auto st = stat_as_caller(node.rel, who);
   if (st) xattrs_.observe(id, stage::to_ns(st->st_ctim), st->st_dev);
   const stage::FileMeta& v = node.version;
   if (v == stage::FileMeta{}) return st;  // not a regular file's id
@@ -265,10 +225,10 @@ Result<struct stat> StageFsCore::getattr(uint64_t id) {
   return st;
 }
 
-Result<std::string> StageFsCore::readlink(uint64_t id) {
+Result<std::string> StageFsCore::readlink(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
-  auto fd = open_beneath(root_.get(), *rel, O_PATH);
+  auto fd = resolve_as_caller(*rel, O_PATH, 0, who);
   if (!fd) return fd.error();
   std::string buf(4096, '\0');
   const ssize_t n = ::readlinkat(fd->get(), "", buf.data(), buf.size());
@@ -353,7 +313,13 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   auto out = list_entries(std::move(*fd), *rel);
   if (!out) return out.error();
   const uint64_t bytes = listing_size(**out);
-  if (auto st = charge_listing(who.uid, bytes, *rel); !st) return st.error();
+  if (uint64_t used = 0; !budget_->charge(who.uid, bytes, used))
+    return stage::sys_error(ENOMEM,
+                            "opendir: the listings and names uid " + std::to_string(who.uid) +
+                                " holds through the mount would take " +
+                                std::to_string((used + bytes) >> 20) + " MiB, over the limit of " +
+                                std::to_string(budget_->limit() >> 20) + " MiB",
+                            *rel);
   DirSnapshot snap = share_listing(std::move(*out), who.uid, bytes);
   std::lock_guard lk(dirs_m_);
   for (auto it = dirs_.begin(); it != dirs_.end();)  // drop entries of freed snapshots
@@ -362,36 +328,23 @@ Result<DirSnapshot> StageFsCore::readdir(uint64_t id, const Caller& who) {
   return snap;
 }
 
-stage::Status StageFsCore::charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel) {
-  if (uid != 0) {
-    std::lock_guard lk(listing_bytes_->m);
-    uint64_t& used = listing_bytes_->by_uid[uid];
-    if (used + bytes > cfg_.listing_bytes_per_user) {
-      if (used == 0) listing_bytes_->by_uid.erase(uid);
-      return stage::sys_error(ENOMEM,
-                              "opendir: the listings held open by uid " + std::to_string(uid) +
-                                  " would take " + std::to_string((used + bytes) >> 20) +
-                                  " MiB, over the limit of " +
-                                  std::to_string(cfg_.listing_bytes_per_user >> 20) + " MiB",
-                              rel);
-    }
-    used += bytes;
-  }
-  return {};
+Result<OpenDir> StageFsCore::opendir(uint64_t id, const Caller& who) {
+  auto slot = handles_.take(who.uid, false);
+  if (!slot) return slot.error();
+  auto entries = readdir(id, who);
+  if (!entries) return entries.error();
+  return OpenDir{std::move(*entries), std::move(*slot)};
 }
 
 DirSnapshot StageFsCore::share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
                                        uint64_t bytes) const {
   // The last handle's release frees the listing, gives the memory back to the system and to
   // its user's budget.
-  return DirSnapshot(entries.release(), [acct = listing_bytes_, uid, bytes](const std::vector<DirEntry>* v) {
+  return DirSnapshot(entries.release(), [budget = budget_, uid, bytes](const std::vector<DirEntry>* v) {
     const bool big = v->size() > 1000;
     delete v;
     if (big) ::malloc_trim(0);
-    if (uid == 0) return;
-    std::lock_guard lk(acct->m);
-    if (auto it = acct->by_uid.find(uid); it != acct->by_uid.end() && (it->second -= std::min(it->second, bytes)) == 0)
-      acct->by_uid.erase(it);
+    budget->refund(uid, bytes);
   });
 }
 
@@ -424,6 +377,8 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, 
   }
   auto rel = path_of(id);
   if (!rel) return rel.error();
+  if (xattr_checked_as_caller(name))
+    if (auto reach = resolve_as_caller(*rel, O_PATH, 0, who); !reach) return reach.error();
   auto r = xattrs_.get(
       id, name, [&] { return list_source_xattrs(*rel); },
       [&] {
@@ -457,6 +412,7 @@ Result<std::string> StageFsCore::list_source_xattrs(const std::string& rel) cons
 Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   auto rel = path_of(id);
   if (!rel) return rel.error();
+  if (auto reach = resolve_as_caller(*rel, O_PATH, 0, who); !reach) return reach.error();
   auto r = xattrs_.list(id, [&] { return list_source_xattrs(*rel); });
   if (!r) return r;
   std::string out;
@@ -481,15 +437,14 @@ Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags,
 
 Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int flags, int mask,
                                                  const Caller& who) const {
-  if (who.uid == 0 || ::geteuid() != 0) return open_beneath(root_.get(), rel, flags);  // root, or a daemon
-                                                                                     // that reads as its user
+  if (!checked_as_caller(who)) return open_beneath(root_.get(), rel, flags);
   std::optional<Result<stage::Fd>> fd;  // unset: the credentials could not be taken
   int err = 0;
   {
     const AsCaller as(who);
     if (as.ok()) {
       fd = open_beneath(root_.get(), rel, flags);
-      if (*fd && ::faccessat((*fd)->get(), "", mask, AT_EACCESS | AT_EMPTY_PATH) != 0) err = errno;
+      if (*fd && mask != 0) err = access_.check((*fd)->get(), mask);
     }
   }
   if (!fd) return stage::sys_error(EACCES, "cannot take the caller's credentials to check access", rel);
@@ -501,6 +456,14 @@ Result<stage::Fd> StageFsCore::resolve_as_caller(const std::string& rel, int fla
   return stage::sys_error(err, "access (checked against the source)", rel);
 }
 
+bool StageFsCore::xattr_checked_as_caller(std::string_view name) {
+  return name.rfind("system.posix_acl_", 0) != 0;
+}
+
+bool StageFsCore::checked_as_caller(const Caller& who) {
+  return who.uid != 0 && ::geteuid() == 0;  // root, and a daemon that reads as its own user, are not
+}
+
 bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
   if (who.uid == 0) return true;
   if (::geteuid() != 0) return who.uid == ::geteuid();
@@ -510,7 +473,7 @@ bool StageFsCore::may_read(const std::string& rel, const Caller& who) const {
 Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const struct stat& src,
                                                 const stage::Status& done) {
   if (auto fd = checker_->open_verified(rel, src, done.ok()))
-    return OpenFile{std::move(fd.value()), false, false, {}, {}};
+    return OpenFile{std::move(fd.value()), false, false, {}, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
                                  done.error().code == stage::make_error_code(stage::Errc::group_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
@@ -520,8 +483,8 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
     if (fd &&
         stage::same_version(stage::meta_from_stat(now), stage::meta_from_stat(src), cfg_.source_version)) {
       ++counters_.source_fallbacks;
-      spdlog::warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
-      return OpenFile{std::move(fd.value()), false, true, {}, {}};
+      log_warn("{}: mount group stalled: reading {} from the shared source", stage::host_name(), rel);
+      return OpenFile{std::move(fd.value()), false, true, {}, {}, {}};
     }
   }
   ++counters_.open_errors;
@@ -530,7 +493,20 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
 }
 
 void StageFsCore::open_async(uint64_t id, int flags, const Caller& who, OpenDone done) {
-  check_open(id, flags, who, std::move(done), cfg_.read_during_copy);
+  auto slot = handles_.take(who.uid, true);
+  if (!slot) {
+    ++counters_.open_errors;
+    return done(slot.error());
+  }
+  // The slot goes with the handle, or back when the open fails.
+  check_open(
+      id, flags, who,
+      [slot = std::make_shared<HandleLimits::Slot>(std::move(*slot)),
+       done = std::move(done)](Result<OpenFile> r) {
+        if (r) r->slot = std::move(*slot);
+        done(std::move(r));
+      },
+      cfg_.read_during_copy);
 }
 
 void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone done_, bool live_ok,
@@ -547,15 +523,10 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
   };
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_APPEND | O_CREAT)) != 0)
     return done(read_only("open for writing"));
-  stage::FileMeta version;
-  std::string rel;
-  {
-    std::lock_guard lk(m_);
-    auto it = nodes_.find(id);
-    if (it == nodes_.end()) return done(stage::sys_error(ESTALE, "unknown node id"));
-    rel = it->second.rel;
-    version = it->second.version;
-  }
+  auto info = nodes_.info(id);
+  if (!info) return done(info.error());
+  const std::string rel = std::move(info->rel);
+  const stage::FileMeta version = info->version;
   *pinned = rel;
   // One resolution of the path, as the caller, for the access check, the type and the version
   // below. A cache hit is checked the same way: access is the source's at every open.
@@ -578,7 +549,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
     if (!fd) return done(fd.error());
     if (!stage::same_version(stage::meta_from_stat(now), version, cfg_.source_version))
       return done(stage::sys_error(ESTALE, "open (the source changed since it was looked up)", rel));
-    return done(OpenFile{std::move(fd.value()), false, true, {}, {}});
+    return done(OpenFile{std::move(fd.value()), false, true, {}, {}, {}});
   }
   if (open_observer_ && !background) open_observer_(rel);
   // A copy verified in this mount: answer here. Anything slower goes to the completion pool.
@@ -587,7 +558,7 @@ void StageFsCore::check_open(uint64_t id, int flags, const Caller& who, OpenDone
     ++counters_.cache_hits;
     cache_.touch(rel, fd->get(), &cst);
     note_linked_copy(rel, st);
-    return done(OpenFile{std::move(fd.value()), true, false, {}, {}});
+    return done(OpenFile{std::move(fd.value()), true, false, {}, {}, {}});
   }
   Ask ask;
   ask.want = Want{who.uid, background};
@@ -630,12 +601,12 @@ void StageFsCore::serve_or_materialize(const std::string& rel, const struct stat
       ++counters_.cache_hits;
       cache_.touch(rel, a.fd.get());
       note_linked_copy(rel, src);
-      return done(OpenFile{std::move(a.fd), true, false, {}, {}});
+      return done(OpenFile{std::move(a.fd), true, false, {}, {}, {}});
     }
   }
   if (auto alive = cache_.alive(); !alive) {
     ++counters_.open_errors;
-    spdlog::error("{}", alive.error().message);
+    log_error("{}", alive.error().message);
     return done(alive.error());
   }
   // Batches copy every name of a small file as their own: only larger files are shared.
@@ -668,7 +639,7 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
     if (auto fd = checker_->open_verified(a.other, src, false, /*may_read_back=*/false)) {
       ++counters_.cache_hits;
       cache_.touch(a.other, fd->get());
-      done(OpenFile{std::move(fd.value()), true, false, a.other, {}});
+      done(OpenFile{std::move(fd.value()), true, false, a.other, {}, {}});
       return true;
     }
     links_.forget(key, a.other);
@@ -704,7 +675,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       }
       if (ask.small && outcome.ok()) {
         if (auto fd = checker_->open_verified(rel, src, true))
-          return done(OpenFile{std::move(fd.value()), false, false, {}, {}});
+          return done(OpenFile{std::move(fd.value()), false, false, {}, {}, {}});
         // The batch succeeded without a current copy of rel: the file changed since this open
         // looked at it (ESTALE: the kernel looks the name up again and opens the new
         // version), or it was not in the batch (grew, appeared after the listing, or the
@@ -789,8 +760,9 @@ void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd
       return stage::sys_error(EIO, "read after a stall (the source changed too)");
     if (live->first_fallback()) {
       ++counters_.source_fallbacks;
-      spdlog::warn("{}: mount group stalled: reading the rest of a file opened during its copy from the shared source",
-                   stage::host_name());
+      log_warn(
+          "{}: mount group stalled: reading the rest of a file opened during its copy from the shared source",
+          stage::host_name());
     }
     std::string buf(size, '\0');
     const ssize_t n = stage::pread_full(source_fd, buf.data(), size, off);

@@ -20,7 +20,9 @@
 //     SOURCE_DIR down) and check read access on what they opened: POSIX ACLs and modes
 //     changed since the kernel cached the attributes are enforced, on the file and on every
 //     directory above it, for a cached copy as for a new one. trusted.* extended
-//     attributes are hidden from callers other than root.
+//     attributes are hidden from callers other than root. Metadata (lookup, getattr,
+//     readlink, xattrs) is resolved as the caller too: a directory closed on the source
+//     shows nothing new to those it was closed to, whatever the kernel cached of its mode.
 //   - Listings: one snapshot per directory version is shared by every open handle of it and
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
@@ -48,23 +50,26 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
-#include <thread>
-#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <string>
+#include <set>
 #include <span>
+#include <string>
+#include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "bcast/fd.h"
 #include "bcast/manifest.h"
 #include "bcast/source.h"
+#include "fusefs/as_caller.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"
 #include "fusefs/cache/wait.h"
+#include "fusefs/handles.h"
+#include "fusefs/nodes.h"
 #include "fusefs/xattr_cache.h"
 
 namespace stagefs {
@@ -143,9 +148,11 @@ struct CoreConfig {
   // in progress (OpenFile::live) for the life of that handle.
   bool read_during_copy = false;
   // Memory the directory listings held open by one user (other than root) may take, summed
-  // over the listings that user's opendirs built. Handles on one version of a directory share
-  // one listing; a user who changes a large directory between opendirs builds a new one each
-  // time. Past this, opendir fails with ENOMEM for that user only.
+  // over the listings that user's opendirs built, with the node ids its lookups created
+  // (READDIRPLUS looks up every entry listed) while the kernel holds them. Handles on one
+  // version of a directory share one listing; a user who changes a large directory between
+  // opendirs builds a new one each time. Past this, that user's opendir of a new listing,
+  // and its lookups of names the mount does not hold yet, fail with ENOMEM (that user only).
   uint64_t listing_bytes_per_user = uint64_t{1} << 30;
   // An open whose copy finds no room in this node's cache because copies held open here
   // (pinned) take it waits for room (pins released, copies evicted or removed), up to this
@@ -155,13 +162,9 @@ struct CoreConfig {
   // What identifies a source version (--source-version): the rule every comparison of a
   // source with a version seen elsewhere (a copy in progress, fed from another node) uses.
   stage::SourceVersion source_version = stage::SourceVersion::full;
-};
-
-// Who asks (from the FUSE request). uid 0 is not checked.
-struct Caller {
-  uint32_t uid = 0;
-  uint32_t gid = 0;
-  std::vector<uint32_t> groups;
+  // What users may hold open (handles.h): per user, and the descriptors of all together.
+  // Zeros: no limit (the daemon sets them from --max-open-per-user and RLIMIT_NOFILE).
+  HandleLimits::Config handles{};
 };
 
 struct OpenFile {
@@ -171,6 +174,7 @@ struct OpenFile {
   std::string pinned;        // the cache copy held while this file is open: pass to release()
   std::shared_ptr<LiveCopy> live;  // set: the copy is in progress; read through read_live()
                                    // (fd: the source for --on-stall source, else unset)
+  HandleLimits::Slot slot;         // this handle's share of its user's limit (held until released)
 };
 
 struct DirEntry {
@@ -179,6 +183,12 @@ struct DirEntry {
   uint32_t mode = 0;
 };
 using DirSnapshot = std::shared_ptr<const std::vector<DirEntry>>;
+
+// An open directory handle: its listing and its share of its user's limit.
+struct OpenDir {
+  DirSnapshot entries;
+  HandleLimits::Slot slot;
+};
 
 // verified, corrupt and verify_waits are the CopyChecker's (CheckCounters).
 struct CoreCounters : CheckCounters {
@@ -191,31 +201,48 @@ struct CoreCounters : CheckCounters {
 
 class StageFsCore {
  public:
-  static constexpr uint64_t kRootId = 1;
+  static constexpr uint64_t kRootId = NodeTable::kRootId;
   // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
   static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
                                                             Materializer& mat,
                                                             CopyReader& reader = disk_copy_reader());
   ~StageFsCore();
 
+  // Metadata is answered as the caller `who` (lookup, lookup_many, getattr, readlink,
+  // getxattr, listxattr): the path is resolved with the caller's credentials, so a caller
+  // without search permission on a directory of the path (on the source, now) gets EACCES,
+  // whatever the kernel cached about the directory. Root, and every caller of a daemon that
+  // is not root, are not checked. `who` left empty: as root.
   // lookup() counts one reference to the node; forget() drops n of them.
-  stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name);
+  stage::Result<std::pair<uint64_t, struct stat>> lookup(uint64_t parent, const std::string& name,
+                                                         const Caller& who = {});
   // lookup() of each entry's name in directory parent (READDIRPLUS: a slice of its listing),
   // with one open of the directory and one fstatat per name; a name that does not resolve
-  // (or is not a plain name) gets none.
+  // (or is not a plain name, or the caller may not search the directory) gets none.
   std::vector<std::optional<std::pair<uint64_t, struct stat>>> lookup_many(uint64_t parent,
-                                                                           std::span<const DirEntry> entries);
+                                                                           std::span<const DirEntry> entries,
+                                                                           const Caller& who = {});
   void forget(uint64_t id, uint64_t n);
-  stage::Result<struct stat> getattr(uint64_t id);
-  stage::Result<std::string> readlink(uint64_t id);
+  stage::Result<struct stat> getattr(uint64_t id, const Caller& who = {});
+  stage::Result<std::string> readlink(uint64_t id, const Caller& who = {});
   // The directory's listing (shared with other handles of the same version).
   stage::Result<DirSnapshot> readdir(uint64_t id, const Caller& who = {});
+  // An opendir: readdir() for a new handle, counted against who's handle limit (EMFILE past it).
+  stage::Result<OpenDir> opendir(uint64_t id, const Caller& who);
   stage::Result<struct statvfs> statfs();
   stage::Result<std::string> getxattr(uint64_t id, const std::string& name, const Caller& who = {});
+  // Whether getxattr of `name` resolves the path as the caller (and so needs its groups): every
+  // name but the POSIX ACLs. The kernel reads those for its own permission checks, and `ls -l`
+  // of every entry for its '+', of nodes the kernel already holds: a walk as the caller for
+  // each doubled a warm `ls -l` (credentials switched twice, the caller's groups read from
+  // /proc). Their answer is like the attributes the kernel holds, not new metadata.
+  static bool xattr_checked_as_caller(std::string_view name);
   stage::Result<std::string> listxattr(uint64_t id, const Caller& who = {});  // names, NUL-terminated
   using OpenDone = std::function<void(stage::Result<OpenFile>)>;
   // Calls done inline when the answer is known at once (a cached, verified copy; an error),
-  // else later from the completion pool.
+  // else later from the completion pool. The handle counts against who's handle limit from
+  // the open on, also while it waits for its copy (EMFILE past it, ENFILE past the room every
+  // user shares: handles.h).
   void open_async(uint64_t id, int flags, const Caller& who, OpenDone done);
   stage::Result<OpenFile> open(uint64_t id, int flags, const Caller& who = {});  // blocking form
   // A read of a handle opened during its copy (OpenFile::live): at once or when its chunks
@@ -269,14 +296,20 @@ class StageFsCore {
   [[nodiscard]] const CoreCounters& counters() const { return counters_; }
   [[nodiscard]] XattrCache::Stats xattr_stats() const { return xattrs_.stats(); }
   [[nodiscard]] size_t node_count() const;
+  [[nodiscard]] AccessCheck::Method access_method() const { return access_.method(); }
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
   StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
+  // stat of rel resolved as the caller (resolve_as_caller, no access mask).
+  stage::Result<struct stat> stat_as_caller(const std::string& rel, const Caller& who) const;
+  // Whether who's requests are resolved with who's credentials (not root, and a root daemon).
+  static bool checked_as_caller(const Caller& who);
   stage::Result<std::string> list_source_xattrs(const std::string& rel) const;
   // rel opened beneath SOURCE_DIR (flags as for open_beneath) with the caller's fsuid, fsgid
-  // and groups on this thread, then checked for `mask` (faccessat2 AT_EMPTY_PATH) on what was
+  // and groups on this thread, then checked for `mask` (AccessCheck: faccessat2, or where the
+  // kernel lacks it a reopen as the caller, as_caller.h) on what was
   // opened: the kernel searches every directory from SOURCE_DIR down to rel's parent as the
   // caller would (modes and POSIX ACLs as they are now on the source), and the mask is checked
   // on the very inode that is then stat'ed or listed, never on a path resolved again (a path
@@ -286,7 +319,8 @@ class StageFsCore {
   // answer is cached, so a chmod or setfacl on the source counts from the next open on.
   // Counts a denial (CoreCounters::denied).
   stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
-  // open_as_caller() without counting (may_read() is not an open).
+  // open_as_caller() without counting (may_read() is not an open). mask 0: the path walk
+  // alone (search permission on every directory on the way), no check on what it reached.
   stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
 
   // The open chain. An open (open_async, prefetch_async) takes up to four steps, each handing
@@ -342,30 +376,15 @@ class StageFsCore {
   void note_linked_copy(const std::string& rel, const struct stat& src);
   LinkedCopies links_;
 
-  struct Node {
-    std::string rel;
-    uint64_t nlookup = 0;
-    stage::FileMeta version;  // regular files: the source version this id stands for
-    uint32_t uid = 0, gid = 0;  // ... and its owner (getattr once the path holds something else)
-  };
   CoreConfig cfg_;
   NodeCache& cache_;
   Materializer& mat_;
   stage::Fd root_;
   // Directory snapshots by (path, dev, inode, mtime, ctime), while some handle holds them.
   std::mutex dirs_m_;
-  std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>, std::weak_ptr<const std::vector<DirEntry>>>
+  std::map<std::tuple<std::string, uint64_t, uint64_t, int64_t, int64_t>,
+           std::weak_ptr<const std::vector<DirEntry>>>
       dirs_;
-  // Bytes of the listings alive, by the uid whose opendir built them (CoreConfig::
-  // listing_bytes_per_user). Shared with the listings' deleters, which may run after the core.
-  struct ListingBytes {
-    std::mutex m;
-    std::map<uint32_t, uint64_t> by_uid;
-  };
-  std::shared_ptr<ListingBytes> listing_bytes_ = std::make_shared<ListingBytes>();
-  // The steps of readdir. Counts a listing of `bytes` against uid's budget (root: none), or
-  // fails with ENOMEM if it would go over.
-  stage::Status charge_listing(uint32_t uid, uint64_t bytes, const std::string& rel);
   // The listing as the handles share it; the last one's release gives its bytes back.
   DirSnapshot share_listing(std::unique_ptr<std::vector<DirEntry>> entries, uint32_t uid,
                             uint64_t bytes) const;
@@ -380,16 +399,18 @@ class StageFsCore {
   // Opens waiting for room in the cache (no_room); made after the pool (its answers post to
   // it), stopped before it.
   std::unique_ptr<RoomWaits> room_waits_;
-  // The id of the source node rel (stat st) for a lookup, counting one reference (m_ held).
-  uint64_t note_lookup_locked(const std::string& rel, const struct stat& st);
-  mutable std::mutex m_;  // guards nodes_, ids_, next_id_
-  std::unordered_map<uint64_t, Node> nodes_;
-  std::unordered_map<std::string, uint64_t> ids_;
-  uint64_t next_id_ = kRootId + 1;
+  // Bytes each user holds through the mount: the listings its opendirs built (held while a
+  // handle of them is open) and the nodes its lookups created (held until the kernel forgets
+  // them), against CoreConfig::listing_bytes_per_user. Shared with the listings' deleters,
+  // which may run after the core.
+  std::shared_ptr<UserBytes> budget_;
+  NodeTable nodes_;                // the node ids (thread-safe on its own)
   mutable CoreCounters counters_;  // counted from const paths too (access checks)
+  AccessCheck access_;             // how access is checked as the caller (chosen at start)
   ControlXattr control_xattr_;
   OpenObserver open_observer_;
-  XattrCache xattrs_;  // per node id; its lock is innermost (forget() takes it under m_)
+  XattrCache xattrs_;     // per node id; its lock is innermost
+  HandleLimits handles_;  // what each user holds open
 };
 
 }  // namespace stagefs

@@ -26,6 +26,7 @@
 #include "fusefs/cache/rules.h"
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
+#include "fusefs/log.h"
 #include "fusefs/metrics.h"
 #include "fusefs/profile/file.h"
 #include "fusefs/profile/job_profile.h"
@@ -164,6 +165,7 @@ class Daemon {
   bool shutting_down_ = false;  // guarded by m_
   bool usage_error_ = false;    // setup_local refused the paths: exit status 2
   bool mpi_usable_ = true;      // false: the profiles' exchange cancelled a send (no finalize)
+  uint64_t descriptor_limit_ = 0;  // RLIMIT_NOFILE, raised to the hard limit at start
 };
 
 std::string Daemon::setup_local() {
@@ -197,17 +199,18 @@ std::string Daemon::open_cache(const std::string& cache_as_given) {
   cache_->set_source_version(cfg_.source_version);
   if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
-      spdlog::warn("cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
-                   "(each is copied again at its next open)",
-                   r.removed);
+      log_warn(
+          "cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
+          "(each is copied again at its next open)",
+          r.removed);
     else
-      spdlog::info("cache: synced {} cop(ies) an earlier daemon of this boot had not synced yet ({} removed)",
-                   r.synced, r.removed);
+      log_info("cache: synced {} cop(ies) an earlier daemon of this boot had not synced yet ({} removed)",
+               r.synced, r.removed);
   }
   if (cache_->swept().temps > 0)
-    spdlog::info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
+    log_info("removed {} temporary file(s) left in the cache by an interrupted run", cache_->swept().temps);
   if (cache_->swept().untrusted > 0)
-    spdlog::warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
+    log_warn("removed {} cache entr(ies) this daemon did not write", cache_->swept().untrusted);
   return {};
 }
 
@@ -221,8 +224,8 @@ void Daemon::limit_cache() {
   }
   cache_->set_limit(cfg_.cache_size);
   if (cfg_.cache_size > 0)
-    spdlog::info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size, cache_->usage().files,
-                 cache_->usage().bytes);
+    log_info("cache limit {} bytes; {} copies ({} bytes) in the cache", cfg_.cache_size,
+             cache_->usage().files, cache_->usage().bytes);
 }
 
 // --profile as a path ("" off): made absolute, its last component not resolved (a symlink
@@ -295,6 +298,9 @@ std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   core_cfg.source_version = cfg_.source_version;
   core_cfg.read_during_copy = cfg_.read_during_copy;
   core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
+  std::string lowered;
+  core_cfg.handles = descriptor_budget(descriptor_limit_, cfg_.max_open_per_user, lowered);
+  if (!lowered.empty()) log_info("{}", lowered);
   auto core = StageFsCore::create(core_cfg, *cache_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
@@ -383,7 +389,7 @@ void Daemon::trigger_shutdown(const char* why) {
     if (shutting_down_) return;
     shutting_down_ = true;
   }
-  spdlog::info("shutting down: {}", why);
+  log_info("shutting down: {}", why);
   state_ = "stopping";
   mount_->unmount();
   group_->request_shutdown();
@@ -403,14 +409,15 @@ void Daemon::supervise() {
     }
     const int sig = ::sigtimedwait(&sigs, nullptr, &tick);
     if (sig > 0) trigger_shutdown(sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP");
+    held_back_report();  // causes whose log lines were held back and that went quiet since
   }
   std::unique_lock lk(m_);
   const auto limit = std::chrono::duration<double>(cfg_.shutdown_timeout);
   if (!cv_.wait_for(lk, limit, [&] { return main_done_; })) {
     // The MPI thread is stuck (a peer died mid-collective): the mount is already detached,
     // nothing partial was published; end the process rather than leave an orphan.
-    spdlog::error("the mount group did not shut down within {} s (a node or link is gone?); exiting",
-                  cfg_.shutdown_timeout);
+    log_error("the mount group did not shut down within {} s (a node or link is gone?); exiting",
+              cfg_.shutdown_timeout);
     std::fflush(nullptr);
     std::_Exit(1);
   }
@@ -418,6 +425,9 @@ void Daemon::supervise() {
 
 int Daemon::run(int* argc, char*** argv) {
   set_signals();
+  // Every handle a user holds is a descriptor here: the soft limit (often 1024) would be the
+  // first thing to run out. Before MPI starts, whose connections take descriptors too.
+  descriptor_limit_ = raise_descriptor_limit();
   if (!start_mpi(argc, argv)) return 1;
   // Settings every rank's data path must share: rank 0's count.
   if (auto st = stage::bcast_value(*data_, cfg_.bcast_segment, 0); !st) {
@@ -430,8 +440,8 @@ int Daemon::run(int* argc, char*** argv) {
   if (!cfg_.metrics_file.empty())
     metrics_ = std::make_unique<MetricsFile>(cfg_.metrics_file, cfg_.metrics_interval, cfg_.mountpoint,
                                              [this] { return status(); });
-  spdlog::info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
-               data_->size());
+  log_info("{} mounted at {} (cache {}), {} node(s)", cfg_.source_dir, cfg_.mountpoint, cfg_.cache_dir,
+           data_->size());
   if (ctl_->is_coordinator()) profile_->start_replay(*group_, *core_, source_root_.get());
   return serve();
 }
@@ -458,18 +468,18 @@ bool Daemon::start_mpi(int* argc, char*** argv) {
   // One daemon per node: no node topology (every rank is its node's writer).
   auto ranks = stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
   if (!ranks) {
-    spdlog::error("{}", ranks.error().message);
+    log_error("{}", ranks.error().message);
     return false;
   }
   if (ranks->mpi()) {
     auto c = MpiControlPlane::create(MPI_COMM_WORLD, 0);
     if (!c) {
-      spdlog::error("{}", c.error().message);
+      log_error("{}", c.error().message);
       return false;
     }
     auto n = stage::MpiComm::dup(MPI_COMM_WORLD);
     if (!n) {
-      spdlog::error("{}", n.error().message);
+      log_error("{}", n.error().message);
       return false;
     }
     nested_ = std::move(n.value());
@@ -488,11 +498,11 @@ bool Daemon::start_mpi(int* argc, char*** argv) {
 // status (this node's mount is undone).
 int Daemon::mount_everywhere() {
   const std::string err = setup_local();
-  if (!err.empty()) spdlog::error("{}", err);
+  if (!err.empty()) log_error("{}", err);
   // 2 (usage: the paths contradict each other) wins over 1, so every rank exits alike.
   auto failed = stage::allreduce_max(*data_, err.empty() ? 0 : usage_error_ ? 2 : 1);
   if (!failed || *failed != 0) {
-    if (err.empty()) spdlog::error("another node failed to mount; unmounting");
+    if (err.empty()) log_error("another node failed to mount; unmounting");
     mount_.reset();
     (void)ctl_->close();  // complete the posted announcement so MPI can finalize
     return failed && *failed == 2 ? 2 : 1;
@@ -504,13 +514,13 @@ int Daemon::mount_everywhere() {
 // broken group, an exit without finalizing MPI).
 int Daemon::serve() {
   std::thread fuse([this] {
-    if (auto st = mount_->loop(); !st) spdlog::error("{}", st.error().message);
+    if (auto st = mount_->loop(); !st) log_error("{}", st.error().message);
     trigger_shutdown("unmounted");
   });
   std::thread supervisor([this] { supervise(); });
 
   auto st = group_->run();  // until every node agreed to shut down
-  if (!st) spdlog::error("{}", st.error().message);
+  if (!st) log_error("{}", st.error().message);
   trigger_shutdown("mount group shut down");
   fuse.join();
   // Every node's record to rank 0, within part of the shutdown's time (the supervisor's clock).
@@ -518,6 +528,7 @@ int Daemon::serve() {
                                  std::chrono::milliseconds(std::llround(cfg_.shutdown_timeout * 400)));
   core_->stop();     // opens answered late by the completion pool are done (or dropped) now
   metrics_.reset();  // a last write, with the final counters
+  held_back_report(/*all=*/true);  // what the log's limits held back and did not say yet
   if (group_->state() != GroupState::broken && mpi_usable_) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with
     // the other ranks, which a launcher may be killing.

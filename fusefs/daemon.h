@@ -88,6 +88,10 @@ struct DaemonConfig {
   // --replay: the coordinator's node stages the profile's files in the background once every
   // node mounted (profile/replay.h). Off: only record.
   bool replay = true;
+  // --max-open-per-user: files and directories one user other than root may hold open through
+  // the mount on a node (at most a quarter of what the descriptor limit leaves users:
+  // fusefs/handles.h); past it, that user's opens fail with EMFILE.
+  uint64_t max_open_per_user = 4096;
   std::string metrics_file;         // --metrics-file (empty: none)
   double metrics_interval = 10;     // seconds between rewrites
   MountOptions mount;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <span>
 
@@ -30,11 +31,10 @@ struct FileHandle {
   uint64_t node = 0;
   ReadChoice read_mode;  // counted by the mount until release
   std::string pinned;    // the cache copy kept from eviction while this handle is open
+  HandleLimits::Slot slot;  // its share of its user's limit
 };
 
-struct DirHandle {
-  DirSnapshot entries;  // shared by every handle of this directory version
-};
+using DirHandle = OpenDir;  // the listing is shared by every handle of this directory version
 
 FuseMount& fm(fuse_req_t req) {
   return *static_cast<FuseMount*>(fuse_req_userdata(req));
@@ -57,23 +57,16 @@ Caller caller(fuse_req_t req, bool with_groups) {
   return who;
 }
 
-// Failed requests are the one warning any user can cause at will (stat a name under a file,
-// open what they may not read): at most kWarnBurst per kWarnWindow reach the log.
-constexpr unsigned kWarnBurst = 20;
-constexpr std::chrono::seconds kWarnWindow{10};
-WarnBudget g_request_warnings(kWarnBurst, kWarnWindow);
-
+// Failed requests, which any user can cause at will (stat a name under a file, open what they
+// may not read): rate-limited in the log, each errno its own cause (log.h).
 void reply_err(fuse_req_t req, const stage::Error& e) {
   const int err = e.to_errno();
-  uint64_t held_back = 0;
   if (err == ENOENT || err == ENODATA || err == EOPNOTSUPP || err == EROFS || err == ENAMETOOLONG ||
       err == ESTALE) {
     spdlog::debug("{}", e.message);
-  } else if (g_request_warnings.allow(WarnBudget::Clock::now(), held_back)) {
-    if (held_back > 0)
-      spdlog::warn("{} more failed requests were not logged (at most {} per {} s)", held_back, kWarnBurst,
-                   kWarnWindow.count());
-    spdlog::warn("{}", e.message);
+  } else {
+    const std::string cause = "failed request: " + std::string(std::strerror(err != 0 ? err : EIO));
+    log_limited(spdlog::level::warn, cause, cause, e.message);
   }
   fuse_reply_err(req, err != 0 ? err : EIO);
 }
@@ -119,7 +112,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     auto& m = fm(req);
     fuse_entry_param e{};
     e.entry_timeout = m.options().entry_timeout;
-    auto r = m.core().lookup(parent, name);
+    auto r = m.core().lookup(parent, name, caller(req, true));
     if (!r) {
       if (r.error().to_errno() == ENOENT) {  // cache the negative answer too
         fuse_reply_entry(req, &e);
@@ -144,9 +137,11 @@ void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data* forg
   fuse_reply_none(req);
 }
 
-void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
+void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto r = fm(req).core().getattr(ino);
+    // Through a handle (the kernel refreshing an open file's size): its holder was checked at
+    // its open. Otherwise as the caller.
+    auto r = fm(req).core().getattr(ino, fi != nullptr ? Caller{} : caller(req, true));
     if (!r) return reply_err(req, r.error());
     fuse_reply_attr(req, &r.value(), fm(req).options().attr_timeout);
   });
@@ -154,7 +149,7 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* /*fi*/) {
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
   guarded(req, [&] {
-    auto r = fm(req).core().readlink(ino);
+    auto r = fm(req).core().readlink(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
     fuse_reply_readlink(req, r->c_str());
   });
@@ -162,10 +157,9 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   guarded(req, [&] {
-    auto r = fm(req).core().readdir(ino, caller(req, true));
+    auto r = fm(req).core().opendir(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
-    auto h = std::make_unique<DirHandle>();
-    h->entries = std::move(r.value());
+    auto h = std::make_unique<DirHandle>(std::move(r.value()));
     fi->fh = reinterpret_cast<uint64_t>(h.get());
     fi->cache_readdir = 1;
     fi->keep_cache = 1;
@@ -214,7 +208,8 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     std::vector<char> buf(size);  // allocated before any id is counted
     std::vector<uint64_t> ids;
     ids.reserve(last - first);
-    const auto looked = m.core().lookup_many(ino, std::span(entries).subspan(first, last - first));
+    const auto looked =
+        m.core().lookup_many(ino, std::span(entries).subspan(first, last - first), caller(req, true));
     size_t used = 0;
     for (size_t i = first; i < last; ++i) {
       const DirEntry& d = entries[i];
@@ -258,6 +253,7 @@ void reply_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info fi, stage::Result
   h->read_mode = m.open_read_mode(ino, r->fd.get(), {r->live != nullptr, r->from_source, r->cache_hit});
   h->fd = std::move(r->fd);
   h->pinned = std::move(r->pinned);
+  h->slot = std::move(r->slot);
   if (h->read_mode.mode == ReadMode::during_copy) h->live = std::move(r->live);
   fi.keep_cache = h->read_mode.keep_cache ? 1 : 0;
   fi.fh = reinterpret_cast<uint64_t>(h.get());
@@ -343,10 +339,9 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
                                     });
                                   });
     }
-    // The status attributes on the root name a transfer only to who may read it: the
-    // caller's groups count there.
-    const bool status = ino == FUSE_ROOT_ID && std::string_view(name).starts_with("user.stagefs.");
-    auto r = fm(req).core().getxattr(ino, name, caller(req, status));
+    // As the caller, groups included (the path's directories as the source says now; the
+    // status attributes on the root name a transfer only to who may read it).
+    auto r = fm(req).core().getxattr(ino, name, caller(req, StageFsCore::xattr_checked_as_caller(name)));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });
@@ -354,7 +349,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
 
 void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   guarded(req, [&] {
-    auto r = fm(req).core().listxattr(ino, caller(req, false));
+    auto r = fm(req).core().listxattr(ino, caller(req, true));
     if (!r) return reply_err(req, r.error());
     reply_xattr_value(req, *r, size);
   });

@@ -6,6 +6,8 @@
 #include <thread>
 #include <utility>
 
+#include "fusefs/log.h"
+
 namespace stagefs {
 
 class GroupService::NestHook final : public stage::Nest {
@@ -187,8 +189,8 @@ void GroupService::watchdog() {
                                 ? "the small files of " + (waits_.begin()->first.second.empty() ? std::string("/")
                                                                                                : waits_.begin()->first.second)
                                 : waits_.begin()->first.second;
-    spdlog::error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
-                  std::chrono::duration<double>(cfg_.stall_timeout).count());
+    log_error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
+              std::chrono::duration<double>(cfg_.stall_timeout).count());
     state_ = GroupState::broken;
     Ready ready = fail_all_locked(stage::stage_error(stage::Errc::timed_out, "materialize", rel));
     lk.unlock();
@@ -375,7 +377,7 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
                                    const stage::Status& room, double secs) {
   const Key key{MsgType::materialize, a.path};
   if (report.ok && !room.ok()) {
-    spdlog::info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
+    log_info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
                  report.nodes_needing);
     {
       std::lock_guard lk(m_);
@@ -383,7 +385,7 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
     }
     complete(key, room);
   } else if (report.ok) {
-    spdlog::info(
+    log_info(
         "materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}{}, reads via {}",
         a.path, report.bytes_total, secs,
         secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
@@ -395,7 +397,7 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
     complete(key, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
-    spdlog::error("materialize {} failed: {}", a.path, why);
+    log_error("materialize {} failed: {}", a.path, why);
     // This node's own cause (ENOSPC in its cache...), else the source's (its errno), is what
     // its opens report.
     complete(key, stage::Error{report.local_error    ? report.local_error
@@ -434,7 +436,7 @@ GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
         std::lock_guard lk(m_);
         ++stats_.budget_stops;
       }
-      spdlog::info(
+      log_info(
           "readers walk {}/: its budget is spent ({} small file(s), {} bytes charged): {} more director(ies) "
           "left to their own opens (--prefetch-max-files, --prefetch-max-bytes)",
           batch_dir_of(a.path), tally.spent.files, tally.spent.bytes, tally.dropped);
@@ -517,8 +519,8 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
     // Identical on every rank (the outcome is collective): try once more, e.g. after a file
     // changed during the copy.
     if (r.runs == 0)
-      spdlog::warn("batch {} failed ({}): staging it once more", shown,
-                   report.errors.empty() ? "transfer failed" : report.errors.front());
+      log_warn("batch {} failed ({}): staging it once more", shown,
+               report.errors.empty() ? "transfer failed" : report.errors.front());
   }
   reads.ok = report.ok;
   return r;
@@ -554,13 +556,15 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
   const std::string why = report.ok ? std::string() : report.errors.empty() ? "transfer failed" : report.errors.front();
   if (report.ok) {
     // One line per batch, whatever the number of files.
-    spdlog::info("materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
-                 "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
-                 shown, report.files, report.bytes_total, r.published.size(), secs, r.runs > 0 ? " (second run)" : "",
-                 a.type == MsgType::batch_nested ? " (nested)" : prefetch ? " (prefetched)" : "",
-                 report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
-                 report.writers, fed_by(report),
-                 cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    log_info(
+        "materialized batch {} ({} small file(s), {} bytes; {} written here) in {:.3f} s{}{} (list {:.3f}, "
+        "check {:.3f}, copy {:.3f} of which sync {:.3f}), {} of {} node(s) wrote{}, reads via {}",
+        shown, report.files, report.bytes_total, r.published.size(), secs, r.runs > 0 ? " (second run)" : "",
+        a.type == MsgType::batch_nested ? " (nested)"
+        : prefetch                      ? " (prefetched)"
+                                        : "",
+        report.t.metadata, report.t.prevalidate, report.t.copy, report.pipe.sync, report.nodes_needing,
+        report.writers, fed_by(report), cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
   } else if (prefetch && !report.comm_broken) {
     // Typically a cache full up to --cache-size: what a prefetch would evict is what readers
@@ -570,7 +574,7 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
     // that may evict); the request says it saw this announcement, so it is not dropped. A
     // wait that may not evict (a replayed profile's) gets the error.
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
-    spdlog::info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
+    log_info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
                  coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
     {
       std::lock_guard lk(m_);
@@ -581,7 +585,7 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
                                                   : stage::make_error_code(stage::Errc::peer_failed),
                                why});
   } else {
-    spdlog::error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
+    log_error("batch {} failed: {}; its small files are staged one by one from now on", shown, why);
     if (!report.comm_broken) {
       std::lock_guard lk(m_);
       batch_failed_.insert(a.path);
@@ -593,7 +597,7 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
 }
 
 stage::Status GroupService::control_failed(const stage::Error& e, const char* what) {
-  spdlog::error("{}: {} failed: {}", stage::host_name(), what, e.message);
+  log_error("{}: {} failed: {}", stage::host_name(), what, e.message);
   Ready ready;
   {
     std::lock_guard lk(m_);
@@ -645,7 +649,7 @@ stage::Result<bool> GroupService::coordinate() {
   for (;;) {
     auto r = ctl_.poll_request();
     if (!r) {
-      spdlog::warn("{}", r.error().message);  // malformed request: dropped
+      log_warn("{}", r.error().message);  // malformed request: dropped
       continue;
     }
     if (!r->has_value()) break;
@@ -658,7 +662,7 @@ stage::Result<bool> GroupService::coordinate() {
       std::lock_guard lk(m_);
       ++stats_.budget_stops;
     }
-    spdlog::info(
+    log_info(
         "batch {}/: {} small file(s) ({} bytes charged) listed for the open that asked for it; the rest "
         "is staged at its own opens (--prefetch-max-files, --prefetch-max-bytes)",
         a.path, spent.files, spent.bytes);
@@ -692,8 +696,8 @@ void GroupService::expand_walks() {
       std::lock_guard lk(m_);
       stats_.prefetch_queued += queued;
     }
-    spdlog::info("readers walk {}/: staging the small files of {} of its subdirectories in the background",
-                 parent, queued);
+    log_info("readers walk {}/: staging the small files of {} of its subdirectories in the background",
+             parent, queued);
   }
 }
 

@@ -258,18 +258,18 @@ bool MetricsFile::write_now() {
   if (err == 0) {
     // Said only after a failure that was logged: a file that fails every other write (a full
     // filesystem) logs no more than its warnings.
-    if (std::exchange(failure_logged_, false)) spdlog::info("--metrics-file {} written again", path_);
+    if (std::exchange(failure_logged_, false)) log_info("--metrics-file {} written again", path_);
     return true;
   }
   const bool removed = remove_stale();
   uint64_t held_back = 0;
-  failure_logged_ = warnings_.allow(WarnBudget::Clock::now(), held_back);
+  failure_logged_ =
+      warnings_.allow("write failed", "cannot write --metrics-file", LogLimits::Clock::now(), held_back);
   if (failure_logged_)
-    spdlog::warn("cannot write --metrics-file {}: {}{}{}", path_, std::strerror(err),
-                 removed ? "; removed it, so that it does not show values that no longer change" : "",
-                 held_back > 0
-                     ? " (" + std::to_string(held_back) + " more failed writes since the last warning)"
-                     : std::string());
+    log_warn("cannot write --metrics-file {}: {}{}{}", path_, std::strerror(err),
+             removed ? "; removed it, so that it does not show values that no longer change" : "",
+             held_back > 0 ? " (" + std::to_string(held_back) + " more failed writes since the last warning)"
+                           : std::string());
   return false;
 }
 

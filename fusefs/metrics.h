@@ -54,7 +54,7 @@ class MetricsFile {
   std::condition_variable cv_;
   bool stop_ = false;
   bool failure_logged_ = false;  // the last write failed and said so (write_now's thread only)
-  WarnBudget warnings_{1, std::chrono::minutes(10)};
+  LogLimits warnings_{1, std::chrono::minutes(10)};  // one failed write said per 10 minutes
   std::thread thread_;
 };
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fusefs/fuse_ops.h"
+#include "fusefs/log.h"
 #include "fusefs/privilege.h"
 
 namespace stagefs {
@@ -132,15 +133,15 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
     return stage::sys_error(EPERM, "mount at " + opt.mountpoint + " failed: " + why);
   }
   if (opt.allow_other && !eff.allow_other)
-    spdlog::info(
+    log_info(
         "mounted for uid {} only: other users (root included) cannot enter {}; to share it, add "
         "user_allow_other to {} or run stagefs as root",
         priv.uid, opt.mountpoint, kFuseConf);
   if (opt.passthrough && !eff.passthrough)
-    spdlog::info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",
-                 read_path_name(ReadPath::splice));
+    log_info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",
+             read_path_name(ReadPath::splice));
   m->fuse_fd_ = fuse_edge::session_fd(m->se_);
-  if (!fuse_edge::use_passthrough_io(m->se_)) spdlog::warn("custom io refused: kernel passthrough disabled");
+  if (!fuse_edge::use_passthrough_io(m->se_)) log_warn("custom io refused: kernel passthrough disabled");
   // Larger READ requests: raise this mount's read-ahead (best effort, needs root).
   if (const std::string dev = mount_device(opt.mountpoint); !dev.empty())
     write_sysfs("/sys/class/bdi/" + dev + "/read_ahead_kb", "1024");
@@ -222,9 +223,9 @@ ReadPath FuseMount::probe_read_path() const {
 
 void FuseMount::note_read_path(ReadPath p) {
   const ReadPath old = read_path_.exchange(p);
-  if (old != p) spdlog::info("reads are served by {}", read_path_name(p));
+  if (old != p) log_info("reads are served by {}", read_path_name(p));
   if (p == ReadPath::splice && opt_.passthrough && pt_.active() && !logged_fallback_.exchange(true))
-    spdlog::warn(
+    log_warn(
         "kernel passthrough refused for a file (the cache on a stacked filesystem?): falling back to "
         "splice");
 }

@@ -31,9 +31,9 @@ stage::Result<std::string> XattrCache::list(uint64_t id, const Load& load) {
     std::lock_guard lk(m_);
     auto& e = entries_[id];
     if (e.gen == 0) e.gen = next_gen_++;
-    if (e.listed) {
+    if (e.loaded) {
       ++stats_.hits;
-      return e.names;
+      return e.loaded->names;
     }
     gen = e.gen;
     ++stats_.loads;
@@ -41,10 +41,8 @@ stage::Result<std::string> XattrCache::list(uint64_t id, const Load& load) {
   auto r = load();
   if (!r) return r;
   std::lock_guard lk(m_);
-  if (auto it = entries_.find(id); it != entries_.end() && it->second.gen == gen) {
-    it->second.listed = true;
-    it->second.names = *r;
-  }
+  if (auto it = entries_.find(id); it != entries_.end() && it->second.gen == gen)
+    it->second.loaded = std::make_unique<Loaded>(Loaded{*r, {}});
   return r;
 }
 
@@ -66,10 +64,11 @@ stage::Result<std::string> XattrCache::get(uint64_t id, const std::string& name,
           return absent(a->second);
         }
       }
-      if (auto v = it->second.values.find(name); listed && v != it->second.values.end()) {
-        ++stats_.hits;
-        return v->second;
-      }
+      if (const Loaded* l = it->second.loaded.get(); listed && l != nullptr)
+        if (auto v = l->values.find(name); v != l->values.end()) {
+          ++stats_.hits;
+          return v->second;
+        }
       gen = it->second.gen;
     }
     ++stats_.loads;
@@ -82,7 +81,8 @@ stage::Result<std::string> XattrCache::get(uint64_t id, const std::string& name,
     return v;  // a value the list did not show (some filesystems hide names): not kept
   }
   if (!v || v->size() > kMaxValue) return v;
-  if (auto it = entries_.find(id); it != entries_.end() && it->second.gen == gen) it->second.values[name] = *v;
+  if (auto it = entries_.find(id); it != entries_.end() && it->second.gen == gen && it->second.loaded)
+    it->second.loaded->values[name] = *v;
   return v;
 }
 
@@ -90,7 +90,7 @@ void XattrCache::observe(uint64_t id, int64_t ctime_ns, uint64_t dev) {
   std::lock_guard lk(m_);
   auto& e = entries_[id];
   if (e.gen != 0 && e.ctime_ns == ctime_ns && e.dev == dev) return;
-  e = Entry{next_gen_++, ctime_ns, dev, false, {}, {}};
+  e = Entry{next_gen_++, ctime_ns, dev, nullptr};
 }
 
 void XattrCache::forget(uint64_t id) {

@@ -15,12 +15,13 @@
 // gets a new node id at lookup). A load that raced with an invalidation is not stored.
 //
 // Thread-safe (one mutex, never held while loading). Memory: one small entry per node that
-// was observed or asked, freed by forget().
+// was observed (about 80 bytes), what was read only for the nodes asked; freed by forget().
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -52,13 +53,17 @@ class XattrCache {
   [[nodiscard]] size_t size() const;
 
  private:
+  // What was read of one node's attributes: only for the nodes whose attributes were asked.
+  struct Loaded {
+    std::string names;  // raw listxattr output
+    std::unordered_map<std::string, std::string> values;
+  };
+  // One per node observed (every entry a listing looked up): kept small.
   struct Entry {
     uint64_t gen = 0;  // changes whenever the entry is reset
     int64_t ctime_ns = 0;
     std::optional<uint64_t> dev;
-    bool listed = false;
-    std::string names;  // raw listxattr output
-    std::unordered_map<std::string, std::string> values;
+    std::unique_ptr<Loaded> loaded;  // set: listed
   };
   static bool holds(const std::string& names, const std::string& name);
 

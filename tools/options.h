@@ -3,8 +3,15 @@
 // default is written once, in its struct. Sizes are read with K/M/G/T (stage::parse_size) and
 // shown the same way; a word from a fixed list stands for a value (an enum, on/off). A value
 // that does not parse is a usage error "NAME: why" (CLI::ValidationError, exit status 2).
+// Every number on the three command lines passes one check, finite_number(): NaN and
+// infinities (which compare false with every bound, so a range check alone lets them through
+// and, say, turns a timeout off) are refused with exit status 2. Seconds (FLOAT) go through
+// seconds(), counts (INT, UINT) through whole(), sizes (SIZE) through add_size().
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,16 +24,57 @@
 
 namespace stagetools {
 
+// The one check of a number given on a command line: the whole text is a finite number
+// (strtod's syntax). NaN, infinities and what overflows a double (1e400) give nothing.
+inline std::optional<double> finite_number(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// Empty if text is a finite number within [lo, hi] (and whole, if asked), else why not:
+// "not a whole number: 'nan'", "-1 is out of range: give 0 to 60 seconds".
+inline std::string number_in(const std::string& text, double lo, double hi, bool whole_only,
+                             const char* unit) {
+  const auto v = finite_number(text);
+  if (!v || (whole_only && std::floor(*v) != *v))
+    return std::string("not a ") + (whole_only ? "whole number" : "number") + (*unit ? " of " : "") + unit +
+           ": '" + text + "'";
+  if (*v < lo || *v > hi) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s is out of range: give %.15g to %.15g%s%s", text.c_str(), lo, hi,
+                  *unit ? " " : "", unit);
+    return buf;
+  }
+  return {};
+}
+
+// A number of seconds within [lo, hi] (a FLOAT option); 1e300 is refused by its range, as it
+// would overflow the clocks it feeds.
+inline CLI::Validator seconds(double lo, double hi) {
+  return CLI::Validator([lo, hi](std::string& text) { return number_in(text, lo, hi, false, "seconds"); },
+                        "SECONDS");
+}
+
+// A whole number within [lo, hi] (an INT or UINT option; CLI11 then converts it).
+inline CLI::Validator whole(double lo, double hi) {
+  return CLI::Validator([lo, hi](std::string& text) { return number_in(text, lo, hi, true, ""); }, "");
+}
+
 // An explanation if the size is out of range, or nothing.
 using SizeCheck = std::function<std::optional<std::string>(uint64_t)>;
 
 // `malformed` begins the message for a value that is not a size at all.
-inline CLI::Option* add_size(CLI::App& app, const std::string& name, uint64_t& target, const std::string& desc,
-                             SizeCheck check = {}, std::string malformed = "not a size") {
+inline CLI::Option* add_size(CLI::App& app, const std::string& name, uint64_t& target,
+                             const std::string& desc, SizeCheck check = {},
+                             std::string malformed = "not a size") {
   return app
       .add_option_function<std::string>(
           name,
-          [t = &target, name, check = std::move(check), malformed = std::move(malformed)](const std::string& text) {
+          [t = &target, name, check = std::move(check),
+           malformed = std::move(malformed)](const std::string& text) {
             const auto n = stage::parse_size(text);
             if (!n) throw CLI::ValidationError(name, malformed + ": '" + text + "'");
             if (check)
@@ -34,12 +82,13 @@ inline CLI::Option* add_size(CLI::App& app, const std::string& name, uint64_t& t
             *t = *n;
           },
           desc)
+      ->type_name("SIZE")
       ->default_str(stage::size_text(target));
 }
 
 template <class T>
-CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target, std::vector<std::pair<std::string, T>> words,
-                        const std::string& desc) {
+CLI::Option* add_choice(CLI::App& app, const std::string& name, T& target,
+                        std::vector<std::pair<std::string, T>> words, const std::string& desc) {
   std::vector<std::string> names;
   std::string shown;
   for (const auto& [word, value] : words) {

@@ -66,7 +66,8 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profi
                      "copy (see --pre-validate) of every file a node needs, that node's rank reads its own "
                      "copy and feeds the others (a seed), and the source is read for metadata only; a seed "
                      "that fails mid-way is replaced by another, or by the source")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(stagetools::whole(0, 2147483647));
   stagetools::add_size(app, "--chunk-size", opt.chunk_size,
                        "broadcast chunk, 4K..1G (K, M, G suffixes); every rank uses the source rank's",
                        stage::check_chunk_size);
@@ -83,13 +84,13 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profi
          [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(stagetools::seconds(0, 1e6))
       ->default_str(stall.str());
   app.add_option("--startup-timeout", job.startup_timeout,
                  "seconds a rank waits for every rank to get through MPI start-up (a rank that "
                  "died or hangs at start would otherwise keep the others waiting until the job's "
                  "time limit); then it says so and exits with status 3. 0 waits forever")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(stagetools::seconds(0, 1e6))
       ->capture_default_str();
   add_choice(app, "--direct-io", job.direct_io, {{"auto", true}, {"off", false}},
              "auto: write each copy with O_DIRECT where the destination filesystem accepts it (no "

@@ -5,7 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,39 +17,22 @@
 
 namespace {
 
-// A number of seconds: finite, within [lo, hi] (NaN, inf and 1e300 are refused: they would
-// overflow the clocks they feed), with a message a person can read.
-CLI::Validator seconds(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == text.c_str() || *end != '\0')
-          return "not a number of seconds: '" + text + "'";
-        if (!std::isfinite(v) || v < lo || v > hi) {
-          char buf[128];
-          std::snprintf(buf, sizeof buf, "%s is out of range: give %g to %g seconds", text.c_str(), lo, hi);
-          return buf;
-        }
-        return {};
-      },
-      "SECONDS");
-}
-
 // --cache-size: bytes with K/M/G/T, or N% of the cache filesystem.
 void parse_cache_size(const std::string& text, stagefs::DaemonConfig& cfg) {
   if (!text.empty() && text.back() == '%') {
-    char* end = nullptr;
-    const double pct = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100))
+    const auto pct = stagetools::finite_number(text.substr(0, text.size() - 1));
+    if (!pct || !(*pct > 0 && *pct <= 100))
       throw CLI::ValidationError("--cache-size", "not a percentage in (0, 100]: '" + text + "'");
-    cfg.cache_size_percent = pct;
+    cfg.cache_size_percent = *pct;
     return;
   }
   const auto n = stage::parse_size(text);
   if (!n || *n == 0) throw CLI::ValidationError("--cache-size", "not a size: '" + text + "'");
   cfg.cache_size = *n;
 }
+
+// The largest count an option takes (a double holds every whole number up to it).
+constexpr double kMaxCount = 9007199254740992.0;  // 2^53
 
 const std::vector<std::pair<std::string, bool>> kOnOff{{"on", true}, {"off", false}};
 
@@ -83,6 +65,8 @@ struct Cli {
 void add_options(CLI::App& app, Cli& cli) {
   using stagetools::add_choice;
   using stagetools::add_size;
+  using stagetools::seconds;
+  using stagetools::whole;
   stagefs::DaemonConfig& cfg = cli.cfg;
   app.add_option("SOURCE_DIR", cfg.source_dir, "shared directory to mirror");
   app.add_option("MOUNTPOINT", cfg.mountpoint, "empty directory to mount on (the same path on every node)");
@@ -132,10 +116,11 @@ void add_options(CLI::App& app, Cli& cli) {
   add_choice(app, "--source-version", cfg.source_version, stagetools::source_versions(),
              stagetools::kSourceVersionHelp);
   app.add_option_function<std::string>(
-      "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
-      "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
-      "recently used copies not open on the node are evicted to make room (default: no "
-      "limit beyond the filesystem's free space)");
+         "--cache-size", [&c = cli.cfg](const std::string& text) { parse_cache_size(text, c); },
+         "most the cache may hold: bytes with K/M/G/T, or N% of the cache filesystem; least "
+         "recently used copies not open on the node are evicted to make room (default: no "
+         "limit beyond the filesystem's free space)")
+      ->type_name("SIZE|N%");
   add_choice(app, "--read-during-copy", cfg.read_during_copy, kOnOff,
              "on: an open of a file being copied returns as soon as its transfer runs on this "
              "node; a read waits only for the chunks it needs, and the source sends the chunks "
@@ -157,14 +142,16 @@ void add_options(CLI::App& app, Cli& cli) {
                  "a batch stages at most this many small files: a larger directory goes in several "
                  "batches, the opened file's first, and other users' opens are served between them "
                  "(only the setting of rank 0 counts). 0: no limit")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole(0, kMaxCount));
   add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
            "a batch stages at most this many bytes (K/M/G), as --batch-max-files, each file "
            "counted as its size and 8K more (what its copy takes beyond its bytes). 0: no limit");
   app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole(0, kMaxCount));
   add_size(app, "--prefetch-max-bytes", cfg.prefetch_max_bytes,
            "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
            "walked parent, each file counted as its size and 8K more (what its copy takes "
@@ -174,7 +161,8 @@ void add_options(CLI::App& app, Cli& cli) {
   app.add_option("--prefetch-max-files", cfg.prefetch_max_files,
                  "as --prefetch-max-bytes, in small files: at most this many per walked parent, and "
                  "per open or prefetch of a small file (rank 0's setting). 0: no limit")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole(0, kMaxCount));
   add_size(app, "--small-file-size", cfg.small_file_size,
            "files of at most this size (bytes with K/M/G) are staged by directory: the first "
            "open of one copies every small file of its directory (not subdirectories) in one "
@@ -204,6 +192,13 @@ void add_options(CLI::App& app, Cli& cli) {
              "background, in the order that job read them: behind every open, never evicting a copy, "
              "each checked against the access of the profile's user (the daemon's; for a daemon "
              "running as root, the profile file's owner). off: only record (rank 0's setting)");
+  app.add_option("--max-open-per-user", cfg.max_open_per_user,
+                 "files and directories one user (other than root) may hold open through the mount on "
+                 "a node; past it, that user's opens fail with EMFILE (Too many open files), others' "
+                 "go on. At most a quarter of what the daemon's descriptor limit (RLIMIT_NOFILE, raised "
+                 "to its hard limit at start; an eighth is kept for the daemon's own work) leaves users")
+      ->capture_default_str()
+      ->check(whole(1, kMaxCount));
   app.add_option("--metrics-file", cfg.metrics_file,
                  "write the counters in Prometheus text format to this file (atomically, every "
                  "--metrics-interval seconds), e.g. for node_exporter's textfile collector");
@@ -212,7 +207,7 @@ void add_options(CLI::App& app, Cli& cli) {
       ->check(seconds(0.1, 86400));
   app.add_option("--threads", cfg.mount.max_threads, "FUSE worker threads")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(whole(1, 1024));
   app.add_flag("--no-passthrough", cli.no_passthrough,
                "serve reads from the daemon even where passthrough works");
   app.add_flag("-v,--verbose", cli.verbose, "debug logging");

@@ -10,6 +10,7 @@
 #include "bcast/source.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -27,9 +28,9 @@ stage::Status NodeCache::admit_transfer(int source_root, const std::string& rel,
   auto room = make_room(rel, stage::allocated_from_stat(st) + copy_overhead(), may_evict);
   if (!room) {
     if (may_evict)
-      spdlog::warn("{}", room.error().message);
+      log_warn("{}", room.error().message);
     else
-      spdlog::info("{}", room.error().message);
+      log_info("{}", room.error().message);
   }
   return room;
 }
@@ -54,7 +55,7 @@ void NodeCache::admit_batch(int source_root, const std::string& dir, uint64_t ma
   // it on every node when it does not fit in what the limit and the filesystem leave.
   if (need == 0 || !may_evict) return;
   if (auto room = make_room(dir.empty() ? "/" : dir, need); !room)
-    spdlog::error("{}", room.error().message);  // the engine's free-space check then refuses it
+    log_error("{}", room.error().message);  // the engine's free-space check then refuses it
 }
 
 void NodeCache::transfer_done(const std::string& rel) {

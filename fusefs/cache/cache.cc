@@ -9,16 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
-
-#include <cstring>
 #include <vector>
 
 #include "bcast/manifest.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/beneath.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -94,8 +94,8 @@ void sweep(int dirfd, SweepCounts& n) {
     if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     const bool trusted = st.st_uid == me && (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1));
     if (!trusted) {
-      spdlog::warn("cache: removing {} (type {:o}, owner {}): not written by this daemon's user", name,
-                   st.st_mode & S_IFMT, st.st_uid);
+      log_warn("cache: removing {} (type {:o}, owner {}): not written by this daemon's user", name,
+               st.st_mode & S_IFMT, st.st_uid);
       remove_tree(dirfd, name.c_str());
       ++n.untrusted;
       continue;
@@ -205,8 +205,8 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
   void bad_copy(const std::string& p, const stage::FileMeta& seen) override {
     auto rels = rels_in_cache(std::span(&p, 1));
     if (!rels) return;
-    spdlog::warn("cache: {} could not feed a transfer (unreadable, or not the bytes it recorded): removed",
-                 rels->front());
+    log_warn("cache: {} could not feed a transfer (unreadable, or not the bytes it recorded): removed",
+             rels->front());
     struct stat st {};
     st.st_dev = static_cast<dev_t>(seen.dev);
     st.st_ino = static_cast<ino_t>(seen.ino);
@@ -325,8 +325,8 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   struct stat dst {};
   if (::fstatat(c->root_.get(), "data", &dst, AT_SYMLINK_NOFOLLOW) == 0 &&
       (!S_ISDIR(dst.st_mode) || dst.st_uid != ::geteuid())) {
-    spdlog::warn("cache: removing {}/data (type {:o}, owner {}): not written by this daemon's user", dir,
-                 dst.st_mode & S_IFMT, dst.st_uid);
+    log_warn("cache: removing {}/data (type {:o}, owner {}): not written by this daemon's user", dir,
+             dst.st_mode & S_IFMT, dst.st_uid);
     remove_tree(c->root_.get(), "data");
     ++c->swept_.untrusted;
   }
@@ -341,8 +341,9 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   c->recovered_ = UnsyncedLog::recover(c->root_.get(), c->data_.get(), UnsyncedLog::current_boot_id());
   if (c->recovered_.unreadable) {
     // Which copies were synced is unknown: none is trusted.
-    spdlog::warn("cache: {}/{} cannot be read: removing every cached copy (each is copied again at its next open)",
-                 dir, UnsyncedLog::kName);
+    log_warn(
+        "cache: {}/{} cannot be read: removing every cached copy (each is copied again at its next open)",
+        dir, UnsyncedLog::kName);
     for (const auto& name : names_in(c->data_.get())) remove_tree(c->data_.get(), name.c_str());
     ::syncfs(c->data_.get());
     UnsyncedLog::discard(c->root_.get());
@@ -545,7 +546,7 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need, bool m
     evicted_bytes_ += bytes;
     lk.unlock();
     unlink_beneath(data_.get(), name);
-    spdlog::info("evicted {} ({} bytes, least recently used) to make room for {}", name, bytes, rel);
+    log_info("evicted {} ({} bytes, least recently used) to make room for {}", name, bytes, rel);
     lk.lock();
   }
 }
@@ -567,7 +568,7 @@ stage::Status NodeCache::evict(const std::string& rel, const struct stat& source
   index_.erase(it);
   lk.unlock();
   unlink_beneath(data_.get(), rel);
-  spdlog::info("evicted {} (asked)", rel);
+  log_info("evicted {} (asked)", rel);
   space_freed();
   return {};
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "fusefs/beneath.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -193,8 +194,8 @@ bool UnsyncedLog::append_locked(const std::string& bytes) {
   // No torn record may stay in front of the next one: cut it off, or start a new log.
   if (::ftruncate(log_.get(), static_cast<off_t>(log_size_)) != 0) log_.reset();
   if (!warned_)
-    spdlog::warn("cache: cannot write the log of unsynced copies ({}): each batch syncs its data instead",
-                 std::strerror(err));
+    log_warn("cache: cannot write the log of unsynced copies ({}): each batch syncs its data instead",
+             std::strerror(err));
   warned_ = true;
   return false;
 }
@@ -240,7 +241,8 @@ void UnsyncedLog::flush() {
   else
     failed = sync_names(data_fd_, names, ok);
   for (const auto& name : failed) {
-    spdlog::error("cache: could not sync the copy of {} to disk: removed (it is copied again at its next open)", name);
+    log_error("cache: could not sync the copy of {} to disk: removed (it is copied again at its next open)",
+              name);
     unlink_beneath(data_fd_, name);
     if (on_removed_) on_removed_(name);
   }

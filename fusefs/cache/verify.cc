@@ -6,6 +6,7 @@
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -76,8 +77,8 @@ void CopyChecker::verify_loop() {
       if (!outcome && outcome.error().code != stage::make_error_code(stage::Errc::checksum_mismatch)) {
         // A copy that cannot be read is no use: removed, and the waiting opens copy the file
         // anew (none reads it back again on the completion pool).
-        spdlog::error("{}: cached copy of {} could not be read back ({}): removed, copying again",
-                      stage::host_name(), job.rel, outcome.error().message);
+        log_error("{}: cached copy of {} could not be read back ({}): removed, copying again",
+                  stage::host_name(), job.rel, outcome.error().message);
         cache_.remove(job.rel, job.copy);
       }
     }
@@ -97,9 +98,8 @@ stage::Status CopyChecker::read_back(int fd, const std::string& rel, const struc
   if (!crc) return crc.error();
   if (*crc != recorded) {
     ++counters_.corrupt;
-    spdlog::error(
-        "{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
-        stage::host_name(), rel, *crc, recorded);
+    log_error("{}: cached copy of {} is corrupted (CRC {:016x}, recorded {:016x}): removed, copying again",
+              stage::host_name(), rel, *crc, recorded);
     cache_.remove(rel, copy);
     return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy", rel);
   }

@@ -5,6 +5,7 @@
 
 #include "bcast/paths.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/log.h"
 
 namespace stagefs {
 
@@ -51,7 +52,7 @@ void RoomWaits::await(const std::string& rel, uint64_t need, Clock::time_point d
     if (!stop_) {
       if (first) {
         ++waits_;
-        spdlog::info(
+        log_info(
             "{}: open of {} waits up to {:.0f} s for room in the cache: {} bytes in {} cop(ies) held open "
             "on this node",
             stage::host_name(), rel, std::chrono::duration<double>(wait_).count(), room.pinned,
@@ -70,7 +71,7 @@ void RoomWaits::await(const std::string& rel, uint64_t need, Clock::time_point d
       std::to_string(room.need) + " bytes, " + std::to_string(room.free + room.evictable) +
       " are free or evictable, and " + std::to_string(room.pinned) + " bytes are held by " +
       std::to_string(room.pinned_files) + " cop(ies) of files open on this node (pinned, never evicted)";
-  spdlog::error("{}: {}", stage::host_name(), cause);
+  log_error("{}: {}", stage::host_name(), cause);
   answer(stage::sys_error(ENOSPC, cause), deadline);
 }
 

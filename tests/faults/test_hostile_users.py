@@ -16,6 +16,9 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
             at the path itself is replaced, its target untouched; a file that cannot be
             rewritten (its filesystem full) is removed and logged, not left saying
             stagefs_up 1
+  LogFlood  a user rewrites their own file while reopening it through the mount, 3,000
+            times: each cause's lines stay within the log's burst (20; the daemon wrote
+            hundreds of identical error lines before) and the log says how many it held back
   Signals   the daemon's stderr is a pipe whose reader went away (SIGPIPE), and SIGUSR1,
             SIGUSR2, SIGALRM: the mount keeps serving and still stops cleanly on unmount
   Sparse    the user's 1 TiB file with one written byte, opened through the mount, moves one
@@ -29,6 +32,16 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
   Budgets   a walk over directories of empty files with --prefetch-max-bytes 4K stages one
             file, not thousands; one open in a directory of 30,000 empty files stages the
             default budget of 16,384, not the directory
+  ClosedDirectory
+            a directory the user could search (its attributes cached by the kernel for
+            --attr-timeout) is closed (chmod 700) on the source: the user learns nothing
+            of it afterwards: no stat of a file created there (lookup), no size of a known
+            file grown since (getattr), no new symlink's target nor a known one's
+            (readlink), no extended attribute (getxattr, listxattr); root still does
+  Listing   a user lists (ls -f) 20,000 entries with 250-byte names 14 levels deep: the
+            daemon's memory grows by at most 2 KB per entry (a path per node, twice, took
+            9 KB), and once the kernel forgot the entries (drop_caches) it falls back to
+            within 0.5 KB per entry of where it started
 
 Transfers are held at a chunk (bcast/holding.h: STAGE_TEST_HOLD=mid-file,
 STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
@@ -281,6 +294,170 @@ class Metrics(UserCase):
         h.wait_for(self.metrics_when(path, lambda m: m.get(("stagefs_up", ())) == 1), 30,
                    "the metrics file to come back once there is room")
         h.wait_for(lambda: "written again" in d.output()[1], 30, "the daemon to log the recovery")
+
+
+# Run as the user: each step's answer on one line, "ok VALUE" or "err ERRNO-NAME".
+METADATA_PROBE = r"""
+import errno, os, subprocess, sys
+d = sys.argv[1]
+def show(fn):
+    try:
+        print("ok", fn())
+    except OSError as e:
+        print("err", errno.errorcode.get(e.errno, str(e.errno)))
+def fresh_size(p):  # statx with AT_STATX_FORCE_SYNC: a GETATTR whatever the kernel cached
+    r = subprocess.run(["stat", "--cached=never", "-c", "%s", p], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise OSError(errno.EACCES if "Permission denied" in r.stderr else errno.EIO, r.stderr)
+    return r.stdout.strip()
+show(lambda: os.stat(os.path.join(d, "new")).st_size)
+show(lambda: fresh_size(os.path.join(d, "known")))
+show(lambda: os.readlink(os.path.join(d, "newlink")))
+show(lambda: os.readlink(os.path.join(d, "knownlink")))
+show(lambda: os.getxattr(os.path.join(d, "known"), "user.note").decode())
+show(lambda: ",".join(sorted(os.listxattr(os.path.join(d, "known")))))
+"""
+
+
+class ClosedDirectory(UserCase):
+    def test_a_closed_directory_shows_the_user_nothing_new(self):
+        d = os.path.join(self.work.src, "team")
+        os.mkdir(d, 0o755)
+        known = os.path.join(d, "known")
+        with open(known, "wb") as f:
+            f.write(b"k" * 100)
+        os.chmod(known, 0o644)
+        os.symlink("old-target", os.path.join(d, "knownlink"))
+        os.setxattr(known, "user.note", b"public")
+        self.daemon(self.work.file("cache")).wait_ready()
+        m = os.path.join(self.work.mnt, "team")
+        # The user looks around: the kernel now holds the directory's attributes (mode 0755),
+        # and the entries of known and knownlink (knownlink's target not read yet).
+        r = self.as_user(h.PYTHON, "-c", "import os,sys; d=sys.argv[1]; print(sorted(os.listdir(d)), "
+                         "os.stat(d + '/known').st_size, os.lstat(d + '/knownlink').st_size)", m)
+        self.assertEqual(r.stdout.split("]")[0] + "]", "['known', 'knownlink']", r.stderr)
+
+        # The administrator closes the directory, then puts new things in it.
+        os.chmod(d, 0o700)
+        with open(os.path.join(d, "new"), "wb") as f:
+            f.write(b"n" * 12345)
+        os.chmod(os.path.join(d, "new"), 0o644)
+        with open(known, "ab") as f:
+            f.write(b"k" * 1000)
+        os.symlink("new-secret-target", os.path.join(d, "newlink"))
+        os.setxattr(known, "user.note", b"secret")
+        os.setxattr(known, "user.plan", b"secret")
+
+        r = self.as_user(h.PYTHON, "-c", METADATA_PROBE, m)
+        got = r.stdout.splitlines()
+        self.assertEqual(len(got), 6, r.stdout + r.stderr)
+        steps = ["stat of a new file", "stat of a known file", "readlink of a new symlink",
+                 "readlink of a known symlink", "getxattr", "listxattr"]
+        self.assertEqual(dict(zip(steps, got)), {step: "err EACCES" for step in steps},
+                         "what the user learnt of the closed directory")
+        # Root, through the mount, sees all of it.
+        self.assertEqual(os.stat(os.path.join(m, "new")).st_size, 12345)
+        self.assertEqual(os.readlink(os.path.join(m, "newlink")), "new-secret-target")
+        self.assertEqual(os.getxattr(os.path.join(m, "known"), "user.note"), b"secret")
+        # Opened again: the user is back.
+        os.chmod(d, 0o755)
+        r = self.as_user(h.PYTHON, "-c", METADATA_PROBE, m)
+        self.assertEqual(r.stdout.splitlines()[0], "ok 12345", r.stdout + r.stderr)
+
+
+rss_kib = h.rss_kib
+
+
+def deep_listing(root, depth, n):
+    """root/L00.../L13... (each level's name 250 bytes) holding n empty files with 250-byte
+    names; returns the levels' names."""
+    names = [("L%02d" % i).ljust(250, "x") for i in range(depth)]
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names:
+            os.mkdir(name, 0o755, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        for i in range(n):
+            os.close(os.open(("f%06d" % i).ljust(250, "y"), os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    return names
+
+
+class Listing(UserCase):
+    N = 20000
+
+    def test_a_deep_listing_costs_about_a_kilobyte_per_entry_and_is_given_back(self):
+        names = deep_listing(self.work.src, 14, self.N)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        idle = rss_kib(d.pid)
+        # The user walks down one level at a time (the path is longer than PATH_MAX allows
+        # at once) and lists: READDIRPLUS looks every entry up.
+        r = self.as_user("sh", "-c", 'cd "$1" && shift && for d in "$@"; do cd "$d" || exit 1; done && ls -f | wc -l',
+                         "sh", self.work.mnt, *names, timeout=120)
+        self.assertEqual(r.stdout.strip(), str(self.N + 2), r.stderr)
+        per_entry = (rss_kib(d.pid) - idle) * 1024 / self.N
+        h.log("daemon RSS: %d KiB idle, %.0f bytes per listed entry" % (idle, per_entry))
+        self.assertLess(per_entry, 2048, "the daemon holds %.0f bytes per listed entry" % per_entry)
+        # The kernel forgets the entries (FORGET for each): their memory goes back.
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+        h.wait_for(lambda: (rss_kib(d.pid) - idle) * 1024 / self.N < 512, 60,
+                   "the daemon's RSS to come back within 0.5 KB per entry of its idle %d KiB once the kernel "
+                   "forgot the entries" % idle)
+
+
+# Run as the user: rewrites argv[1] (the source) on a thread while reopening argv[2] (the same
+# file through the mount) argv[3] times or for 20 s; prints reopens and failures.
+REWRITE_AND_REOPEN = r"""
+import os, sys, threading, time
+src, mnt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stop = threading.Event()
+def rewrite():
+    while not stop.is_set():
+        with open(src, "r+b") as f:
+            f.write(os.urandom(4096))
+threading.Thread(target=rewrite, daemon=True).start()
+failed, end, i = 0, time.monotonic() + 20, 0
+while i < n and time.monotonic() < end:
+    i += 1
+    try:
+        with open(mnt, "rb") as f:
+            f.read()
+    except OSError:
+        failed += 1
+stop.set()
+print(i, failed)
+"""
+
+
+class LogFlood(UserCase):
+    def test_a_user_who_makes_transfers_fail_at_will_floods_no_log(self):
+        mine = os.path.join(self.work.src, "mine")
+        os.mkdir(mine)
+        f = os.path.join(mine, "f")
+        h.write_random(f, 4 * MiB, 9)
+        os.chown(mine, self.uid, self.gid)
+        os.chown(f, self.uid, self.gid)
+        d = self.daemon(self.work.file("cache")).wait_ready()
+        r = self.as_user(h.PYTHON, "-c", REWRITE_AND_REOPEN, f, os.path.join(self.work.mnt, "mine", "f"), 3000,
+                         timeout=120)
+        reopens, failed = map(int, r.stdout.split())
+        self.assertGreater(failed, 100, "the rewrites made too few transfers fail to test anything: %s" % r.stdout)
+        self.assertEqual(d.stop(), 0)
+        lines = d.output()[1].splitlines()
+        # Lines of one cause look alike once their numbers are taken out.
+        shapes = {}
+        for line in lines:
+            shape = re.sub(r"[0-9]+", "N", line)
+            shapes[shape] = shapes.get(shape, 0) + 1
+        h.log("%d reopens (%d failed): %d log lines, %d shapes" % (reopens, failed, len(lines), len(shapes)))
+        flooding = {shape: n for shape, n in shapes.items() if n > 20}
+        self.assertEqual(flooding, {}, "causes that wrote more than their burst of 20 lines")
+        self.assertLessEqual(len(lines), 200)
+        self.assertTrue(any("were not logged" in line for line in lines), "no count of the lines held back")
 
 
 class Signals(h.MountTestCase):

@@ -49,12 +49,7 @@ def read_all(path):
         return f.read()
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+rss_kib = h.rss_kib
 
 
 class UserCase(h.MountTestCase):

@@ -307,6 +307,18 @@ def regular_files(root):
     return sorted(out)
 
 
+def rss_kib(pid):
+    """The resident memory of process pid, KiB (0 if it is gone)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def tail(path, n=40):
     try:
         with open(path, errors="replace") as f:

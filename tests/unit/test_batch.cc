@@ -597,13 +597,13 @@ TEST_F(BatchTest, ASmallFileLeftOutOfTheBatchIsStagedAlone) {
 // A POSIX access ACL that denies one user (nobody) what the mode grants everyone, as
 // `setfacl -m u:nobody:---` writes it. False where the filesystem has no ACLs.
 bool deny_nobody(const std::string& p) {
-  struct Ace {
+  struct AclEntry {
     uint16_t tag, perm;
     uint32_t id;
   };
   constexpr uint32_t kNobody = 65534, kUndefined = UINT32_MAX;
   const uint32_t version = 2;
-  const Ace aces[] = {{0x01, 6, kUndefined}, {0x02, 0, kNobody}, {0x04, 4, kUndefined},
+  const AclEntry aces[] = {{0x01, 6, kUndefined}, {0x02, 0, kNobody}, {0x04, 4, kUndefined},
                       {0x10, 4, kUndefined}, {0x20, 4, kUndefined}};  // user_obj, user, group_obj, mask, other
   std::string v(reinterpret_cast<const char*>(&version), 4);
   v.append(reinterpret_cast<const char*>(aces), sizeof aces);

@@ -360,20 +360,33 @@ TEST(Log, ControlCharactersInAMessageAreEscaped) {
   EXPECT_EQ(std::string(buf, n), "warning: open evil\\x0awarning: forged line: permission denied\n");
 }
 
-// Warnings users can cause at will: a burst per window, then a count of what was held back.
-TEST(Log, AWarnBudgetHoldsBackABurstAndSaysHowMany) {
+// Lines users can cause at will: a burst per cause per window, then a count of what was held
+// back, said by the cause's next line or, once it went quiet, by the report.
+TEST(Log, EachCauseHasItsBurstAndSaysHowManyWereHeldBack) {
   using namespace std::chrono_literals;
-  stagefs::WarnBudget b(3, 10s);
-  const auto t0 = stagefs::WarnBudget::Clock::time_point{} + 100s;
+  stagefs::LogLimits b(3, 10s);
+  const auto t0 = stagefs::LogLimits::Clock::time_point{} + 100s;
   uint64_t held = 99;
   int allowed = 0;
-  for (int i = 0; i < 10; ++i) allowed += b.allow(t0 + std::chrono::milliseconds(i), held) ? 1 : 0;
+  for (int i = 0; i < 10; ++i)
+    allowed += b.allow("a", "cause a", t0 + std::chrono::milliseconds(i), held) ? 1 : 0;
   EXPECT_EQ(allowed, 3);
-  EXPECT_FALSE(b.allow(t0 + 9s, held));
-  EXPECT_TRUE(b.allow(t0 + 10s, held));  // the next window
-  EXPECT_EQ(held, 8U);
-  EXPECT_TRUE(b.allow(t0 + 10s, held));
+  EXPECT_TRUE(b.allow("b", "cause b", t0 + 1s, held));  // another cause has its own burst
   EXPECT_EQ(held, 0U);
+  EXPECT_FALSE(b.allow("a", "cause a", t0 + 9s, held));
+  EXPECT_TRUE(b.quiet(t0 + 9s).empty());                 // a's window is still open
+  EXPECT_TRUE(b.allow("a", "cause a", t0 + 10s, held));  // the next window
+  EXPECT_EQ(held, 8U);
+  EXPECT_TRUE(b.allow("a", "cause a", t0 + 10s, held));
+  EXPECT_EQ(held, 0U);
+  for (int i = 0; i < 5; ++i) b.allow("a", "cause a", t0 + 11s, held);  // 1 more allowed, 4 held
+  const auto q = b.quiet(t0 + 20s);                                     // a went quiet: reported once
+  ASSERT_EQ(q.size(), 1U);
+  EXPECT_EQ(q[0].shown, "cause a");
+  EXPECT_EQ(q[0].lines, 4U);
+  EXPECT_TRUE(b.quiet(t0 + 30s, true).empty());
+  EXPECT_EQ(stagefs::site_name("materialize {} failed: {:.3f}", "/src/x/fusefs/group.cc", 355),
+            "materialize ... failed: ... (fusefs/group.cc:355)");
 }
 
 }  // namespace

@@ -20,13 +20,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kChunk = 65536;
+constexpr uint64_t kHoldChunk = 65536;
 
 class HoldingTest : public TmpDirTest {
  protected:
   void SetUp() override {
     TmpDirTest::SetUp();
-    data_ = random_bytes(5 * kChunk + 123, 7);  // six chunks
+    data_ = random_bytes(5 * kHoldChunk + 123, 7);  // six chunks
     write_file(path("src.bin"), data_);
   }
   void TearDown() override {
@@ -38,7 +38,7 @@ class HoldingTest : public TmpDirTest {
   StageReport copy(SourceReader& src, LocalStore& store, const std::string& name = "copy.bin") {
     SelfComm comm;
     StageOptions opt;
-    opt.chunk_size = kChunk;
+    opt.chunk_size = kHoldChunk;
     return stage_transfer(comm, &src, store, opt, StageEndpoint{path("src.bin"), path("node/" + name), true});
   }
   // What the node's directory holds while the copy is held.
@@ -83,7 +83,7 @@ TEST_F(HoldingTest, BeforeFirstChunkHoldsTheWriterOnAnEmptyTemporaryFile) {
 }
 
 TEST_F(HoldingTest, MidFileHoldsTheWriterWithTwoChunksWritten) {
-  EXPECT_EQ(temp_when_held_at(StoreHold::before_third_write), data_.substr(0, 2 * kChunk));
+  EXPECT_EQ(temp_when_held_at(StoreHold::before_third_write), data_.substr(0, 2 * kHoldChunk));
 }
 
 TEST_F(HoldingTest, BeforeRenameHoldsOnACompleteUnpublishedCopy) {
@@ -96,7 +96,7 @@ TEST_F(HoldingTest, ReaderMidFileHoldsTheSourceAfterTwoChunks) {
   std::vector<uint64_t> read_at_hold;
   HoldingSource held(src, [&] { read_at_hold.push_back(counted.bytes_read); });
   ASSERT_TRUE(copy(held, posix_store_).ok);
-  EXPECT_EQ(read_at_hold, std::vector<uint64_t>{2 * kChunk});
+  EXPECT_EQ(read_at_hold, std::vector<uint64_t>{2 * kHoldChunk});
   EXPECT_EQ(read_file(path("node/copy.bin")), data_);
 }
 
@@ -106,7 +106,7 @@ TEST_F(HoldingTest, EveryCopyOfAFileHoldsAgainAndSmallCopiesPassMidFile) {
   ASSERT_TRUE(copy(posix_src_, store, "a.bin").ok);
   ASSERT_TRUE(copy(posix_src_, store, "b.bin").ok);
   EXPECT_EQ(holds, 2);
-  write_file(path("src.bin"), data_.substr(0, 2 * kChunk));  // two chunks: never a third write
+  write_file(path("src.bin"), data_.substr(0, 2 * kHoldChunk));  // two chunks: never a third write
   ASSERT_TRUE(copy(posix_src_, store, "c.bin").ok);
   EXPECT_EQ(holds, 2);
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core_fixture.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "fusefs/status.h"
@@ -131,36 +132,16 @@ TEST(XattrCacheTest, ErrorsAndLargeValuesAreNotKept) {
   EXPECT_EQ(reads, 2);
 }
 
-class NoMaterializer final : public Materializer {
- public:
-  void materialize_async(const std::string& rel, const Want&, Done done) override {
-    done(stage::sys_error(EIO, "no group in this test", rel));
-  }
-};
-
-class CoreXattrTest : public TmpDirTest {
+class CoreXattrTest : public testing::CoreFixture {
  protected:
   void SetUp() override {
-    TmpDirTest::SetUp();
+    CoreFixture::SetUp();
     fs::create_directories(path("src/d"));
     write_file(path("src/d/f"), "data");
     ASSERT_EQ(::setxattr(path("src/d/f").c_str(), "user.k", "v1", 2, 0), 0) << "user xattrs unsupported here";
     ASSERT_EQ(::setxattr(path("src/d").c_str(), "user.k", "d1", 2, 0), 0);
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    auto core = StageFsCore::create(CoreConfig{path("src")}, *cache_, mat_);
-    ASSERT_TRUE(core) << core.error().message;
-    core_ = std::move(core.value());
+    make_core();
   }
-  void TearDown() override {
-    core_.reset();
-    cache_.reset();
-    TmpDirTest::TearDown();
-  }
-  NoMaterializer mat_;
-  std::unique_ptr<NodeCache> cache_;
-  std::unique_ptr<StageFsCore> core_;
 };
 
 TEST_F(CoreXattrTest, RepeatedCallsCostNoLoadsAndChangesAreSeen) {
