@@ -22,6 +22,8 @@
 #include "fusefs/passthrough.h"
 #include "fusefs/read_mode.h"
 
+struct fuse_session;  // libfuse's, opaque here (fuse_ops.h)
+
 namespace stagefs {
 
 struct MountOptions {
