@@ -241,7 +241,10 @@ class StageFsCore {
 
   // Synthetic attributes on the root ("user.stagefs.*"), answered by the daemon for the
   // caller who asks (what it shows may depend on who: may_read()).
-  using ControlXattr = std::function<std::optional<std::string>(const std::string& name, const Caller& who)>;
+  // The daemon's answer to a user.stagefs.* attribute of the root (a value, or an error such
+  // as EPERM); nullopt: not one of its names.
+  using ControlXattr =
+      std::function<std::optional<stage::Result<std::string>>(const std::string& name, const Caller& who)>;
   void set_control_xattr(ControlXattr fn) { control_xattr_ = std::move(fn); }
   // Whether the caller could open rel (a file: read it; a directory: list it) through the
   // mount: rel is resolved beneath SOURCE_DIR with the caller's credentials (search
