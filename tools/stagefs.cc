@@ -276,7 +276,7 @@ std::vector<std::string> passed_on(const Run& r) {
   std::vector<std::string> args;
   for (const CLI::Option* o : r.passed_on) {
     if (o->count() == 0) continue;
-    if (o->get_type_size() == 0) {
+    if (o->get_expected_max() == 0) {  // a flag
       for (size_t i = 0; i < o->count(); ++i) args.push_back(o->get_name());
       continue;
     }

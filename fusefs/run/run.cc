@@ -173,6 +173,21 @@ std::string read_attr(const std::string& path, const char* name) {
   return buf;
 }
 
+// The mount's counters once the transfer in flight, if any, has ended (a reader may finish a
+// file before its copy is verified and counted), waiting at most `limit` for that.
+std::string settled_stats(const std::string& mountpoint, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    std::string stats = read_attr(mountpoint, "user.stagefs.stats");
+    const auto j = nlohmann::json::parse(stats, nullptr, false);
+    if (!j.is_object() || !j.contains("transfer") || j["transfer"].is_null() || Clock::now() >= deadline)
+      return stats;
+    std::this_thread::sleep_for(pause);  // polling the counters, backing off to 200 ms
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
+}
+
 // Asks the mount to stop (every node), then waits for the step to end, SIGTERM to srun when
 // it does not in time (Slurm then ends the tasks; fusermount3's auto_unmount removes their
 // mounts), SIGKILL last. Returns whether it ended after the request alone.
@@ -223,15 +238,19 @@ std::string summary_line(const std::string& stats_json) {
   const auto j = nlohmann::json::parse(stats_json, nullptr, false);
   if (!j.is_object()) return "the mount's counters could not be read";
   const auto n = [&](const char* k) { return j.value(k, uint64_t{0}); };
-  const uint64_t files = n("transfers") - std::min(n("batches"), n("transfers")) + n("batch_files");
-  std::string s =
-      std::to_string(j.value("ranks", 1)) + " node(s): " + std::to_string(files) + " file(s) staged";
-  if (n("bytes_broadcast") > 0 || n("bytes_from_seeds") > 0)
-    s += " (" + stage::human_bytes(n("bytes_broadcast")) + "; read " +
-         stage::human_bytes(n("bytes_from_source")) + " from the shared source, " +
-         stage::human_bytes(n("bytes_from_seeds")) + " from node caches)";
+  const auto count = [](uint64_t v, const char* one, const char* many) {
+    return std::to_string(v) + " " + (v == 1 ? one : many);
+  };
+  std::string s = count(j.value("ranks", uint64_t{1}), "node", "nodes") + ", " +
+                  count(n("transfers"), "transfer", "transfers");
+  if (n("batches") > 0)
+    s += " (" + count(n("batch_files"), "small file", "small files") + " in " +
+         count(n("batches"), "batch", "batches") + ")";
   if (n("transfer_failures") > 0) s += ", " + std::to_string(n("transfer_failures")) + " failed";
-  s += "; " + std::to_string(n("opens")) + " open(s) on " + j.value("host", std::string("this node")) + ", " +
+  if (n("bytes_broadcast") > 0 || n("bytes_from_seeds") > 0)
+    s += ", " + stage::human_bytes(n("bytes_broadcast")) + " staged: " + stage::human_bytes(n("bytes_from_source")) +
+         " read from the shared source, " + stage::human_bytes(n("bytes_from_seeds")) + " from node caches";
+  s += "; on " + j.value("host", std::string("this node")) + " " + count(n("opens"), "open", "opens") + ", " +
        std::to_string(n("cache_hits")) + " from the cache";
   return s;
 }
@@ -272,7 +291,7 @@ int run_job(const RunPlan& plan) {
   }
 
   const int status = run_command(plan, step);
-  const std::string stats = read_attr(plan.mountpoint, "user.stagefs.stats");
+  const std::string stats = settled_stats(plan.mountpoint, std::chrono::seconds(10));
   const bool clean = stop_step(step, plan.mountpoint, plan.stop_timeout);
   log.finish();
   say(plan.mountpoint + ", " + summary_line(stats));
