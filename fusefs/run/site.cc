@@ -34,8 +34,7 @@ stage::Error refusal(std::string message) {
 }
 
 // The keys of the admin kit's scripts only (packaging/admin/): known, not used here.
-constexpr std::string_view kKitKeys[] = {"STAGEFS_CACHE_MAX_AGE_DAYS", "STAGEFS_CACHE_TOTAL",
-                                         "STAGEFS_FUSE_MODE"};
+constexpr std::string_view kKitKeys[] = {"STAGEFS_FUSE_MODE", "STAGEFS_PURGE_AFTER_DAYS", "STAGEFS_PURGE_ABOVE"};
 
 }  // namespace
 

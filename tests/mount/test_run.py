@@ -52,7 +52,7 @@ class RunCase(h.MountTestCase):
         self.conf = w.file("stagefs.conf")
         with open(self.conf, "w") as f:
             f.write("# the test's site\nSTAGEFS_MOUNT=%s/mnt-%%j\nSTAGEFS_CACHE=%s/cache-%%u\n"
-                    "STAGEFS_CACHE_SIZE=1G\nSTAGEFS_CACHE_TOTAL=80%%\n" % (w.path, w.path))
+                    "STAGEFS_CACHE_SIZE=1G\nSTAGEFS_PURGE_ABOVE=80\n" % (w.path, w.path))
         self.standin_log = w.file("srun-standin.log")
 
     def env(self, **extra):

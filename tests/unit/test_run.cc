@@ -31,8 +31,8 @@ TEST(SiteConfigTest, ReadsWhatAShellWouldSource) {
       "\n"
       "STAGEFS_CACHE_SIZE='200G'\n"
       "STAGEFS_SPARE_CACHES=2\n"
-      "STAGEFS_CACHE_MAX_AGE_DAYS=30\n"  // the epilog's: known, not used here
-      "STAGEFS_CACHE_TOTAL=80%\n"
+      "STAGEFS_PURGE_AFTER_DAYS=30\n"  // the epilog's: known, not used here
+      "STAGEFS_PURGE_ABOVE=80\n"
       "STAGEFS_FUSE_MODE=0666\n"
       "STAGEFS_MOUTN=/x\n",  // a typo: reported, ignored
       "site.conf");
