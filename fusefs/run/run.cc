@@ -274,7 +274,7 @@ int run_job(const RunPlan& plan) {
   StepLog log(fds[0]);
 
   int sig = 0;
-  const std::string why = wait_until_ready(plan.mountpoint, plan.wait_timeout, [&]() -> std::string {
+  std::string why = wait_until_ready(plan.mountpoint, plan.wait_timeout, [&]() -> std::string {
     if (const int s = next_signal(std::chrono::milliseconds(0)); s != 0 && s != SIGCHLD) {
       sig = s;
       return std::string("interrupted by SIG") + ::sigabbrev_np(s);
@@ -283,8 +283,13 @@ int run_job(const RunPlan& plan) {
     return {};
   });
   if (!why.empty()) {
+    const bool ended = step.reap();
     stop_step(step, plan.mountpoint, 10);
     log.finish();
+    // A node that failed makes the others unmount: this node's mount may be seen gone (stale,
+    // stopping) just before the step is: the step's end is the story.
+    if (sig == 0 && (ended || why.starts_with("stale") || why == "stopping") && step.exit_code() != 0)
+      why = "the stagefs step ended (" + step.how() + ")";
     say(plan.mountpoint + " is not ready on every node: " + why);
     if (const std::string cause = log.cause(); !cause.empty()) say("the first error: " + cause);
     return sig != 0 ? 128 + sig : kRunFailed;
