@@ -15,8 +15,9 @@ Usage: test_admin_kit.py STAGEFS [-- UNITTEST ARGS...]
   Epilog  a stale mount of a killed stagefs at the job's mount point is unmounted and the mount
           point removed. Caches: one not used for STAGEFS_PURGE_AFTER_DAYS is purged, then,
           while the filesystem is fuller than STAGEFS_PURGE_ABOVE, the least recently used;
-          a cache in use (its lock held) is never purged; a symlink planted in a cache is
-          removed, not followed.
+          a purge removes all the cache holds (the user's other files too) but its lock and
+          spares; a cache in use (its lock held) is never purged; a symlink planted in a
+          cache is removed, not followed.
 Every test exits 0 from the scripts (they never fail a job).
 """
 import fcntl
@@ -189,6 +190,8 @@ class Epilog(KitCase):
                 f.write(os.urandom(mib * h.MiB))
             if name == "u1":
                 os.symlink(victim, os.path.join(c, "data", "planted"))
+                os.mkdir(os.path.join(c, "images"))  # stage-bcast's copies kept there
+                os.chown(os.path.join(c, "images"), u.pw_uid, u.pw_gid)
             with open(os.path.join(c, ".lock"), "w") as f:
                 f.write("pid 1 on n1\n")
             for p in (c, os.path.join(c, "data"), os.path.join(c, "data", "img"), os.path.join(c, ".lock")):
@@ -204,6 +207,7 @@ class Epilog(KitCase):
         self.assertIn("purged %s (not used for 30 days)" % paths["u1"], err)
         self.assertIn("purged %s (the filesystem was" % paths["u2"], err)
         self.assertEqual(os.listdir(victim), ["keep"], "a planted symlink was followed")
+        self.assertEqual(sorted(os.listdir(paths["u1"])), [".lock", "spare.1"], "a purge keeps the lock and spares only")
         self.assertTrue(os.path.exists(os.path.join(paths["u2"], "spare.1", "data", "img")))
 
 
