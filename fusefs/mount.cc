@@ -178,8 +178,8 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
   }
   if (opt.allow_other && !eff.allow_other)
     spdlog::info(
-        "mounted for uid {} only: other users (root included) cannot enter {}; to share it, add "
-        "user_allow_other to {} or run stagefs as root",
+        "mounted for uid {} only: other users (root included) cannot enter {} (to share a user's "
+        "mount, {} needs user_allow_other)",
         priv.uid, opt.mountpoint, kFuseConf);
   if (opt.passthrough && !eff.passthrough)
     spdlog::info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",

@@ -69,18 +69,24 @@ const char* const kAbout =
     "node, copies it to every node's CACHE_DIR with one MPI broadcast (one node reads the shared\n"
     "source); reads are then served from the local copy (kernel passthrough where the kernel and\n"
     "privileges allow it), and a large file's reads may start before its copy ends.\n"
-    "The stagefs step runs for the whole job: --overlap lets the job's other steps share the nodes.\n\n"
-    "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage --cache /nvme/stagefs &\n"
-    "  stagefs --wait /stage        # returns once every node has mounted\n"
-    "  srun --container-image=/stage/pytorch.sqsh ...   # pyxis; or: srun ch-run /stage/pytorch.sqsh -- ...\n\n"
+    "In a Slurm job, one line does it all (stagefs run --help, man stagefs-run):\n\n"
+    "  stagefs run /shared/images -- srun ch-run /stage/$SLURM_JOB_ID/app.sqsh -- python3 train.py\n\n"
+    "By hand: one daemon per node as a step that runs for the whole job (--overlap lets the job's\n"
+    "other steps share the nodes), then the job's steps:\n\n"
+    "  srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs /shared/images /stage/$SLURM_JOB_ID \\\n"
+    "       --cache /nvme/stagefs/$USER &\n"
+    "  stagefs --wait /stage/$SLURM_JOB_ID     # returns once every node has mounted\n"
+    "  srun ch-run /stage/$SLURM_JOB_ID/pytorch.sqsh -- ...   # or pyxis: srun --container-image=...\n\n"
     "Without srun/mpirun it is a one-node cache-on-open filesystem. Stop it with fusermount3 -u on\n"
-    "any node, SIGTERM to the daemons (scancel --signal=TERM JOBID.STEPID; note that killing srun\n"
-    "itself makes Slurm SIGKILL the tasks), or the end of the job step: every node unmounts.\n\n"
+    "any node, a read of the mount's user.stagefs.stop attribute, SIGTERM to the daemons (scancel\n"
+    "--signal=TERM JOBID.STEPID; killing srun itself makes Slurm SIGKILL the tasks), or the end of\n"
+    "the job step: every node unmounts.\n\n"
     "Exit status: 0 unmounted, 1 refused at start or failed, 2 usage: a bad option, or SOURCE_DIR,\n"
     "MOUNTPOINT and --cache inside one another (symlinks resolved), or SOURCE_DIR on /proc, /sys...,\n"
     "3 not every node's daemon got through MPI start-up within --startup-timeout (nothing mounted).\n"
-    "Without root: the mount is for the caller only unless /etc/fuse.conf has user_allow_other,\n"
-    "and reads are spliced (kernel passthrough needs CAP_SYS_ADMIN).";
+    "As a user (the model on a cluster: each job's daemons run as its user): the mount is for that\n"
+    "user only unless /etc/fuse.conf has user_allow_other, and reads are spliced (kernel\n"
+    "passthrough needs CAP_SYS_ADMIN).";
 
 // The command line: the daemon's settings, and what only this command uses.
 struct Cli {

@@ -110,7 +110,7 @@ check ".deb depends on fuse3 and the libraries dpkg-shlibdeps found" \
 files=$(dpkg-deb -c "$DEB" | awk '{ print $6 }')
 check ".deb holds the commands, man pages, docs and examples" has_all "$files" \
   ./usr/bin/stagefs ./usr/bin/stage-bcast ./usr/share/man/man1/stagefs.1 \
-  ./usr/share/man/man1/stage-bcast.1 ./usr/share/doc/stagefs/README.md \
+  ./usr/share/man/man1/stagefs-run.1 ./usr/share/man/man1/stage-bcast.1 ./usr/share/doc/stagefs/README.md \
   ./usr/share/doc/stagefs/docs/user-guide.md ./usr/share/doc/stagefs/docs/admin-guide.md \
   ./usr/share/doc/stagefs/docs/design.md ./usr/share/doc/stagefs/docs/faults.md \
   ./usr/share/doc/stagefs/examples/container.sbatch ./usr/share/doc/stagefs/examples/stage-image.sbatch \
