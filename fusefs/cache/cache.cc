@@ -204,7 +204,9 @@ Result<Fd> open_private_dir(const std::string& path) {
     if (!S_ISLNK(lst.st_mode) && (st.st_dev != lst.st_dev || st.st_ino != lst.st_ino))
       return refuse(here, "changed while it was checked", "try again");
     if (st.st_uid != 0 && st.st_uid != me)
-      return refuse(path, here + " is owned by " + stage::owner_text(st.st_uid) + ", not by root or " + self,
+      return refuse(path,
+                    here + " is owned by " + stage::owner_text(st.st_uid) + ", not by root" +
+                        (me == 0 ? "" : " or " + self),
                     "use a directory owned by root (or by the daemon's user) all the way down; " +
                         std::string(kOwnCacheFix));
     if (parent_shared && st.st_uid != me && st.st_uid != 0)
