@@ -248,8 +248,9 @@ std::string summary_line(const std::string& stats_json) {
          count(n("batches"), "batch", "batches") + ")";
   if (n("transfer_failures") > 0) s += ", " + std::to_string(n("transfer_failures")) + " failed";
   if (n("bytes_broadcast") > 0 || n("bytes_from_seeds") > 0)
-    s += ", " + stage::human_bytes(n("bytes_broadcast")) + " staged: " + stage::human_bytes(n("bytes_from_source")) +
-         " read from the shared source, " + stage::human_bytes(n("bytes_from_seeds")) + " from node caches";
+    s += ", " + stage::human_bytes(n("bytes_broadcast")) +
+         " staged: " + stage::human_bytes(n("bytes_from_source")) + " read from the shared source, " +
+         stage::human_bytes(n("bytes_from_seeds")) + " from node caches";
   s += "; on " + j.value("host", std::string("this node")) + " " + count(n("opens"), "open", "opens") + ", " +
        std::to_string(n("cache_hits")) + " from the cache";
   return s;

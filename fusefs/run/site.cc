@@ -34,7 +34,8 @@ stage::Error refusal(std::string message) {
 }
 
 // The keys of the admin kit's scripts only (packaging/admin/): known, not used here.
-constexpr std::string_view kKitKeys[] = {"STAGEFS_FUSE_MODE", "STAGEFS_PURGE_AFTER_DAYS", "STAGEFS_PURGE_ABOVE"};
+constexpr std::string_view kKitKeys[] = {"STAGEFS_FUSE_MODE", "STAGEFS_PURGE_AFTER_DAYS",
+                                         "STAGEFS_PURGE_ABOVE"};
 
 }  // namespace
 
