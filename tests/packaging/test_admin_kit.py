@@ -22,11 +22,9 @@ Every test exits 0 from the scripts (they never fail a job).
 """
 import fcntl
 import os
-import pwd
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import time
 
@@ -40,20 +38,6 @@ USERS = ("stagefs-kit1", "stagefs-kit2")
 DAY = 86400
 
 
-def ensure_users(test):
-    for name in USERS:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, timeout=60)
-            if r.returncode != 0:
-                raise AssertionError("useradd %s failed: %s" % (name, r.stdout))
-            test.addCleanup(subprocess.run, ["userdel", name], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, timeout=60)
-    return [pwd.getpwnam(n) for n in USERS]
-
-
 def owner_mode(path):
     st = os.lstat(path)
     return st.st_uid, stat.S_IMODE(st.st_mode)
@@ -61,7 +45,7 @@ def owner_mode(path):
 
 class KitCase(h.MountTestCase):
     def setUp(self):
-        self.users = ensure_users(self)  # first: userdel runs after the fixture's cleanup
+        self.users = [h.ensure_user(self, n) for n in USERS]  # first: userdel after the fixture's cleanup
         super().setUp()
         self.conf = self.work.file("stagefs.conf")
         self.settings(STAGEFS_MOUNT=self.work.file("stage") + "/%j",

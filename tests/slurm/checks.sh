@@ -67,6 +67,23 @@ ompi_init_crash() {
   return 1
 }
 # ---- what the tests of jobs run by ordinary users share (NODES: the cluster's node count)
+# cluster_up: a fresh simulated cluster of NODES nodes (HARNESS: simslurm.sh), its environment
+# in this shell (SLURM_CONF, STAGEFS_CONF, ...); false (after a FAIL line) if it does not come up
+cluster_up() {
+  local t0=$SECONDS log
+  log=$(mktemp)
+  info "bringing up $NODES fresh simulated nodes"
+  "$HARNESS" down >/dev/null 2>&1 || true # an earlier run's node namespaces may hold stale mounts
+  if ! "$HARNESS" up "$NODES" >"$log" 2>&1; then
+    fail "simulated cluster comes up"
+    show "$log" 30
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+  eval "$("$HARNESS" env)"
+  echo "    cluster up after $((SECONDS - t0))s"
+}
 # per_node SNIPPET: "HOST VALUE" from every node, sorted (SNIPPET runs under sh there, as root)
 per_node() { timeout 60 srun -N"$NODES" --ntasks-per-node=1 sh -c "$1" | sort; }
 # all_equal LINES VALUE: NODES lines, NODES distinct hosts, every value (what follows the host) VALUE

@@ -97,14 +97,8 @@ trap 'exit 143' TERM
 
 ulimit -c unlimited 2>/dev/null || true # a crashed rank leaves a core for ompi_init_crash
 t0=$SECONDS
-info "bringing up $NODES fresh simulated nodes"
-"$HARNESS" down >/dev/null 2>&1 || true
-if ! "$HARNESS" up "$NODES" >/tmp/example-test-up.$$ 2>&1; then
-  fail "simulated cluster comes up"; show /tmp/example-test-up.$$ 30; rm -f /tmp/example-test-up.$$; finish; exit 1
-fi
-rm -f /tmp/example-test-up.$$
-eval "$("$HARNESS" env)"
-echo "    cluster up after $((SECONDS - t0))s; jobs are submitted by $RUN_USER"
+cluster_up || { finish; exit 1; }
+echo "    jobs are submitted by $RUN_USER"
 # what the user's environment has: the commands on PATH (simslurm.sh as sets USER, HOME)
 export PATH=$BUILD_DIR/tools:$PATH
 # ch-run mounts a SquashFS image on /var/tmp/$USER.ch/mnt, creating it if needed. Real nodes

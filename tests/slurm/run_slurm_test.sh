@@ -64,15 +64,8 @@ trap 'exit 143' TERM
 
 ulimit -c unlimited 2>/dev/null || true # a crashed rank leaves a core (ompi_init_crash)
 t0=$SECONDS
-info "bringing up $NODES fresh simulated nodes"
-"$HARNESS" down >/dev/null 2>&1 || true
-if ! "$HARNESS" up "$NODES" >/tmp/run-test-up.$$ 2>&1; then
-  fail "simulated cluster comes up"; show /tmp/run-test-up.$$ 30; rm -f /tmp/run-test-up.$$; finish; exit 1
-fi
-rm -f /tmp/run-test-up.$$
-eval "$("$HARNESS" env)"
+cluster_up || { finish; exit 1; }
 export PATH=$BUILD_DIR/tools:$PATH
-echo "    cluster up after $((SECONDS - t0))s"
 
 WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/run-test.XXXXXX")
 chmod 0755 "$WORK"
