@@ -119,7 +119,11 @@ std::string check_mountpoint(const std::string& path) {
              ": use a mount point of your own (stagefs run mounts on "
              "a directory of its job)";
     }
-    return "mount point " + path + ": " + std::strerror(err);
+    return "mount point " + path + ": " + std::strerror(err) +
+           (err == ENOENT
+                ? " (it must exist on every node: stagefs run's, a directory of the job, is made by the "
+                  "site's stagefs prolog; see the admin guide)"
+                : "");
   }
   if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
   // Mounting over a plain mount (a tmpfs or bind mount prepared for it) is fine; over a FUSE
