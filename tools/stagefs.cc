@@ -338,26 +338,8 @@ int run_main(Run& r, const CLI::App& sub, std::vector<std::string> command) {
   return run::run_job(plan);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // stagefs run ... -- COMMAND: the command is cut off before parsing, never read as options.
-  std::vector<char*> args(argv, argv + argc);
-  std::vector<std::string> command;
-  const bool is_run = argc > 1 && std::strcmp(argv[1], "run") == 0;
-  if (is_run) {
-    const auto dashes =
-        std::find_if(args.begin() + 2, args.end(), [](const char* a) { return std::strcmp(a, "--") == 0; });
-    if (dashes != args.end()) {
-      command.assign(dashes + 1, args.end());
-      args.erase(dashes, args.end());
-    }
-  }
-  Cli cli;
-  Run r;
-  CLI::App app{kAbout, "stagefs"};
-  stagetools::use_help_format(app);
-  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+// The mount's command line: its paths, --wait, and the daemon's options.
+void add_mount(CLI::App& app, Cli& cli) {
   add_paths(app, cli, "empty directory to mount on (the same path on every node)");
   app.add_option("--wait", cli.wait_for,
                  "do not mount: wait until the mount at this path is ready on every node")
@@ -366,6 +348,32 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(seconds(0.001, 1e6));
   add_mount_options(app, cli);
+}
+
+// stagefs run ... -- COMMAND: the command, cut off args before parsing (never read as options).
+std::vector<std::string> cut_command(std::vector<char*>& args) {
+  std::vector<std::string> command;
+  const auto dashes =
+      std::find_if(args.begin() + 2, args.end(), [](const char* a) { return std::strcmp(a, "--") == 0; });
+  if (dashes != args.end()) {
+    command.assign(dashes + 1, args.end());
+    args.erase(dashes, args.end());
+  }
+  return command;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args(argv, argv + argc);
+  const bool is_run = argc > 1 && std::strcmp(argv[1], "run") == 0;
+  std::vector<std::string> command = is_run ? cut_command(args) : std::vector<std::string>{};
+  Cli cli;
+  Run r;
+  CLI::App app{kAbout, "stagefs"};
+  stagetools::use_help_format(app);
+  app.set_version_flag("--version", std::string("stagefs ") + STAGEFS_VERSION);
+  add_mount(app, cli);
   add_run(app, r);
   CLI::App* const run = app.get_subcommand("run");
   const int usage_status = is_run ? stagefs::run::kRunFailed : 2;

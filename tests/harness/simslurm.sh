@@ -309,6 +309,10 @@ exit 0
 EOF_EPILOG
   chmod 0755 "$ROOT/etc/job_ended.sh"
 
+  # No SPANK plugin (pyxis...): an empty plugstack.conf where Slurm looks for it, beside
+  # slurm.conf, so that a plugin configured by hand in an earlier run cannot stay loaded.
+  : >"$ROOT/etc/plugstack.conf"
+
   # stagefs's admin kit, as the site installs it: the settings, and Prolog/Epilog that run
   # the kit's scripts with them (slurmd gives a prolog an environment of its own)
   cat >"$ROOT/etc/stagefs.conf" <<EOF_SITE
