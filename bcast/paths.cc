@@ -1,9 +1,13 @@
 #include "bcast/paths.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
+#include <vector>
 
 namespace stage {
 
@@ -62,6 +66,21 @@ const char* special_file_kind(mode_t mode) {
   if (S_ISFIFO(mode)) return "FIFO";
   if (S_ISSOCK(mode)) return "socket";
   return nullptr;
+}
+
+std::string user_name(uid_t uid) {
+  const long hint = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(hint > 0 ? static_cast<size_t>(hint) : 4096);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  while (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == ERANGE && buf.size() < (1U << 20))
+    buf.resize(buf.size() * 2);
+  return found != nullptr && found->pw_name != nullptr ? found->pw_name : "";
+}
+
+std::string owner_text(uid_t uid) {
+  const std::string name = user_name(uid);
+  return "uid " + std::to_string(uid) + (name.empty() ? "" : " (" + name + ")");
 }
 
 }  // namespace stage

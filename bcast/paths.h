@@ -1,7 +1,8 @@
 // Path checks the tools make before they touch anything, so that nothing is accepted that
 // should be refused: where a path really is once symlinks are resolved, whether one path lies inside
-// another, which pseudo filesystem (proc, sysfs, ...) holds a path, and which file types a
-// copy must never replace. Stateless and thread-safe; the pure functions are unit-tested.
+// another, which pseudo filesystem (proc, sysfs, ...) holds a path, which file types a copy
+// must never replace, and how to name the owner of a path in a message. Stateless and
+// thread-safe; the pure functions are unit-tested.
 #pragma once
 
 #include <sys/types.h>
@@ -28,5 +29,10 @@ const char* pseudo_fs_of(const std::string& path);
 // "character device", "block device", "FIFO" or "socket" for a mode a copy must never be
 // renamed over; nullptr for regular files, directories and symlinks.
 const char* special_file_kind(mode_t mode);
+
+// The user database's name for uid (getpwuid_r), or "" when it has none.
+std::string user_name(uid_t uid);
+// A user as messages name them: "uid 1001 (bob)", or "uid 1001" when it has no name.
+std::string owner_text(uid_t uid);
 
 }  // namespace stage

@@ -278,7 +278,10 @@ class StageFsCore {
 
   // Synthetic attributes on the root ("user.stagefs.*"), answered by the daemon for the
   // caller who asks (what it shows may depend on who: may_read()).
-  using ControlXattr = std::function<std::optional<std::string>(const std::string& name, const Caller& who)>;
+  // The daemon's answer to a user.stagefs.* attribute of the root (a value, or an error such
+  // as EPERM); nullopt: not one of its names.
+  using ControlXattr =
+      std::function<std::optional<stage::Result<std::string>>(const std::string& name, const Caller& who)>;
   void set_control_xattr(ControlXattr fn) { control_xattr_ = std::move(fn); }
   // Told of each open of a regular file that passed its checks (access, version), cached or
   // not, on the opening thread (not stagectl prefetch): the mount's record of what its job

@@ -38,6 +38,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kStateXattr = "user.stagefs.state";
+// Reading it stops the mount on every node, as SIGTERM would (root or the daemon's user).
+constexpr const char* kStopXattr = "user.stagefs.stop";
 
 bool inside(const std::string& child, const std::string& parent) {
   return child == parent || (child.size() > parent.size() && child.compare(0, parent.size(), parent) == 0 &&
@@ -94,24 +96,9 @@ std::string check_source_and_mount(const DaemonConfig& cfg) {
 }
 
 int wait_ready(const std::string& mountpoint, double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-  auto pause = std::chrono::milliseconds(10);
-  std::string last = "not mounted";
-  while (Clock::now() < deadline) {
-    char buf[64] = {};
-    const ssize_t n = ::getxattr(mountpoint.c_str(), kStateXattr, buf, sizeof buf - 1);
-    if (n > 0) {
-      last.assign(buf, static_cast<size_t>(n));
-      if (last == "ready") return 0;
-      if (last == "broken" || last == "stopping") break;
-    } else if (errno == ENOTCONN) {
-      last = "stale mount (daemon gone)";
-      break;
-    }
-    std::this_thread::sleep_for(pause);  // polling a CLI, backing off to 200 ms
-    pause = std::min(pause * 2, std::chrono::milliseconds(200));
-  }
-  std::fprintf(stderr, "stagefs --wait: %s is not ready (%s)\n", mountpoint.c_str(), last.c_str());
+  const std::string why = wait_until_ready(mountpoint, timeout_s);
+  if (why.empty()) return 0;
+  std::fprintf(stderr, "stagefs --wait: %s is not ready (%s)\n", mountpoint.c_str(), why.c_str());
   return 1;
 }
 
@@ -137,7 +124,7 @@ class Daemon {
   bool start_mpi(int* argc, char*** argv);
   int mount_everywhere();
   int serve();
-  std::optional<std::string> control_xattr(const std::string& name, const Caller& who) const;
+  std::optional<stage::Result<std::string>> control_xattr(const std::string& name, const Caller& who) const;
   MountStatus status() const;
   const char* state_name() const;
   void supervise();
@@ -166,6 +153,9 @@ class Daemon {
   bool usage_error_ = false;    // setup_local refused the paths: exit status 2
   bool mpi_usable_ = true;      // false: the profiles' exchange cancelled a send (no finalize)
   uint64_t descriptor_limit_ = 0;  // RLIMIT_NOFILE, raised to the hard limit at start
+  // The uid whose read of user.stagefs.stop asked the mount to stop (-1: none); the supervisor
+  // acts on it, after the request was answered.
+  mutable std::atomic<int64_t> stop_by_{-1};
 };
 
 std::string Daemon::setup_local() {
@@ -191,12 +181,27 @@ std::string Daemon::setup_local() {
 // The node cache, opened; what it recovered and swept is logged.
 std::string Daemon::open_cache(const std::string& cache_as_given) {
   // The cache: checked (owner, mode, symlinks, every parent), locked and swept (cache.h).
-  // Copies are readable only through the mount.
-  auto cache = NodeCache::open(cache_as_given, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700},
-                               std::chrono::milliseconds(std::llround(cfg_.sync_after * 1000)));
-  if (!cache) return cache.error().message;
+  // Copies are readable only through the mount. A cache another stagefs holds (a job of the
+  // same user running at the same time) may be replaced by a spare one below it.
+  const auto open = [this](const std::string& dir) {
+    return NodeCache::open(dir, stage::StoreOptions{.direct_io = cfg_.direct_io, .parent_mode = 0700},
+                           std::chrono::milliseconds(std::llround(cfg_.sync_after * 1000)));
+  };
+  auto cache = open(cache_as_given);
+  for (unsigned k = 1; !cache && k <= cfg_.spare_caches && cache.error().to_errno() == EBUSY; ++k) {
+    const std::string spare = cache_as_given + "/spare." + std::to_string(k);
+    spdlog::info("{}: using the spare cache {}", cache.error().message, spare);
+    cache = open(spare);
+  }
+  if (!cache) {
+    if (cache.error().to_errno() == EBUSY && cfg_.spare_caches > 0)
+      return cache.error().message + " (and every one of the " + std::to_string(cfg_.spare_caches) +
+             " spare caches: --spare-caches)";
+    return cache.error().message;
+  }
   cache_ = std::move(cache.value());
   cache_->set_source_version(cfg_.source_version);
+  cfg_.cache_dir = cache_->dir();
   if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
       log_warn(
@@ -373,8 +378,17 @@ MountStatus Daemon::status() const {
   return s;
 }
 
-std::optional<std::string> Daemon::control_xattr(const std::string& name, const Caller& who) const {
+std::optional<stage::Result<std::string>> Daemon::control_xattr(const std::string& name,
+                                                                const Caller& who) const {
   if (name == kStateXattr) return std::string(state_name());
+  if (name == kStopXattr) {
+    if (who.uid != 0 && who.uid != ::getuid())
+      return stage::sys_error(EPERM,
+                              "stop the mount: only root and " + stage::owner_text(::getuid()) + " may");
+    int64_t none = -1;
+    stop_by_.compare_exchange_strong(none, who.uid);
+    return std::string("ok");
+  }
   if (name == "user.stagefs.stats" || name == "user.stagefs.status") {
     MountStatus s = status();
     show_to(s, *core_, who);
@@ -410,6 +424,10 @@ void Daemon::supervise() {
     const int sig = ::sigtimedwait(&sigs, nullptr, &tick);
     if (sig > 0) trigger_shutdown(sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP");
     held_back_report();  // causes whose log lines were held back and that went quiet since
+    if (const int64_t uid = stop_by_.load(); uid >= 0) {
+      log_info("{} asked the mount to stop ({})", stage::owner_text(static_cast<uid_t>(uid)), kStopXattr);
+      trigger_shutdown("stop requested");
+    }
   }
   std::unique_lock lk(m_);
   const auto limit = std::chrono::duration<double>(cfg_.shutdown_timeout);

@@ -79,6 +79,9 @@ struct DaemonConfig {
   uint64_t prefetch_max_bytes = uint64_t{1} << 30;
   uint64_t prefetch_max_files = 16384;
   double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
+  // --spare-caches: when --cache is in use by another stagefs on this node (another job of the
+  // same user), the first free of CACHE/spare.1 .. CACHE/spare.N is used instead (0: refuse).
+  unsigned spare_caches = 0;
   uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
   double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
   // --profile: where the mount records what its job read, written when it ends, and where

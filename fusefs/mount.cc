@@ -18,6 +18,8 @@
 #include <sstream>
 #include <vector>
 
+#include "bcast/paths.h"
+#include "bcast/text.h"
 #include "fusefs/fuse_ops.h"
 #include "fusefs/log.h"
 #include "fusefs/privilege.h"
@@ -26,8 +28,9 @@ namespace stagefs {
 namespace {
 
 struct MountEntry {
-  std::string dev;     // "maj:min"
-  std::string fstype;  // e.g. "fuse.stagefs"
+  std::string dev;         // "maj:min"
+  std::string fstype;      // e.g. "fuse.stagefs"
+  std::string super_opts;  // e.g. "ro,user_id=1000,group_id=1000" (FUSE: who mounted it)
 };
 
 // The filesystem mounted at path (last match in mountinfo), if any.
@@ -42,11 +45,43 @@ std::optional<MountEntry> mount_at(const std::string& path) {
     if (mnt != path) continue;
     while (ls >> word && word != "-") {
     }
-    std::string fstype;
-    ls >> fstype;
-    found = MountEntry{dev, fstype};
+    MountEntry e{dev, "", ""};
+    std::string source;
+    ls >> e.fstype >> source >> e.super_opts;
+    found = e;
   }
   return found;
+}
+
+// Whose a FUSE mount is ("uid 1001 (bob)"), from its user_id= option; "" when not given.
+std::string fuse_owner(const MountEntry& m) {
+  const std::string key = "user_id=";
+  size_t at = m.super_opts.find(key);
+  if (at == std::string::npos || (at > 0 && m.super_opts[at - 1] != ',')) return {};
+  at += key.size();
+  const std::string digits = m.super_opts.substr(at, m.super_opts.find(',', at) - at);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return {};
+  return stage::owner_text(static_cast<uid_t>(std::stoul(digits)));
+}
+
+// "'name' (owned by uid 1001 (bob))" for the first entry of a directory that is not empty,
+// and how many more there are.
+std::string first_entries(DIR* d, int dirfd) {
+  std::string first;
+  int more = 0;
+  while (const dirent* de = ::readdir(d)) {
+    if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
+    if (!first.empty()) {
+      ++more;
+      continue;
+    }
+    struct stat st {};
+    first = "'" + stage::escape_controls(de->d_name) + "'";
+    if (::fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+      first += " (owned by " + stage::owner_text(st.st_uid) + ")";
+  }
+  if (first.empty()) return {};
+  return first + (more > 0 ? " and " + std::to_string(more) + " more" : "");
 }
 
 std::string mount_device(const std::string& path) {
@@ -71,12 +106,25 @@ FuseMount::FuseMount(StageFsCore& core, const MountOptions& opt)
 std::string check_mountpoint(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOTCONN)
+    const int err = errno;
+    if (err == ENOTCONN)
       return "mount point " + path +
              " is a stale mount of a stagefs that is no longer running; clear it with: "
              "fusermount3 -u " +
              path + "   (or, as root: umount -l " + path + ")";
-    return "mount point " + path + ": " + std::strerror(errno);
+    // A FUSE mount without allow_other refuses every other user, root included.
+    if (auto m = mount_at(path); err == EACCES && m && m->fstype.rfind("fuse", 0) == 0) {
+      const std::string owner = fuse_owner(*m);
+      return "mount point " + path + " is another user's " + m->fstype + " mount" +
+             (owner.empty() ? "" : " (" + owner + "'s)") +
+             ": use a mount point of your own (stagefs run mounts on "
+             "a directory of its job)";
+    }
+    return "mount point " + path + ": " + std::strerror(err) +
+           (err == ENOENT
+                ? " (it must exist on every node: stagefs run's, a directory of the job, is made by the "
+                  "site's stagefs prolog; see the admin guide)"
+                : "");
   }
   if (!S_ISDIR(st.st_mode)) return "mount point " + path + " is not a directory";
   // Mounting over a plain mount (a tmpfs or bind mount prepared for it) is fine; over a FUSE
@@ -88,17 +136,18 @@ std::string check_mountpoint(const std::string& path) {
       return "mount point " + path + " is a stale " + m->fstype +
              " mount (its daemon is gone); clear it with: " + "fusermount3 -u " + path +
              "   (or, as root: umount -l " + path + ")";
-    return "mount point " + path + " already has a " + m->fstype + " mounted on it (fusermount3 -u " + path +
-           " first)";
+    const std::string owner = fuse_owner(*m);
+    return "mount point " + path + " already has a " + m->fstype + " mounted on it" +
+           (owner.empty() ? "" : " by " + owner) + " (fusermount3 -u " + path +
+           " first, or use another mount point)";
   }
   stage::Fd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (DIR* d = dfd.valid() ? ::fdopendir(dfd.get()) : nullptr) {
-    (void)dfd.release();  // the DIR owns it now
-    int n = 0;
-    while (const dirent* de = ::readdir(d))
-      if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) ++n;
+    const int fd = dfd.release();  // the DIR owns it now
+    const std::string entries = first_entries(d, fd);
     ::closedir(d);
-    if (n > 0) return "mount point " + path + " is not empty";
+    if (!entries.empty())
+      return "mount point " + path + " is not empty: it holds " + entries + " (use an empty directory)";
   }
   return {};
 }
@@ -134,8 +183,8 @@ stage::Result<std::unique_ptr<FuseMount>> FuseMount::create(StageFsCore& core, c
   }
   if (opt.allow_other && !eff.allow_other)
     log_info(
-        "mounted for uid {} only: other users (root included) cannot enter {}; to share it, add "
-        "user_allow_other to {} or run stagefs as root",
+        "mounted for uid {} only: other users (root included) cannot enter {} (to share a user's "
+        "mount, {} needs user_allow_other)",
         priv.uid, opt.mountpoint, kFuseConf);
   if (opt.passthrough && !eff.passthrough)
     log_info("kernel passthrough needs CAP_SYS_ADMIN: reads will be served by {}",

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "bcast/fd.h"
+#include "bcast/paths.h"
 
 namespace stagefs {
 
@@ -79,7 +80,7 @@ std::string find_fusermount3() {
 }
 
 std::string mount_obstacle(const std::string& mountpoint, const Privileges& p) {
-  const std::string who = "uid " + std::to_string(p.uid);
+  const std::string who = stage::owner_text(p.uid);
   const std::string fm = find_fusermount3();
   if (fm.empty())
     return "fusermount3 is not installed (package fuse3): libfuse mounts through it, as root too";
@@ -105,17 +106,21 @@ std::string mount_obstacle(const std::string& mountpoint, const Privileges& p) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777U);
     return "/dev/fuse (mode " + std::string(mode) + ") is not readable and writable by " + who +
-           ": fusermount3 opens it with the caller's rights (most systems make it 0666; ask the "
-           "administrator, or run stagefs as root)";
+           ": fusermount3 opens it with the caller's rights, and so does a container runtime's squashfuse "
+           "(most systems make it 0666; the administrator can: the stagefs admin kit's prolog sets it)";
   }
   // fusermount3's rules for a non-root caller (it checks them with the caller's rights).
   if (::stat(mountpoint.c_str(), &st) != 0) return {};  // check_mountpoint names this one
+  const std::string theirs = "it is " + stage::owner_text(st.st_uid) + "'s";
   if ((st.st_mode & S_ISVTX) != 0 && st.st_uid != p.uid)
-    return "mount point " + mountpoint + " is a sticky directory not owned by " + who +
-           ": fusermount3 refuses it (use a directory " + who + " owns)";
+    return "mount point " + mountpoint + " is a sticky directory not owned by " + who + " (" + theirs +
+           "): fusermount3 refuses it (use a directory " + who +
+           " owns; stagefs run mounts on a directory of "
+           "its job that the site's prolog creates)";
   if (::access(mountpoint.c_str(), W_OK) != 0)
-    return "mount point " + mountpoint + " is not writable by " + who +
-           ": fusermount3 mounts only where the caller may write (use a directory " + who + " owns)";
+    return "mount point " + mountpoint + " is not writable by " + who + " (" + theirs +
+           "): fusermount3 mounts only where the caller may write (use a directory " + who +
+           " owns; stagefs run mounts on a directory of its job that the site's prolog creates)";
   return {};
 }
 

@@ -1,6 +1,11 @@
 #include "fusefs/status.h"
 
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "fusefs/core.h"
 
@@ -102,6 +107,30 @@ std::string to_json(const MountStatus& s) {
   // File names are bytes, not necessarily UTF-8: such a name is shown with U+FFFD where its
   // bytes are not UTF-8, rather than failing the whole status (strict mode throws).
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string read_state(const std::string& mountpoint) {
+  char buf[64] = {};
+  const ssize_t n = ::getxattr(mountpoint.c_str(), "user.stagefs.state", buf, sizeof buf - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  if (n < 0 && errno == ENOTCONN) return "stale mount (daemon gone)";
+  return "not mounted";
+}
+
+std::string wait_until_ready(const std::string& mountpoint, double timeout_s,
+                             const std::function<std::string()>& give_up) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    const std::string state = read_state(mountpoint);
+    if (state == "ready") return {};
+    if (state == "broken" || state == "stopping" || state.starts_with("stale")) return state;
+    if (give_up)
+      if (std::string why = give_up(); !why.empty()) return why;
+    if (Clock::now() >= deadline) return state;
+    std::this_thread::sleep_for(pause);  // polling a CLI, backing off to 200 ms
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  }
 }
 
 }  // namespace stagefs

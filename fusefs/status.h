@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -64,5 +65,15 @@ void show_to(MountStatus& s, const StageFsCore& core, const Caller& who);
 // Never throws on file names that are not UTF-8 (their bad bytes become U+FFFD). A hidden
 // transfer is {"path": null, "hidden": true}.
 std::string to_json(const MountStatus& s);
+
+// ---- The reader's side, on the node where it runs (stagefs --wait, stagefs run).
+// The mount's state attribute: "mounting", "ready", "broken", "stopping"; or, when it cannot
+// be read, why: "not mounted", "stale mount (daemon gone)".
+std::string read_state(const std::string& mountpoint);
+// Polls read_state() (backing off from 10 to 200 ms) until the mount is ready (returns ""),
+// broken or stopping, timeout_s has passed, or give_up (called between polls) returns a
+// reason; returns why it is not ready. Thread-safe.
+std::string wait_until_ready(const std::string& mountpoint, double timeout_s,
+                             const std::function<std::string()>& give_up = {});
 
 }  // namespace stagefs

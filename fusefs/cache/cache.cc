@@ -9,14 +9,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "bcast/manifest.h"
+#include "bcast/paths.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
+#include "bcast/text.h"
 #include "fusefs/beneath.h"
 #include "fusefs/log.h"
 
@@ -48,6 +53,18 @@ std::vector<std::string> components(const std::string& abs) {
     i = j + 1;
   }
   return out;
+}
+
+// What a refusal suggests when the cache cannot be created or entered as the daemon's user.
+constexpr const char* kOwnCacheFix =
+    "give --cache a directory of your own: on a cluster, the stagefs prolog prepares one per user "
+    "on each node (stagefs run uses it; see the admin guide), or choose one below a directory you own";
+
+// "owned by uid 1001 (bob), mode 0700"
+std::string described(const struct stat& st) {
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777U);
+  return "owned by " + stage::owner_text(st.st_uid) + ", mode " + mode;
 }
 
 bool others_may_write(const struct stat& st) {
@@ -86,6 +103,27 @@ void remove_tree(int dirfd, const char* name) {
   }
 }
 
+// Who holds the cache: note_holder() writes one line into CACHE/.lock once the lock is taken
+// ("pid 123 on n1, Slurm job 45"); it also marks when the cache was last used (the file's
+// mtime), which the admin kit's epilog reads. lock_holder() is that line for a refusal.
+void note_holder(int fd) {
+  std::string line = "pid " + std::to_string(::getpid()) + " on " + stage::host_name();
+  if (const char* job = std::getenv("SLURM_JOB_ID"); job != nullptr && *job != '\0')
+    line += std::string(", Slurm job ") + job;
+  line += "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) < 0)
+    spdlog::debug("cache: could not note this daemon in the lock file: {}", std::strerror(errno));
+}
+
+std::string lock_holder(int fd) {
+  char buf[160];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return {};
+  std::string_view line(buf, static_cast<size_t>(n));
+  line = line.substr(0, line.find('\n'));
+  return line.empty() ? std::string() : " (" + stage::escape_controls(line) + ")";
+}
+
 // One walk of CACHE/data: see the header.
 void sweep(int dirfd, SweepCounts& n) {
   const uid_t me = ::geteuid();
@@ -118,9 +156,12 @@ Result<Fd> open_private_dir(const std::string& path) {
   if (path.empty() || path[0] != '/') return stage::sys_error(EINVAL, "--cache must be an absolute path", path);
   const auto parts = components(path);
   const uid_t me = ::geteuid();
+  const std::string self = stage::owner_text(me);
   Fd cur(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!cur.valid()) return stage::sys_error(errno, "open /");
   std::string at = "/";
+  struct stat at_st {};  // the directory we are in
+  if (::fstat(cur.get(), &at_st) != 0) return stage::sys_error(errno, "stat /");
   bool parent_shared = false;  // the directory we are in lets others create entries (sticky)
   for (size_t i = 0; i < parts.size(); ++i) {
     const bool last = i + 1 == parts.size();
@@ -129,8 +170,14 @@ Result<Fd> open_private_dir(const std::string& path) {
     struct stat lst {};
     if (::fstatat(cur.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) return stage::sys_error(errno, "--cache: stat", here);
-      if (::mkdirat(cur.get(), name.c_str(), 0700) != 0 && errno != EEXIST)
+      if (::mkdirat(cur.get(), name.c_str(), 0700) != 0 && errno != EEXIST) {
+        if (errno == EACCES || errno == EPERM)
+          return refuse(
+              path,
+              "cannot create " + here + ": " + at + " (" + described(at_st) + ") is not writable by " + self,
+              kOwnCacheFix);
         return stage::sys_error(errno, "--cache: create directory", here);
+      }
       if (::fstatat(cur.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) != 0)
         return stage::sys_error(errno, "--cache: stat", here);
     }
@@ -139,28 +186,40 @@ Result<Fd> open_private_dir(const std::string& path) {
         return refuse(here, "is a symlink",
                       "give the directory it points to (after checking who may change the link)");
       if (lst.st_uid != 0 || parent_shared)
-        return refuse(path, here + " is a symlink owned by uid " + std::to_string(lst.st_uid) +
-                                (parent_shared ? " in a directory others may write to" : ""),
+        return refuse(path,
+                      here + " is a symlink owned by " + stage::owner_text(lst.st_uid) +
+                          (parent_shared ? " in a directory others may write to" : ""),
                       "use a path without it");
     }
-    const int flags = (last ? O_RDONLY : O_PATH) | O_DIRECTORY | O_CLOEXEC | (S_ISLNK(lst.st_mode) ? 0 : O_NOFOLLOW);
+    const int flags =
+        (last ? O_RDONLY : O_PATH) | O_DIRECTORY | O_CLOEXEC | (S_ISLNK(lst.st_mode) ? 0 : O_NOFOLLOW);
     Fd next(::openat(cur.get(), name.c_str(), flags));
-    if (!next.valid()) return stage::sys_error(errno, "--cache: open", here);
+    if (!next.valid()) {
+      if ((errno == EACCES || errno == EPERM) && !S_ISLNK(lst.st_mode) && lst.st_uid != me)
+        return refuse(path, here + " (" + described(lst) + ") is another user's directory, closed to " + self,
+                      kOwnCacheFix);
+      return stage::sys_error(errno, "--cache: open", here);
+    }
     struct stat st {};
     if (::fstat(next.get(), &st) != 0) return stage::sys_error(errno, "--cache: stat", here);
     if (!S_ISLNK(lst.st_mode) && (st.st_dev != lst.st_dev || st.st_ino != lst.st_ino))
       return refuse(here, "changed while it was checked", "try again");
     if (st.st_uid != 0 && st.st_uid != me)
-      return refuse(path, here + " is owned by uid " + std::to_string(st.st_uid),
-                    "use a directory owned by root (or by the daemon's user) all the way down");
+      return refuse(path,
+                    here + " is owned by " + stage::owner_text(st.st_uid) + ", not by root" +
+                        (me == 0 ? "" : " or " + self),
+                    "use a directory owned by root (or by the daemon's user) all the way down; " +
+                        std::string(kOwnCacheFix));
     if (parent_shared && st.st_uid != me && st.st_uid != 0)
-      return refuse(path, here + " lies in a directory others may write to and is not owned by the daemon's user or root",
-                    "create it as the daemon's user, or use another path");
+      return refuse(
+          path,
+          here + " lies in a directory others may write to and is not owned by the daemon's user or root",
+          "create it as the daemon's user, or use another path");
     if (last) {
       if (st.st_uid != me)
-        return refuse(path, "is owned by uid " + std::to_string(st.st_uid) + ", not by the daemon's user (uid " +
-                                std::to_string(me) + ")",
-                      "give the daemon a directory of its own (it creates a missing one, mode 0700)");
+        return refuse(
+            path, "is owned by " + stage::owner_text(st.st_uid) + ", not by the daemon's user (" + self + ")",
+            "give the daemon a directory of its own (it creates a missing one, mode 0700)");
     } else if (others_may_write(st) && (st.st_mode & S_ISVTX) == 0) {
       return refuse(path, here + " may be written by other users and is not sticky",
                     "use a path whose parents only root (or the daemon's user) can change");
@@ -168,6 +227,7 @@ Result<Fd> open_private_dir(const std::string& path) {
     parent_shared = others_may_write(st);
     cur = std::move(next);
     at = here;
+    at_st = st;
   }
   if (parts.empty()) return refuse(path, "is /", "give a directory of its own");
   return cur;
@@ -320,7 +380,9 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   c->lock_ = Fd(::openat(c->root_.get(), ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!c->lock_.valid()) return stage::sys_error(errno, "create lock file in cache", dir);
   if (::flock(c->lock_.get(), LOCK_EX | LOCK_NB) != 0)
-    return stage::sys_error(EBUSY, "cache " + dir + " is in use by another stagefs on this node");
+    return stage::sys_error(
+        EBUSY, "cache " + dir + " is in use by another stagefs on this node" + lock_holder(c->lock_.get()));
+  note_holder(c->lock_.get());
   // data: ours, a directory, not a symlink (replaced if it is one)
   struct stat dst {};
   if (::fstatat(c->root_.get(), "data", &dst, AT_SYMLINK_NOFOLLOW) == 0 &&

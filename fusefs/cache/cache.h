@@ -8,7 +8,9 @@
 //     is created by the daemon, 0700, with mkdirat relative to its parent's fd. Anything
 //     else is refused with a message that names the path and the fix. Nothing outside CACHE
 //     is ever created or chmodded.
-//   - CACHE is made 0700 and locked (CACHE/.lock, flock): one daemon per cache.
+//   - CACHE is made 0700 and locked (CACHE/.lock, flock): one daemon per cache. The holder
+//     writes who it is into the lock file (a refusal quotes it), which also dates the cache's
+//     last use (the file's mtime: the admin kit's epilog purges by it).
 //   - One sweep at open walks CACHE/data without following symlinks and removes what the
 //     daemon did not write: temporary files of dead writers, symlinks, special files, and
 //     entries owned by anyone else (planted while the directory was wider, or by an earlier

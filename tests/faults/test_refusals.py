@@ -35,7 +35,6 @@ Standard library only.
 """
 import errno
 import os
-import pwd
 import shutil
 import socket
 import stat
@@ -345,19 +344,8 @@ PASSTHROUGH_CLAIMS = ("reads via kernel passthrough", "reads are served by kerne
 
 class Unprivileged(h.MountTestCase):
     def setUp(self):
-        # The user first: cleanups run last-in first-out, so userdel comes after the fixture
-        # has stopped every process of that user.
-        try:
-            pwd.getpwnam(USER)
-        except KeyError:
-            r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, timeout=60)
-            if r.returncode != 0:
-                raise AssertionError("useradd %s failed: %s" % (USER, r.stdout))
-            self.addCleanup(subprocess.run, ["userdel", USER], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, timeout=60)
+        pw = h.ensure_user(self, USER)  # first: userdel after the fixture's cleanup
         super().setUp()
-        pw = pwd.getpwnam(USER)
         self.uid, self.gid = pw.pw_uid, pw.pw_gid
         w = self.work
         with open(os.path.join(w.src, "f.txt"), "w") as f:

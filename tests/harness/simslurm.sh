@@ -10,9 +10,22 @@
 #                      made there by a job stay inside that node's namespace
 #   /dev/shm  private  (fresh tmpfs)
 #   /etc/hosts         host's file plus "127.0.0.1 n1 ... nN"
+#   /dev/fuse          private  (a device node of the node's own, mode 0600 until the
+#                      prolog sets it: the prolog's chmod never reaches the machine's)
 # Everything else (/, /usr, /var/tmp, /work, ...) is shared, so programs and input data
 # that every node must see belong OUTSIDE /tmp, /nvme and /stage, e.g. /work/main/build or
 # $SIMSLURM_ROOT/shared (created by `up`, world-writable, visible on all nodes).
+#
+# The cluster runs stagefs's admin kit as a site would (packaging/admin/): slurmd's Prolog
+# and Epilog are its slurm-prolog and slurm-epilog, reading $SIMSLURM_ROOT/etc/stagefs.conf
+# (STAGEFS_CONF, exported by `env`): each job gets /stage/JOBID and each user
+# /nvme/stagefs/USER on every node, the user's alone; /dev/fuse is made 0666; the epilog
+# unmounts what a job left and removes /stage/JOBID. The purge by fullness is off (the
+# nodes' /nvme share this machine's disk, whatever else fills it).
+# Jobs run as ordinary users, as on a real cluster: `up` creates the users of
+# SIMSLURM_USERS (default "stagefs-u1 stagefs-u2") where missing (`down` removes those it
+# created), each with a home in $SIMSLURM_ROOT/home/USER; `as USER -- CMD` runs CMD (sbatch,
+# srun, scancel...) as that user. Slurm's daemons stay root.
 #
 # Usage (root; Debian 12 packages slurm-wlm munge libpmix-dev, see `deps`):
 #   simslurm.sh up [N]            start (or keep, if already healthy with N nodes); default N=4
@@ -22,6 +35,9 @@
 #   simslurm.sh deps              apt-get install what is missing of: slurm-wlm munge
 #                                 libpmix-dev iproute2 util-linux squashfs-tools
 #   simslurm.sh run N -- CMD...   up N, run CMD with that env, always down; exits with CMD's code
+#   simslurm.sh as USER -- CMD... CMD as USER (one of SIMSLURM_USERS): uid, gid and groups
+#                                 the user's, HOME, USER and LOGNAME set, the rest of the
+#                                 environment kept (sbatch hands it on to the job)
 #
 # Environment:
 #   SIMSLURM_ROOT           state root (default /var/tmp/stagefs-simslurm). Config, logs,
@@ -32,6 +48,7 @@
 #   SIMSLURM_READY_TIMEOUT  seconds to wait for all nodes idle (default 60)
 #   SIMSLURM_STOP_TIMEOUT   seconds to wait for daemons to exit after SIGTERM (default 20)
 #   SIMSLURM_KEEP_MUNGE=1   do not stop munged on down even if this harness started it
+#   SIMSLURM_USERS          the users jobs run as (default "stagefs-u1 stagefs-u2")
 #
 # Note: libpmix-dev is required, not just libpmix2: Slurm's mpi/pmix plugin dlopen()s the
 # unversioned libpmix.so that only the -dev package provides.
@@ -65,6 +82,8 @@ STOP_TIMEOUT=${SIMSLURM_STOP_TIMEOUT:-20}
 CONF=$ROOT/etc/slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
 MAX_NODES=64
+read -r -a USERS <<<"${SIMSLURM_USERS:-stagefs-u1 stagefs-u2}"
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../packaging/admin" && pwd)
 
 log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
@@ -257,6 +276,8 @@ write_conf() {
     echo "KillWait=5"
     echo "MessageTimeout=20"
     echo "TmpFS=/tmp"
+    echo "Prolog=$ROOT/etc/prolog"
+    echo "Epilog=$ROOT/etc/epilog"
     echo "EpilogSlurmctld=$ROOT/etc/job_ended.sh"
     for ((i = 1; i <= n; i++)); do
       echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_BASE + i)) CPUs=$(nproc) RealMemory=1000 State=UNKNOWN"
@@ -288,6 +309,28 @@ exit 0
 EOF_EPILOG
   chmod 0755 "$ROOT/etc/job_ended.sh"
 
+  # No SPANK plugin (pyxis...): an empty plugstack.conf where Slurm looks for it, beside
+  # slurm.conf, so that a plugin configured by hand in an earlier run cannot stay loaded.
+  : >"$ROOT/etc/plugstack.conf"
+
+  # stagefs's admin kit, as the site installs it: the settings, and Prolog/Epilog that run
+  # the kit's scripts with them (slurmd gives a prolog an environment of its own)
+  cat >"$ROOT/etc/stagefs.conf" <<EOF_SITE
+# the simulated site (tests/harness/simslurm.sh); see packaging/admin/stagefs.conf
+STAGEFS_MOUNT=/stage/%j
+STAGEFS_CACHE=/nvme/stagefs/%u
+STAGEFS_CACHE_SIZE=50%
+STAGEFS_SPARE_CACHES=4
+STAGEFS_FUSE_MODE=0666
+STAGEFS_PURGE_AFTER_DAYS=30
+STAGEFS_PURGE_ABOVE=0
+EOF_SITE
+  local script
+  for script in prolog epilog; do
+    printf '#!/bin/sh\nSTAGEFS_CONF=%s exec %s\n' "$ROOT/etc/stagefs.conf" "$KIT/slurm-$script" >"$ROOT/etc/$script"
+    chmod 0755 "$ROOT/etc/$script"
+  done
+
   # /etc/hosts seen inside the node namespaces: the host's plus n1..nN
   { cat /etc/hosts; echo "# $PROG nodes"; for ((i = 1; i <= n; i++)); do echo "127.0.0.1 n$i"; done; } >"$ROOT/etc/hosts"
 
@@ -298,6 +341,44 @@ EOF_EPILOG
     ln -sfn "$CONF" "$ETC_CONF"
     echo "$ETC_CONF" >"$ROOT/etc/linked"
   fi
+}
+
+# ---------------------------------------------------------------------------------------
+# users: the jobs' owners
+
+ensure_users() {
+  local u
+  mkdir -p "$ROOT/home"
+  chmod 0755 "$ROOT/home"
+  for u in "${USERS[@]}"; do
+    if ! id -u "$u" >/dev/null 2>&1; then
+      useradd -M -U -s /bin/bash -d "$ROOT/home/$u" "$u" || die "useradd $u failed"
+      echo "$u" >>"$ROOT/users-created"
+    fi
+    mkdir -p "$ROOT/home/$u"
+    chown "$u:" "$ROOT/home/$u"
+    chmod 0700 "$ROOT/home/$u"
+  done
+}
+
+remove_users() {
+  local u
+  [[ -f $ROOT/users-created ]] || return 0
+  while read -r u; do
+    [[ -n $u ]] && userdel "$u" 2>/dev/null
+  done <"$ROOT/users-created"
+  rm -f "$ROOT/users-created"
+}
+
+do_as() {
+  local user=$1
+  shift
+  [[ ${1:-} == -- ]] && shift
+  (($#)) || die "as: no command given (usage: as USER -- CMD...)"
+  id -u "$user" >/dev/null 2>&1 || die "as: no user $user (up creates ${USERS[*]})"
+  export HOME=$ROOT/home/$user USER=$user LOGNAME=$user
+  cd "$HOME" 2>/dev/null || cd /
+  exec setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups -- "$@"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -372,6 +453,7 @@ start_node() {
   mkdir -p "$dir"/{tmp,nvme,stage,spool}
   chmod 1777 "$dir/tmp"
   chmod 0755 "$dir/nvme" "$dir/stage"
+  mknod -m 0600 "$dir/fuse" c 10 229
   # unshare execs sh which execs slurmd: $! is slurmd's pid. setsid detaches it from the
   # caller's terminal/process group so ^C in a test cannot leave it half-dead.
   # shellcheck disable=SC2016  # expanded by the inner sh
@@ -383,6 +465,7 @@ start_node() {
     mount --bind "$dir/stage" /stage
     mount -t tmpfs -o mode=1777,size=1g tmpfs /dev/shm
     mount --bind "$hosts" /etc/hosts
+    if [ -c /dev/fuse ]; then mount --bind "$dir/fuse" /dev/fuse; fi
     exec slurmd -D -N "$node" -f "$conf"
   ' sh "$node" "$dir" "$CONF" "$ROOT/etc/hosts" 9>&- </dev/null >>"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
@@ -423,6 +506,7 @@ up_locked() {
   ensure_munge
   mkdir -p /nvme /stage "$ROOT/shared"
   chmod 1777 "$ROOT/shared"
+  ensure_users
   write_conf "$n"
   echo "$n" >"$ROOT/cluster.n"
 
@@ -517,6 +601,7 @@ teardown() {
     rc=1
   fi
 
+  remove_users
   rm -f "$ROOT/cluster.n" "$ROOT/ctld/pid" "$ROOT"/nodes/*/pid
   return "$rc"
 }
@@ -563,6 +648,7 @@ export OMPI_MCA_btl=self,vader,tcp
 export OMPI_MCA_btl_tcp_if_include=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export STAGEFS_CONF=$ROOT/etc/stagefs.conf
 EOF
 }
 
@@ -590,6 +676,7 @@ main() {
     status) do_status ;;
     env) print_env ;;
     deps) do_deps ;;
+    as) (($# >= 2)) || die "usage: as USER -- CMD..."; do_as "$@" ;;
     run) (($# >= 1)) || die "usage: run N -- CMD..."; do_run "$@" ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;

@@ -37,6 +37,7 @@ import errno
 import hashlib
 import json
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -198,6 +199,23 @@ def run(cmd, timeout=RUN_TIMEOUT, env=None, input=None, check=True, cwd=None):
         raise AssertionError("%s exited %d\nstdout: %s\nstderr: %s" %
                              (" ".join(map(str, cmd)), r.returncode, out[-3000:], err[-3000:]))
     return r
+
+
+def ensure_user(test, name):
+    """The passwd entry of user `name`, created (useradd, no home) if missing and then removed
+    (userdel) in test's cleanup. Call it before the fixture's setUp: cleanups run last-in
+    first-out, so userdel comes after the fixture has stopped every process of that user."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    r = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("useradd %s failed: %s" % (name, r.stdout))
+    test.addCleanup(subprocess.run, ["userdel", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    timeout=60)
+    return pwd.getpwnam(name)
 
 
 def clean_env():

@@ -7,9 +7,12 @@
 # Checks:
 #   1. cpack makes stagefs_*.deb and stagefs-*.rpm
 #   2. the .deb's Depends come from dpkg-shlibdeps (libfuse3-3, libopenmpi3, libisal2,
-#      libspdlog) plus fuse3; it holds both commands, both man pages, the docs and examples
+#      libspdlog) plus fuse3; it holds both commands, both man pages, the docs and examples,
+#      and the admin kit (libexec/stagefs/slurm-prolog, slurm-epilog; /etc/stagefs/stagefs.conf
+#      as a conffile)
 #   3. the .rpm requires fuse3, fuse3-libs, openmpi, isa-l, spdlog, fmt and the sonames
-#      (libfuse3.so.3, libmpi.so.40, libisal.so.2); it holds the commands and man pages
+#      (libfuse3.so.3, libmpi.so.40, libisal.so.2); it holds the commands, man pages and the
+#      admin kit, the settings marked %config
 #   4. apt-get install ./stagefs_*.deb succeeds; dpkg says installed
 #   5. stagefs --version / stage-bcast --version (from /usr/bin, found on PATH) print
 #      "<name> VERSION (git REVISION)": the revision this build was configured from
@@ -107,11 +110,15 @@ check ".deb depends on fuse3 and the libraries dpkg-shlibdeps found" \
 files=$(dpkg-deb -c "$DEB" | awk '{ print $6 }')
 check ".deb holds the commands, man pages, docs and examples" has_all "$files" \
   ./usr/bin/stagefs ./usr/bin/stage-bcast ./usr/share/man/man1/stagefs.1 \
-  ./usr/share/man/man1/stage-bcast.1 ./usr/share/doc/stagefs/README.md \
+  ./usr/share/man/man1/stagefs-run.1 ./usr/share/man/man1/stage-bcast.1 ./usr/share/doc/stagefs/README.md \
   ./usr/share/doc/stagefs/docs/user-guide.md ./usr/share/doc/stagefs/docs/admin-guide.md \
   ./usr/share/doc/stagefs/docs/design.md ./usr/share/doc/stagefs/docs/faults.md \
   ./usr/share/doc/stagefs/examples/container.sbatch ./usr/share/doc/stagefs/examples/stage-image.sbatch \
   ./usr/share/doc/stagefs/examples/dataset.sbatch ./usr/share/doc/stagefs/examples/pyxis.sbatch
+check ".deb holds the admin kit: the Slurm prolog and epilog, the site's settings (a conffile)" has_all \
+  "$files $(dpkg-deb -I "$DEB" conffiles 2>/dev/null)" ./usr/libexec/stagefs/slurm-prolog \
+  ./usr/libexec/stagefs/slurm-epilog ./usr/libexec/stagefs/kit.sh ./etc/stagefs/stagefs.conf \
+  /etc/stagefs/stagefs.conf
 
 # -- 3. .rpm metadata and contents
 if [[ -s $RPM ]] && command -v rpm >/dev/null; then
@@ -120,8 +127,11 @@ if [[ -s $RPM ]] && command -v rpm >/dev/null; then
   check ".rpm requires fuse3, fuse3-libs, openmpi, isa-l, spdlog, fmt and the library sonames" \
     has_all "$requires" fuse3 fuse3-libs openmpi isa-l spdlog fmt "libfuse3.so.3()(64bit)" \
     "libmpi.so.40()(64bit)" "libisal.so.2()(64bit)"
-  check ".rpm holds the commands and man pages" has_all "$(rpm -qpl "$RPM" 2>/dev/null)" \
-    /usr/bin/stagefs /usr/bin/stage-bcast /usr/share/man/man1/stagefs.1 /usr/share/man/man1/stage-bcast.1
+  check ".rpm holds the commands, man pages and the admin kit" has_all "$(rpm -qpl "$RPM" 2>/dev/null)" \
+    /usr/bin/stagefs /usr/bin/stage-bcast /usr/share/man/man1/stagefs.1 /usr/share/man/man1/stage-bcast.1 \
+    /usr/libexec/stagefs/slurm-prolog /usr/libexec/stagefs/slurm-epilog /etc/stagefs/stagefs.conf
+  check ".rpm marks the site's settings as configuration" \
+    test "$(rpm -qpc "$RPM" 2>/dev/null)" = /etc/stagefs/stagefs.conf
 fi
 
 # -- 4. install

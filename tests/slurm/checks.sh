@@ -66,3 +66,56 @@ ompi_init_crash() {
   done
   return 1
 }
+# ---- what the tests of jobs run by ordinary users share (NODES: the cluster's node count)
+# cluster_up: a fresh simulated cluster of NODES nodes (HARNESS: simslurm.sh), its environment
+# in this shell (SLURM_CONF, STAGEFS_CONF, ...); false (after a FAIL line) if it does not come up
+cluster_up() {
+  local t0=$SECONDS log
+  log=$(mktemp)
+  info "bringing up $NODES fresh simulated nodes"
+  "$HARNESS" down >/dev/null 2>&1 || true # an earlier run's node namespaces may hold stale mounts
+  if ! "$HARNESS" up "$NODES" >"$log" 2>&1; then
+    fail "simulated cluster comes up"
+    show "$log" 30
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+  eval "$("$HARNESS" env)"
+  echo "    cluster up after $((SECONDS - t0))s"
+}
+# per_node SNIPPET: "HOST VALUE" from every node, sorted (SNIPPET runs under sh there, as root)
+per_node() { timeout 60 srun -N"$NODES" --ntasks-per-node=1 sh -c "$1" | sort; }
+# all_equal LINES VALUE: NODES lines, NODES distinct hosts, every value (what follows the host) VALUE
+all_equal() {
+  local out=$1 want=$2
+  [[ $(awk 'NF' <<<"$out" | wc -l) -eq $NODES ]] || { echo "    expected $NODES lines, got:"; show <(echo "$out"); return 1; }
+  [[ $(cut -d' ' -f1 <<<"$out" | sort -u | wc -l) -eq $NODES ]] || { echo "    expected $NODES distinct hosts"; return 1; }
+  [[ -z $(awk -v w="$want" '{ h = $1; $1 = ""; sub(/^ /, ""); if ($0 != w) print h ": " $0 }' <<<"$out") ]] ||
+    { echo "    differs:"; awk -v w="$want" '{ h = $1; $1 = ""; sub(/^ /, ""); if ($0 != w) print "    | " h ": " $0 }' <<<"$out"; return 1; }
+}
+# job_settled JOBID: waits (at most 60 s) until the job is no longer COMPLETING: its nodes'
+# epilogs have run
+job_settled() {
+  local deadline=$((SECONDS + 60))
+  while [[ $(timeout 15 squeue -h -j "$1" -o %T 2>/dev/null) == COMPLETING ]] && ((SECONDS < deadline)); do
+    sleep 0.5 # polling Slurm's job state, bounded
+  done
+}
+# nothing_left JOBID: once the job has settled, no stagefs process in any node's mount
+# namespace, no stagefs mount (live or stale) below /stage, and the job's mount point
+# /stage/JOBID removed (the epilog). Only /stage: the node namespaces start as copies of the
+# host's mount table, which may hold stagefs mounts of other people's tests.
+nothing_left() {
+  job_settled "$1"
+  # shellcheck disable=SC2016  # expanded by each node's sh
+  all_equal "$(per_node 'id='"$1"'; me=$(readlink /proc/self/ns/mnt); n=0
+    for p in $(pgrep -x stagefs); do [ "$(readlink /proc/$p/ns/mnt 2>/dev/null)" = "$me" ] && n=$((n + 1)); done
+    m=$(awk '"'"'index($5, "/stage") == 1 && / - fuse\.stagefs / { n++ } END { print n + 0 }'"'"' /proc/self/mountinfo)
+    if [ -e "/stage/$id" ]; then d=left; else d=removed; fi
+    echo "$(hostname) procs=$n mounts=$m mountpoint=$d"')" "procs=0 mounts=0 mountpoint=removed"
+}
+# quiet FILE: a job's output holds none of Slurm's cancel and kill messages, and no error
+quiet() {
+  if grep -nE 'CANCELLED|kill: |scancel: |srun: error|\] error: ' "$1" | sed 's/^/    | /'; then return 1; fi
+}

@@ -3,7 +3,9 @@
 #
 # End-to-end test of tools/stage-bcast on a simulated 4-node Slurm cluster
 # (tests/harness/simslurm.sh): one MPI rank per node via `srun --mpi=pmix`, each node with
-# its own private /nvme.
+# its own private /nvme. Every step runs as an ordinary user (stagefs-u1, `simslurm.sh as`),
+# writing into the directory the site's stagefs prolog prepares for that user on each node,
+# /nvme/stagefs/USER (Slurm's daemons stay root).
 #
 # CLI contract under test:
 #   stage-bcast --source PATH --dest PATH [--verbose] [--json]
@@ -44,7 +46,10 @@ NODES=4
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 HARNESS=$HERE/../harness/simslurm.sh
 SRUN_TIMEOUT=${SRUN_TIMEOUT:-300}
-SRUN=(timeout --foreground --kill-after=30 "$SRUN_TIMEOUT" srun -N"$NODES" --ntasks-per-node=1)
+RUN_USER=${SIMSLURM_USERS:-stagefs-u1}
+RUN_USER=${RUN_USER%% *}
+AS_USER=("$HARNESS" as "$RUN_USER" --)
+SRUN=(timeout --foreground --kill-after=30 "$SRUN_TIMEOUT" "${AS_USER[@]}" srun -N"$NODES" --ntasks-per-node=1)
 
 # shellcheck source=checks.sh
 source "$HERE/checks.sh"
@@ -104,8 +109,10 @@ eval "$("$HARNESS" env)"
 
 WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/stage-bcast-test.XXXXXX")
 chmod 0755 "$WORK"
+chown "$RUN_USER:" "$WORK" # the steps' working directory (a crashed rank's core goes there)
 SRC=$WORK/src.sqsh
-DEST=/nvme/img.sqsh
+LOCAL=/nvme/stagefs/$RUN_USER # the user's directory on each node (the stagefs prolog's)
+DEST=$LOCAL/img.sqsh
 
 info "creating ~64 MiB source image $SRC"
 if command -v mksquashfs >/dev/null 2>&1; then
@@ -231,7 +238,7 @@ check "content matches on every node after the partly warm run" \
 # 4: missing source
 
 info "error case: source does not exist"
-MISSING_DEST=/nvme/missing.sqsh
+MISSING_DEST=$LOCAL/missing.sqsh
 run_missing() {
   rc=0
   rm -f "$WORK"/core "$WORK"/core.[0-9]*
@@ -299,10 +306,10 @@ check "srun exit code is 2 (usage error) for an unknown option" test "$rc" -eq 2
 info "a rank that dies at start (SIGSEGV before MPI_Init), srun without --kill-on-bad-exit"
 printf '#!/bin/sh\nkill -SEGV $$\n' >"$WORK/dies-at-start.sh"
 chmod 0755 "$WORK/dies-at-start.sh"
-printf '0-%d %s --source %s --dest /nvme/dies.sqsh --startup-timeout 5\n%d %s\n' \
-  $((NODES - 2)) "$BIN" "$SRC" $((NODES - 1)) "$WORK/dies-at-start.sh" >"$WORK/dies.conf"
+printf '0-%d %s --source %s --dest %s/dies.sqsh --startup-timeout 5\n%d %s\n' \
+  $((NODES - 2)) "$BIN" "$SRC" "$LOCAL" $((NODES - 1)) "$WORK/dies-at-start.sh" >"$WORK/dies.conf"
 rc=0
-timeout --foreground --kill-after=10 120 srun -N"$NODES" --ntasks-per-node=1 --chdir="$WORK" --mpi=pmix \
+timeout --foreground --kill-after=10 120 "${AS_USER[@]}" srun -N"$NODES" --ntasks-per-node=1 --chdir="$WORK" --mpi=pmix \
   --multi-prog "$WORK/dies.conf" >"$WORK/run5.log" 2>&1 || rc=$?
 echo "    srun exit $rc; output:"
 show "$WORK/run5.log" 20

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # stagefs_slurm_test.sh BUILD_DIR
 #
-# End-to-end test of tools/stagefs as a user runs it: one batch job on a simulated 4-node
-# Slurm cluster (tests/harness/simslurm.sh), each node with its own hostname, /tmp, /nvme,
-# /stage and mount namespace. The job script (written below, submitted with
-# `sbatch -N4`) does what a user's job does:
+# End-to-end test of tools/stagefs's step layout written out by hand (what `stagefs run` does
+# for a user, tests/slurm/run_slurm_test.sh): one batch job on a simulated 4-node Slurm
+# cluster (tests/harness/simslurm.sh), each node with its own hostname, /tmp, /nvme, /stage and
+# mount namespace, and stagefs's admin kit as its prolog and epilog. The job is submitted by
+# an ordinary user (stagefs-u1), and its script (written below, `sbatch -N4`) does:
 #
-#   srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs SRC /stage --cache /nvme/stagefs &
-#   stagefs --wait /stage
-#   srun --overlap -N4 --ntasks-per-node=1 sh -c 'hostname; sha256sum /stage/image.sqsh'
-#   srun --overlap -N4 ... squashfuse /stage/image.sqsh /tmp/sq; read; fusermount3 -u /tmp/sq
+#   srun --overlap --ntasks-per-node=1 --mpi=pmix stagefs SRC /stage/JOBID --cache /nvme/stagefs/USER &
+#   stagefs --wait /stage/JOBID
+#   srun --overlap -N4 --ntasks-per-node=1 sh -c 'hostname; sha256sum /stage/JOBID/image.sqsh'
+#   srun --overlap -N4 ... squashfuse /stage/JOBID/image.sqsh /tmp/sq; read; fusermount3 -u /tmp/sq
 #   ... other.bin read on one node, caches and user.stagefs.stats inspected ...
 #   scancel --signal=TERM <the stagefs step>; wait (bounded)
+#   (job 2: the same again over the same caches, stopped by reading user.stagefs.stop)
 #   srun --overlap -N4 ...: no stagefs process, no stagefs mount left on any node
 #
 # and writes what it sees to a results file; this script parses it into PASS/FAIL lines.
@@ -27,26 +29,23 @@
 # tasks. `kill %1` (SIGTERM to the srun) does NOT: srun answers SIGTERM with "forcing job
 # termination" and SIGKILLs the tasks, which leaves a stale (ENOTCONN) mount on every node.
 #
-# Mount point: the harness makes /stage a bind mount in every node namespace. If stagefs
-# refuses to mount there (it refuses any existing mount point), that is a FAIL, and the
-# rest of the job runs on /stage/mnt (an empty directory inside each node's private
-# /stage) so that the other checks still say something. For the same reason the final
-# check looks for stagefs mounts in each node's mount table: `mountpoint -q /stage` is
-# always true in the harness.
+# Mount point and cache: /stage/JOBID and /nvme/stagefs/USER, which the prolog prepares, the
+# user's alone. The final check looks for stagefs mounts in each node's mount table:
+# `mountpoint -q /stage` is always true in the harness (a bind mount in every node namespace).
 #
 # Checks:
 #   1. the batch job runs to its end
-#   2. stagefs mounts at /stage (if refused: also that the refused start ends by itself,
-#      srun exit 1, no MPI abort or crash; and that the /stage/mnt fallback mounts)
+#   2. stagefs mounts at /stage/JOBID (if refused: also that the refused start ends by
+#      itself, srun exit 1, no MPI abort or crash)
 #   3. stagefs --wait returns 0
 #   4. 4 distinct hostnames run the checksum step; all 4 see the source's sha256
-#   5. squashfuse mounts /stage/image.sqsh on all 4 nodes, files inside match the tree,
+#   5. squashfuse mounts /stage/JOBID/image.sqsh on all 4 nodes, files inside match the tree,
 #      fusermount3 -u succeeds
 #   6. other.bin, first read on n3 (not the coordinator), matches the source
 #   7. user.stagefs.stats on n1 (rank 0, the coordinator): after the 4 concurrent first
 #      opens of the image exactly 1 transfer of image-size bytes; at the end 2 transfers,
 #      bytes_broadcast = image + other.bin, no failures
-#   8. /nvme/stagefs/data/{image.sqsh,other.bin} on all 4 nodes equal the source
+#   8. /nvme/stagefs/USER/data/{image.sqsh,other.bin} on all 4 nodes equal the source
 #   9. after scancel --signal=TERM the stagefs step ends within 30 s, exit 0
 #  10. no stagefs process (in the node's mount namespace: the simulated nodes share one
 #      process table) and no stagefs mount (live or stale) left on any node
@@ -141,6 +140,8 @@ fi
 # sbatch hands them on to the job (default --export=ALL), srun on to the tasks
 eval "$("$HARNESS" env)"
 
+RUN_USER=${SIMSLURM_USERS:-stagefs-u1}
+RUN_USER=${RUN_USER%% *}
 WORK=$(mktemp -d "$SIMSLURM_ROOT/shared/stagefs-test.XXXXXX")
 chmod 0755 "$WORK"
 SRC=$WORK/src   # what stagefs mirrors: image.sqsh and other.bin
@@ -179,7 +180,7 @@ cat >"$JOB" <<'JOBEOF'
 #   sbatch -N4 -o OUT job.sh STAGEFS SRC RESULTS LOGDIR STEP_TIMEOUT
 # shellcheck disable=SC2016  # the sh -c '...' snippets are expanded by the tasks' sh
 STAGEFS=$1 SRC=$2 OUT=$3 LOGS=$4 T=$5 STAGECTL=$6
-CACHE=/nvme/stagefs
+CACHE=/nvme/stagefs/$(id -un)
 
 rec() { echo "$*" >>"$OUT"; }
 mark() { rec "TIME $1 ${SECONDS}s"; } # seconds since the job script started
@@ -210,12 +211,14 @@ wait_gone() {
   ! kill -0 "$1" 2>/dev/null
 }
 stagefs_step() { timeout 15 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' | awk '$2 == "stagefs" { print $1; exit }'; }
-# stop_stagefs: SIGTERM to the stagefs tasks; a full cancel if they do not end in time.
-# Sets STOPPED (a results line).
+# stop_stagefs [attr]: SIGTERM to the stagefs tasks (attr: a read of user.stagefs.stop on the
+# mount instead); a full cancel if they do not end in time. Sets STOPPED (a results line).
 stop_stagefs() {
   local id t=$SECONDS rc escalated=no
   id=$(stagefs_step)
-  if [[ -n $id ]]; then
+  if [[ ${1:-} == attr ]]; then
+    python3 -c 'import os, sys; os.getxattr(sys.argv[1], "user.stagefs.stop")' "$MNT" 2>>"$LOGS/steps.err"
+  elif [[ -n $id ]]; then
     timeout 15 scancel --signal=TERM "$id" 2>>"$LOGS/steps.err"
   else
     kill -TERM "$SPID" # no step found: fall back to signalling srun
@@ -232,13 +235,13 @@ stop_stagefs() {
 
 rec "BATCH $(hostname) job=$SLURM_JOB_ID nodes=$SLURM_JOB_NODELIST"
 
-# 1. the daemons, one per node, on /stage
-MNT=/stage
+# 1. the daemons, one per node, on the job's directory (the prolog's)
+MNT=/stage/$SLURM_JOB_ID
 start_stagefs "$MNT" "$LOGS/stagefs-stage.log"
 if wait_mounted "$MNT" "$LOGS/stagefs-stage.log"; then
   rec "MOUNT_STAGE ok"
 else
-  # refused: every node should now exit 1 by itself; then use a directory inside /stage
+  # refused: every node should now exit 1 by itself
   if wait_gone "$SPID" 15; then
     wait "$SPID"
     rec "MOUNT_STAGE refused ended=yes rc=$?"
@@ -247,10 +250,6 @@ else
     rec "MOUNT_STAGE refused ended=no $STOPPED"
   fi
   mark refused
-  MNT=/stage/mnt
-  all mkdir -p "$MNT"
-  start_stagefs "$MNT" "$LOGS/stagefs.log"
-  if wait_mounted "$MNT" "$LOGS/stagefs.log"; then rec "MOUNT_FALLBACK ok"; else rec "MOUNT_FALLBACK failed"; fi
 fi
 mark mounted
 rec "MNT $MNT"
@@ -318,7 +317,7 @@ if wait_mounted "$MNT" "$LOGS/stagefs-job2.log"; then
     sh "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
   all sh -c 'echo "STATS2 $(hostname) $("$1" --json stats "$2" | python3 -c "import json,sys; s=json.load(sys.stdin); print(s[\"local_writes\"], s[\"corrupt\"], s[\"materializations\"], s[\"cache\"][\"files\"], s[\"bytes_from_source\"], s[\"bytes_from_seeds\"], s[\"seeded_here\"])")"' \
     sh "$STAGECTL" "$MNT" >>"$OUT" 2>>"$LOGS/steps.err"
-  stop_stagefs
+  stop_stagefs attr
   rec "STOP2 $STOPPED"
 else
   rec "MOUNT2 failed"
@@ -355,7 +354,8 @@ run_job() {
   js=$SECONDS
   rc=0
   rm -f "$WORK"/core "$WORK"/core.[0-9]* "$RESULTS"
-  JOBID=$(timeout 30 sbatch -N"$NODES" --time=$(((JOB_TIMEOUT + 59) / 60)) --chdir="$WORK" --parsable \
+  chown -R "$RUN_USER:" "$WORK" # the job writes its results and logs there
+  JOBID=$(timeout 30 "$HARNESS" as "$RUN_USER" -- sbatch -N"$NODES" --time=$(((JOB_TIMEOUT + 59) / 60)) --chdir="$WORK" --parsable \
     -o "$WORK/job.out" "$JOB" "$BIN" "$SRC" "$RESULTS" "$WORK" "$STEP_TIMEOUT" "$(dirname "$BIN")/stagectl" \
     2>"$WORK/sbatch.err") || rc=$?
   JOBID=${JOBID%%;*}
@@ -404,9 +404,9 @@ check "batch job runs to its end (COMPLETED, exit 0, results complete)" job_comp
 # -- mount
 stage_line=$(r MOUNT_STAGE)
 if [[ $stage_line == ok ]]; then
-  pass "stagefs mounts at /stage"
+  pass "stagefs mounts at /stage/JOBID"
 else
-  fail "stagefs mounts at /stage (${stage_line:-no result}); stagefs said:"
+  fail "stagefs mounts at /stage/JOBID (${stage_line:-no result}); stagefs said:"
   show "$WORK/stagefs-stage.log" 12
   ended_cleanly() {
     [[ $(field "$stage_line" ended) == yes ]] || { echo "    still running 15 s after the refusal"; return 1; }
@@ -415,7 +415,6 @@ else
       { echo "    MPI error or crash in the log"; return 1; }
   }
   check "a refused mount ends by itself on every node within 15 s (srun exit 1, no MPI abort or crash)" ended_cleanly
-  check "stagefs mounts at the fallback /stage/mnt" test "$(r MOUNT_FALLBACK)" = ok
 fi
 MNT=$(r MNT)
 check "stagefs --wait $MNT returns 0 (every node mounted)" test "$(r WAIT)" = 0
@@ -465,7 +464,7 @@ check "at the end: 2 transfers, bytes_broadcast = image + other.bin = $((IMG_SIZ
 
 # -- node-local copies
 caches=$(r CACHE | sort)
-check "/nvme/stagefs/data/image.sqsh and other.bin equal the source on all $NODES nodes" \
+check "/nvme/stagefs/$RUN_USER/data/image.sqsh and other.bin equal the source on all $NODES nodes" \
   all_equal "$caches" "$IMG_SUM" "$OTHER_SUM"
 
 # -- shutdown
@@ -503,7 +502,8 @@ n4 0 0 0 2 0 $OTHER_SIZE 0"
   [[ $stats2 == "$want" ]] || { echo "    got:"; echo "$stats2" | sed 's/^/      /'; return 1; }
 }
 check "job 2: nothing is copied again except n2's corrupted other.bin (detected by CRC once per mount), fed by n1's cache" job2_reuse
-check "job 2: the stagefs step stops cleanly" test "$(field "$(r STOP2)" rc)" = 0
+check "job 2: the stagefs step stops cleanly after a read of user.stagefs.stop (no escalation)" \
+  test "$(field "$(r STOP2)" rc) $(field "$(r STOP2)" escalated)" = "0 no"
 
 if [[ -s $WORK/stagefs.log ]]; then
   echo "    stagefs step log ($MNT):"

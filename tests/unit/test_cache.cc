@@ -10,6 +10,7 @@
 #include <future>
 
 #include "bcast/crc.h"
+#include "bcast/paths.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
 #include "fusefs/cache/cache.h"
@@ -98,6 +99,10 @@ TEST_F(NodeCacheTest, CreatesAPrivateCacheAndLocksIt) {
   auto second = NodeCache::open(path("a/b/cache"));
   ASSERT_FALSE(second);
   EXPECT_NE(second.error().message.find("in use by another stagefs"), std::string::npos);
+  // the refusal names the holder, which the lock file records
+  EXPECT_NE(second.error().message.find("(pid " + std::to_string(::getpid()) + " on " + stage::host_name()),
+            std::string::npos)
+      << second.error().message;
 }
 
 TEST_F(NodeCacheTest, RefusesSymlinksForeignOwnersAndUnsafeParents) {
@@ -112,7 +117,8 @@ TEST_F(NodeCacheTest, RefusesSymlinksForeignOwnersAndUnsafeParents) {
   ASSERT_EQ(::chown(path("theirs").c_str(), 65534, 65534), 0);
   auto foreign = NodeCache::open(path("theirs"));
   ASSERT_FALSE(foreign);
-  EXPECT_NE(foreign.error().message.find("owned by uid 65534"), std::string::npos) << foreign.error().message;
+  EXPECT_NE(foreign.error().message.find("owned by " + stage::owner_text(65534)), std::string::npos)
+      << foreign.error().message;
 
   fs::create_directories(path("open/c"));
   ::chmod(path("open").c_str(), 0777);  // writable by all, not sticky: c could be swapped
