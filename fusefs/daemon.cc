@@ -357,6 +357,7 @@ MountStatus Daemon::status() const {
   s.local_writes = g.local_writes;
   s.bytes_broadcast = g.bytes_broadcast;
   s.chunks_broadcast = g.chunks_broadcast;
+  s.nothing_to_copy = g.nothing_to_copy;
   s.budget_stops = g.budget_stops;
   s.bytes_from_source = g.bytes_from_source;
   s.bytes_from_seeds = g.bytes_from_seeds;

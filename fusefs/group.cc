@@ -331,6 +331,8 @@ GroupService::Ran GroupService::run_transfer(const Message& a, stage::Comm& comm
       show_again_locked(std::move(outer));
     }
     ++stats_.transfers;
+    // A file every node already held (a replayed profile's, on warm caches) moved nothing.
+    if (report.ok && report.nodes_needing == 0) ++stats_.nothing_to_copy;
     stats_.bytes_broadcast += report.bytes_streamed;
     stats_.chunks_broadcast += report.chunks;
     count_reads_locked(report);
@@ -384,6 +386,10 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
       if (a.type == MsgType::file_prefetch && ask_again_evicting_locked(key)) return;
     }
     complete(key, room);
+  } else if (report.ok && report.nodes_needing == 0) {
+    spdlog::debug("{}: every node holds a current copy{}", a.path,
+                  a.type == MsgType::file_prefetch ? " (background)" : "");
+    complete(key, {});
   } else if (report.ok) {
     log_info(
         "materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}{}, reads via {}",
@@ -537,6 +543,7 @@ void GroupService::count_batch(const Message& a, const BatchRuns& r, ShownTransf
     show_again_locked(std::move(outer));
   }
   ++stats_.transfers;
+  if (r.report.ok && r.streamed == 0 && r.report.nodes_needing == 0) ++stats_.nothing_to_copy;
   ++stats_.batches;
   stats_.batch_files += r.published.size();
   stats_.bytes_broadcast += r.streamed;

@@ -147,6 +147,7 @@ struct GroupStats {
   uint64_t batch_files = 0;   // small files this node published through batches
   uint64_t local_writes = 0;  // transfers in which this node wrote its copy
   uint64_t bytes_broadcast = 0;
+  uint64_t nothing_to_copy = 0;   // of the transfers, those that found every node's copy current
   uint64_t chunks_broadcast = 0;  // chunks through the broadcast (a sparse file's skipped holes are none)
   // Where the broadcast bytes were read (every node counts each transfer, as bytes_broadcast):
   // the shared source, or a node's cached copy (a seed); and the transfers this node fed from

@@ -59,6 +59,7 @@ std::string to_json(const MountStatus& s) {
   j["local_writes"] = s.local_writes;
   j["bytes_broadcast"] = s.bytes_broadcast;
   j["chunks_broadcast"] = s.chunks_broadcast;
+  j["nothing_to_copy"] = s.nothing_to_copy;
   j["budget_stops"] = s.budget_stops;
   j["bytes_from_source"] = s.bytes_from_source;
   j["bytes_from_seeds"] = s.bytes_from_seeds;

@@ -22,6 +22,7 @@ struct MountStatus {
   uint64_t verified = 0, verify_waits = 0, corrupt = 0, stale_opens = 0, denied = 0, prefetches = 0;
   // group (this node's view of the collective transfers)
   uint64_t transfers = 0, local_writes = 0, bytes_broadcast = 0, transfer_failures = 0, requests = 0;
+  uint64_t nothing_to_copy = 0;   // transfers that found every node's copy current (moved nothing)
   uint64_t chunks_broadcast = 0;  // chunks the transfers moved (a sparse file's holes are none)
   uint64_t budget_stops = 0;      // coordinator's node: walks and batch sequences stopped at their budget
   uint64_t batches = 0, batch_files = 0;  // of the transfers, directory batches; small files they published here

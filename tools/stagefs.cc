@@ -276,7 +276,7 @@ void add_run(CLI::App& app, Run& r) {
       "node-local directory for the copies (default: the site's STAGEFS_CACHE, /nvme/stagefs/%u)");
   sub->add_option("--wait-timeout", r.wait_timeout, "seconds to wait until every node has mounted")
       ->capture_default_str()
-      ->check(seconds(0.001, 1e6));
+      ->check(stagetools::seconds(0.001, 1e6));
   const size_t before = sub->get_options().size();
   sub->option_defaults()->group("Options of every node's daemon (as for the mount itself)");
   add_mount_options(*sub, r.cli);
@@ -365,7 +365,7 @@ void add_mount(CLI::App& app, Cli& cli) {
       ->excludes("SOURCE_DIR");
   app.add_option("--wait-timeout", cli.wait_timeout, "seconds --wait waits")
       ->capture_default_str()
-      ->check(seconds(0.001, 1e6));
+      ->check(stagetools::seconds(0.001, 1e6));
   add_mount_options(app, cli);
 }
 

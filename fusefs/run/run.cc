@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -241,9 +242,12 @@ std::string summary_line(const std::string& stats_json) {
   const auto count = [](uint64_t v, const char* one, const char* many) {
     return std::to_string(v) + " " + (v == 1 ? one : many);
   };
+  // Transfers that found every node's copy current (a replayed profile on warm caches) copied
+  // nothing: the summary counts what was copied.
+  const uint64_t copied = n("transfers") - std::min(n("transfers"), n("nothing_to_copy"));
   std::string s = count(j.value("ranks", uint64_t{1}), "node", "nodes") + ", " +
-                  count(n("transfers"), "transfer", "transfers");
-  if (n("batches") > 0)
+                  count(copied, "transfer", "transfers");
+  if (n("batch_files") > 0)
     s += " (" + count(n("batch_files"), "small file", "small files") + " in " +
          count(n("batches"), "batch", "batches") + ")";
   if (n("transfer_failures") > 0) s += ", " + std::to_string(n("transfer_failures")) + " failed";

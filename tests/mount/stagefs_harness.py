@@ -33,6 +33,7 @@ Run as a script, this file is also the tiny tool the tests run inside a node's n
                                           "err <errno> <message>"
 Standard library only.
 """
+import atexit
 import errno
 import hashlib
 import json
@@ -218,10 +219,25 @@ def ensure_user(test, name):
     return pwd.getpwnam(name)
 
 
+# Where a daemon started with --profile auto keeps its profiles: one directory per test process,
+# never the home of the user running the suite.
+PROFILE_HOME = tempfile.mkdtemp(prefix="stagefs-test-profiles-", dir="/var/tmp")
+atexit.register(shutil.rmtree, PROFILE_HOME, ignore_errors=True)
+
+
 def clean_env():
     """The environment without launcher variables: a stagefs started with it is standalone."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "PRTE_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "PRTE_"))}
+    env["XDG_CACHE_HOME"] = PROFILE_HOME
+    return env
+
+
+def no_replay(args):
+    """A daemon's options with --profile off unless the test chose a profile: a test of
+    anything else counts transfers and temporary files that the last daemon's replay would add."""
+    args = [str(a) for a in args]
+    return args if any(a == "--profile" or a.startswith("--profile=") for a in args) else args + ["--profile", "off"]
 
 
 def mpi_env():
@@ -402,7 +418,7 @@ class Daemon:
         self.out_path = work.file("daemon%d.out" % Daemon.count)
         self.err_path = work.file("daemon%d.err" % Daemon.count)
         work.logs += [self.out_path, self.err_path]
-        self.cmd = [STAGEFS, self.src, self.mnt, "--cache", cache] + [str(a) for a in args]
+        self.cmd = [STAGEFS, self.src, self.mnt, "--cache", cache] + no_replay(args)
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          env=clean_env(), start_new_session=True)
@@ -471,7 +487,7 @@ class Group:
         self.namespaces = [None] * np
         self.helpers = []  # Popen objects of commands running on nodes
         stagefs_cmd = " ".join(([wrap] if wrap else []) + [STAGEFS, self.src, self.mnt, "--cache", work.file("node$OMPI_COMM_WORLD_RANK")] +
-                               [str(a) for a in args])
+                               no_replay(args))
         wrapper = ("echo $$ > %s/pid$OMPI_COMM_WORLD_RANK; exec unshare -m --propagation private %s"
                    % (work.path, stagefs_cmd))
         self.cmd = MPIRUN + ["-np", str(np), "sh", "-c", wrapper]

@@ -34,6 +34,7 @@ TEST_F(GroupRanksTest, EveryRankGetsEveryFileFromOneTransferEach) {
   const auto s0 = ranks_[0].group->stats();
   EXPECT_GE(s0.transfers, files_.size() + 1);
   EXPECT_LE(s0.transfers, files_.size() + kRanks);
+  EXPECT_EQ(s0.nothing_to_copy, s0.transfers - files_.size()) << "the opens again found every copy current";
   for (int r = 0; r < kRanks; ++r) {
     auto& k = ranks_[static_cast<size_t>(r)];
     EXPECT_TRUE(k.result.ok()) << "rank " << r << ": " << k.result.error().message;

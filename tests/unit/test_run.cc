@@ -168,6 +168,10 @@ TEST(SummaryTest, TransfersBytesAndWhereTheyWereRead) {
             "source, 2.00 GiB from node caches; on n1 9 opens, 6 from the cache");
   EXPECT_EQ(summary_line(R"({"ranks":1,"host":"n1","transfers":1,"transfer_failures":1,"opens":1})"),
             "1 node, 1 transfer, 1 failed; on n1 1 open, 0 from the cache");
+  // A job whose files every node already held (a replayed profile on warm caches) copied nothing.
+  EXPECT_EQ(summary_line(R"({"ranks":4,"host":"n1","transfers":3,"nothing_to_copy":3,"batches":2,)"
+                         R"("batch_files":0,"opens":2,"cache_hits":2})"),
+            "4 nodes, 0 transfers; on n1 2 opens, 2 from the cache");
   EXPECT_EQ(summary_line(""), "the mount's counters could not be read");
 }
 
