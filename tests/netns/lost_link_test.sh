@@ -153,11 +153,11 @@ info "cluster up; source $SRC/$FILE ($SRC_SIZE bytes)"
 # ---- the mount group --------------------------------------------------------------------------
 # Each rank's stderr also goes to the node's own /tmp/stagefs.log (timestamped), which outlives
 # mpirun: a node cut off keeps logging there.
-start_group() {  # NAME [stagefs options...]
+start_group() {  # NAME [stagefs options...]; no profile: a replay of the last case would add transfers
   local name=$1; shift
   # shellcheck disable=SC2016  # expanded by the rank's bash
   "$H" mpirun bash -c 'exec "$0" "$@" 2> >(trap "" PIPE TERM INT HUP; while IFS= read -r l; do printf "%(%T)T %s\n" -1 "$l"; done >>/tmp/stagefs.log)' \
-    "$STAGEFS" "$SRC" "$MNT" --cache "$NVME/cache" --stall-timeout "$STALL" --chunk-size "$CHUNK" "$@" \
+    "$STAGEFS" "$SRC" "$MNT" --cache "$NVME/cache" --stall-timeout "$STALL" --chunk-size "$CHUNK" --profile off "$@" \
     </dev/null >"$LOG/$name.mpirun.log" 2>&1 &
   MPIRUN_PID=$!
   local t0; t0=$(now_us)
