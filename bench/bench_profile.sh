@@ -32,7 +32,8 @@
 #                the same every job: runs of 1..CTR_RUN_BLOCKS consecutive 128 KiB blocks (a
 #                squashfs file's blocks) at random places, the runs in random order
 #                (CTR_RUN_BLOCKS=1: single blocks anywhere)
-# Per job also: the replay's bytes staged by the end of the gap and of the pass (rank 0's
+# Per job also: the same readers again right after the timed pass, their data already local (the read
+# path's floor: what no replay can remove), the replay's bytes staged by the end of the gap and of the pass (rank 0's
 # user.stagefs.stats replay.bytes_done), its final staged/used/unused bytes (rank 0's metrics
 # file, written last at unmount), the file bytes throttlefs served (its own counter), and the
 # replay's log lines in the job logs (WORK/logs, kept with KEEP=1).
@@ -256,9 +257,10 @@ job_pass() {
   readers "$first" "$@" || { stop_group "$first"; return 1; }
   t_end=$(now)
   at_end=$(replay_done "$first")
+  timed readers "$first" "$@" || { stop_group "$first"; return 1; }  # again, warm: the read path's floor
   STOP_WAIT=60 stop_group "$first"
   grep -h "replay\|profile" "$WORK/logs/$tag.log" | sed "s/^/[$tag] /" >> "$WORK/logs/replay.lines" || true
-  RES="$(elapsed "$T_READY" "$t_end"),$(elapsed "$t_go" "$t_end"),$at_gap,$at_end,$(replay_final "$first"),$(($(throttlefs_bytes "$SRC") - before))"
+  RES="$(elapsed "$T_READY" "$t_end"),$(elapsed "$t_go" "$t_end"),$SECS,$at_gap,$at_end,$(replay_final "$first"),$(($(throttlefs_bytes "$SRC") - before))"
 }
 
 run_source() {
@@ -266,7 +268,7 @@ run_source() {
   before=$(throttlefs_bytes "$SRC")
   # shellcheck disable=SC2086  # the directories are words
   timed on_node_as 0 "${TAR[@]}" "$SRC/dataset" $SET_A || return 1
-  RES="$SECS,$SECS,,,,,,$(($(throttlefs_bytes "$SRC") - before))"
+  RES="$SECS,$SECS,,,,,,,$(($(throttlefs_bytes "$SRC") - before))"
 }
 
 # the round's profile of scenario $1
@@ -304,12 +306,12 @@ for s in $SCENARIOS; do
     *) die "unknown scenario $s" ;;
   esac
 done
-raw_init "$NAME" "round,variant,loadavg,seconds,pass_seconds,replay_bytes_at_gap,replay_bytes_at_end,replay_bytes_staged,replay_bytes_used,replay_bytes_unused,throttlefs_bytes"
+raw_init "$NAME" "round,variant,loadavg,seconds,pass_seconds,warm_pass_seconds,replay_bytes_at_gap,replay_bytes_at_end,replay_bytes_staged,replay_bytes_used,replay_bytes_unused,throttlefs_bytes"
 for ((ROUND = 1; ROUND <= RUNS; ROUND++)); do
   log "round $ROUND of $RUNS"
   for v in "${variants[@]}"; do
     la=$(loadavg)
-    profile_run "$v" || RES=",,,,,,,"
+    profile_run "$v" || RES=",,,,,,,,"
     raw "$ROUND,$v,$la,$RES"
   done
 done
@@ -317,8 +319,8 @@ cp "$WORK/logs/replay.lines" "$RESULTS/$NAME.replay-log.txt" 2>/dev/null || true
 
 # --- the tables ---------------------------------------------------------------------------
 rm -f "$MD"
-common="Source: throttlefs at $RATE MB/s (measured from inside n2 before the rounds: $(awk '{print $2}' "$WORK/rate-check") MB/s). Every job: 2 simulated nodes, submitted as the unprivileged user $U (srun --mpi=pmix stagefs ... --profile PATH on a path every node sees), caches emptied before it; rec: n1, n2 with a fresh profile path (nothing to replay; records), replay: n3, n4 with the profile rec wrote. seconds: from mount-ready (stagefs --wait answered on both nodes) to the end of both nodes' readers; pass_seconds: from the first read. replay_bytes_at_gap / _at_end: rank 0's replay.bytes_done when the gap ended / the readers ended; replay_bytes_staged / _used / _unused: the replay's final counters (rank 0's metrics file, written at unmount); throttlefs_bytes: file bytes the source served during the job. Chunk size $CHUNK."
-cols=pass_seconds,replay_bytes_at_gap,replay_bytes_at_end,replay_bytes_staged,replay_bytes_used,replay_bytes_unused,throttlefs_bytes
+common="Source: throttlefs at $RATE MB/s (measured from inside n2 before the rounds: $(awk '{print $2}' "$WORK/rate-check") MB/s). Every job: 2 simulated nodes, submitted as the unprivileged user $U (srun --mpi=pmix stagefs ... --profile PATH on a path every node sees), caches emptied before it; rec: n1, n2 with a fresh profile path (nothing to replay; records), replay: n3, n4 with the profile rec wrote. seconds: from mount-ready (stagefs --wait answered on both nodes) to the end of both nodes' readers; pass_seconds: from the first read; warm_pass_seconds: the same readers again right after, their data already local (the read path's floor). replay_bytes_at_gap / _at_end: rank 0's replay.bytes_done when the gap ended / the readers ended; replay_bytes_staged / _used / _unused: the replay's final counters (rank 0's metrics file, written at unmount); throttlefs_bytes: file bytes the source served during the job. Chunk size $CHUNK."
+cols=pass_seconds,warm_pass_seconds,replay_bytes_at_gap,replay_bytes_at_end,replay_bytes_staged,replay_bytes_used,replay_bytes_unused,throttlefs_bytes
 summ() { "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric seconds --cols "$cols" --append "$@"; }
 has() { [[ " ${variants[*]} " == *" $1 "* ]]; }
 if has tar-rec; then
