@@ -84,6 +84,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 need_bin stagefs
+rm -rf "$WORK/logs" "$WORK/rate-check"  # a kept run's (KEEP=1)
 mkdir -p "$WORK/logs"
 need_space $(((IMAGE_MB * 5 + EPOCH_DIRS * EPOCH_FILES * 34 * 5 / 1024 + 1023) / 1024 + 1))
 
