@@ -42,8 +42,9 @@
 #      EPOCH_FILES (20) IMAGE_MB (1024) CTR_PERCENT (30) CTR_RUN_BLOCKS (64) CHUNK (16M)
 #      SCENARIOS ("source tar waste epoch ctr") RUNS (lib.sh: 5) NAME (bench_profile)
 #      SIMSLURM_USERS SIMSLURM_ROOT WORK_ROOT BIN RESULTS KEEP=1
-# Time: about 5 minutes per round at the default sizes on a loaded 2-vCPU machine, plus ~2
-# minutes to create the data the first time.
+# Time: 6-9 minutes per round at the default sizes on a loaded 2-vCPU machine (the epoch's two
+# jobs are two thirds of it; SCENARIOS=ctr alone: 1.5 minutes), plus ~1 minute to create the
+# data the first time (kept in WORK_ROOT/profile-slurm/shared).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
