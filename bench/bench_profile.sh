@@ -44,7 +44,8 @@
 #      SIMSLURM_USERS SIMSLURM_ROOT WORK_ROOT BIN RESULTS KEEP=1
 # Time: 6-9 minutes per round at the default sizes on a loaded 2-vCPU machine (the epoch's two
 # jobs are two thirds of it; SCENARIOS=ctr alone: 1.5 minutes), plus ~1 minute to create the
-# data the first time (kept in WORK_ROOT/profile-slurm/shared).
+# data (with KEEP=1, WORK_ROOT/profile-slurm is kept: logs, profiles, and the data, reused by
+# the next run when its sizes match).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
@@ -79,7 +80,7 @@ cleanup() {
   STOP_WAIT=5 stop_group
   simslurm_end
   throttlefs_stop "$SRC"
-  [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK/logs" "$PROFS"
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -89,7 +90,7 @@ rm -rf "$WORK/logs" "$WORK/rate-check"  # a kept run's (KEEP=1)
 mkdir -p "$WORK/logs"
 need_space $(((IMAGE_MB * 5 + EPOCH_DIRS * EPOCH_FILES * 34 * 5 / 1024 + 1023) / 1024 + 1))
 
-# --- the data (kept between runs of the script: made again only when a size changes) -----
+# --- the data (a kept run's is reused when its sizes match) -------------------------------
 # make_tree DIR DIRS FILES SEED: DIRS directories dNNNN of FILES files of 4-64 KiB
 make_tree() {
   local stamp="$2x$3 seed $4"
