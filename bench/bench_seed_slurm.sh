@@ -68,8 +68,6 @@ NAME=${NAME:-$([ "$SET" = jobs ] && echo bench_warm_jobs || echo bench_seed_slur
 WORK=$WORK_ROOT/seed-slurm  # under /var/tmp: every simulated node sees it
 SHARED=$WORK/shared         # the shared storage's files, behind the throttlefs mounts
 MNT=/stage/mnt              # the stagefs mount point inside every node
-HARNESS=$TOP/tests/harness/simslurm.sh
-SROOT=${SIMSLURM_ROOT:-/var/tmp/stagefs-simslurm}
 FAST=100000                 # the warm-up jobs' view: a passthrough, in effect unthrottled
 
 # the throttlefs mount of rate $1 (MB/s)
@@ -77,15 +75,14 @@ src_of() { echo "$WORK/src-$1"; }
 # node K (0-based, = srun rank K) is the simulated node n$((K+1)); its /nvme on the host
 nvme_of() { echo "$SROOT/nodes/n$(($1 + 1))/nvme"; }
 
-throttle_pids=()
 group_pid=
 cleanup() {
   set +e
   stop_group
-  "$HARNESS" down >/dev/null 2>&1 || log "warning: simslurm down failed"
-  local r p
-  for r in $RATES $FAST; do unmount_if "$(src_of "$r")"; done
-  for p in "${throttle_pids[@]}"; do kill_tree "$p"; done
+  simslurm_end
+  local r mounts=()
+  for r in $RATES $FAST; do mounts+=("$(src_of "$r")"); done
+  throttlefs_stop "${mounts[@]}"
   [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -93,48 +90,25 @@ trap 'exit 130' INT TERM
 
 [[ $SET == jobs ]] || need_bin stage-bcast
 need_bin stagefs
-command -v srun >/dev/null || die "needs Slurm (tests/harness/simslurm.sh deps)"
-pkg-config --exists fuse3 || die "needs libfuse3-dev (throttlefs)"
 mkdir -p "$WORK"
 need_space $(( (SIZE_MB * (2 * NODES + 3) + 1023) / 1024 ))
 
-cc -O2 -Wall -o "$WORK/throttlefs" "$BENCH_DIR/throttlefs.c" $(pkg-config --cflags --libs fuse3) -lpthread
+throttlefs_build
 make_random_file "$WORK/ref/image" "$SIZE_MB"
 mkdir -p "$SHARED"
 cp --preserve=timestamps "$WORK/ref/image" "$SHARED/image"
 sync
 
 # The throttlefs mounts first, then the cluster: the nodes' namespaces are copies of the host's.
-"$HARNESS" down >/dev/null 2>&1 || true
-for r in $RATES $FAST; do
-  mkdir -p "$(src_of "$r")"
-  "$WORK/throttlefs" "$r" "$SHARED" "$(src_of "$r")" -f 2>>"$WORK/throttlefs.log" &
-  throttle_pids+=($!)
-  for _ in $(seq 100); do mountpoint -q "$(src_of "$r")" && break; sleep 0.1; done
-  mountpoint -q "$(src_of "$r")" || die "throttlefs did not mount: $(tail -3 "$WORK/throttlefs.log")"
-done
-"$HARNESS" up "$NODES" || die "the simulated cluster did not come up"
-eval "$("$HARNESS" env)"
-for ((k = 0; k < NODES; k++)); do
-  cp "$SROOT/nodes/n$((k + 1))/pid" "$WORK/pid$k"  # slurmd's pid: on_node K enters its namespace
-  mkdir -p "$SROOT/nodes/n$((k + 1))/stage/mnt"
-done
+for r in $RATES $FAST; do throttlefs_start "$r" "$SHARED" "$(src_of "$r")"; done
+simslurm_begin "$NODES"
+for ((k = 0; k < NODES; k++)); do mkdir -p "$SROOT/nodes/n$((k + 1))/stage/mnt"; done
 
 # served_bytes RATE: the file bytes that throttlefs mount has served so far
-served_bytes() { getfattr --absolute-names --only-values -n user.throttlefs.bytes_read "$(src_of "$1")"; }
+served_bytes() { throttlefs_bytes "$(src_of "$1")"; }
 
-# The rate as a node sees it: 32 MB (64 MB at a higher rate) read on n2, through its namespace.
-for r in $RATES; do
-  mb=$((r >= 50 ? 64 : 32))
-  mb=$((mb < SIZE_MB ? mb : SIZE_MB))
-  timed on_node 1 dd if="$(src_of "$r")/image" of=/dev/null bs=1M count="$mb" status=none ||
-    die "cannot read the source from inside a node"
-  seen=$("$PY" -c "import sys; print(f'{$mb * 1048576 / 1e6 / float(sys.argv[1]):.1f}')" "$SECS")
-  log "throttle check: $mb MiB through the $r MB/s mount from inside n2 in $SECS s: $seen MB/s"
-  echo "$r $seen" >> "$WORK/rate-check"
-  "$PY" -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1.15 * $r else 1)" "$seen" ||
-    die "the $r MB/s throttle lets $seen MB/s through"
-done
+# The rate as a node sees it (a dd on n2, through its namespace).
+for r in $RATES; do throttle_check "$r" "$(src_of "$r")/image"; done
 
 # the image's pages and those of the given nodes' copies (relative path under their /nvme)
 evict_all() {

@@ -90,13 +90,13 @@ kill_tree() {
 # `unshare -m` + stagefs at $MNT; or srun on a simulated Slurm cluster, $WORK/pid<K> holding
 # the pid of node K's slurmd): on_node K CMD runs CMD in node K's mount namespace;
 # stop_group [K] unmounts $MNT on node K (default 0, a node of the group: one unmount stops
-# the whole group) and ends $group_pid (mpirun or srun).
+# the whole group) and ends $group_pid (mpirun or srun), given STOP_WAIT seconds (15) to end.
 on_node() { local k=$1; shift; nsenter -t "$(cat "$WORK/pid$k")" -m "$@"; }
 stop_group() {
   [ -n "${group_pid:-}" ] || return 0
   if kill -0 "$group_pid" 2>/dev/null; then
     on_node "${1:-0}" fusermount3 -u "$MNT" 2>/dev/null
-    for _ in $(seq 150); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq $((${STOP_WAIT:-15} * 10))); do kill -0 "$group_pid" 2>/dev/null || break; sleep 0.1; done
     kill_tree "$group_pid"
   fi
   wait "$group_pid" 2>/dev/null
@@ -292,3 +292,68 @@ wait_materialized() {
   for _ in $(seq 600); do grep -q "materialized $2" "$1" && break; sleep 0.1; done
   FED=$(grep -o 'fed by rank [0-9]*\|fed by the source' "$1" | head -1 | sed 's/fed by //; s/ /_/g')
 }
+
+# --- the simulated Slurm benches (bench_seed_slurm.sh, bench_profile.sh) --------------------
+# A contended shared source seen by every simulated node: throttlefs (bench/throttlefs.c, a
+# read-only FUSE passthrough whose reads share one rate) mounted on the host BEFORE the cluster
+# starts, so every node's mount namespace (a copy of the host's) holds it.
+
+# throttlefs_build: $WORK/throttlefs from bench/throttlefs.c
+throttlefs_build() {
+  pkg-config --exists fuse3 || die "needs libfuse3-dev (throttlefs)"
+  # shellcheck disable=SC2046  # pkg-config's flags are words
+  cc -O2 -Wall -o "$WORK/throttlefs" "$BENCH_DIR/throttlefs.c" $(pkg-config --cflags --libs fuse3) -lpthread
+}
+
+# throttlefs_start RATE SRCDIR MOUNTPOINT: SRCDIR at MOUNTPOINT, reads at RATE MB/s in total;
+# its pid joins throttle_pids. throttlefs_stop MOUNTPOINT... unmounts them and ends those pids.
+throttle_pids=()
+throttlefs_start() {
+  mkdir -p "$3"
+  "$WORK/throttlefs" "$1" "$2" "$3" -f 2>>"$WORK/throttlefs.log" &
+  throttle_pids+=($!)
+  for _ in $(seq 100); do mountpoint -q "$3" && return 0; sleep 0.1; done
+  die "throttlefs did not mount: $(tail -3 "$WORK/throttlefs.log")"
+}
+throttlefs_stop() {
+  local m p
+  for m in "$@"; do unmount_if "$m"; done
+  for p in "${throttle_pids[@]}"; do kill_tree "$p"; done
+  throttle_pids=()
+}
+
+# throttlefs_bytes MOUNTPOINT: the file bytes that throttlefs mount has served so far
+throttlefs_bytes() { getfattr --absolute-names --only-values -n user.throttlefs.bytes_read "$1"; }
+
+# throttle_check RATE FILE: reads 32 MB (64 MB at 50 MB/s and more, at most the file) of FILE
+# on node 1 (n2) through its namespace; SEEN is the rate it got (MB/s), also appended as
+# "RATE SEEN" to $WORK/rate-check. Dies when the throttle lets more than 1.15x RATE through.
+throttle_check() {
+  local rate=$1 file=$2 mb size_mb
+  mb=$((rate >= 50 ? 64 : 32))
+  size_mb=$(($(stat -c %s "$file") >> 20))
+  mb=$((mb < size_mb ? mb : size_mb))
+  timed on_node 1 dd if="$file" of=/dev/null bs=1M count="$mb" status=none ||
+    die "cannot read the source from inside a node"
+  SEEN=$("$PY" -c "import sys; print(f'{$mb * 1048576 / 1e6 / float(sys.argv[1]):.1f}')" "$SECS")
+  log "throttle check: $mb MiB through the $rate MB/s mount from inside n2 in $SECS s: $SEEN MB/s"
+  echo "$rate $SEEN" >> "$WORK/rate-check"
+  "$PY" -c "import sys; sys.exit(0 if float(sys.argv[1]) <= 1.15 * $rate else 1)" "$SEEN" ||
+    die "the $rate MB/s throttle lets $SEEN MB/s through"
+}
+
+# simslurm_begin NODES: a fresh simulated cluster of NODES nodes (tests/harness/simslurm.sh,
+# HARNESS; its root in SROOT); its environment (srun, MPI) exported; $WORK/pid<K> holds the
+# pid of node K's slurmd, so on_node K enters node n$((K+1))'s namespace. simslurm_end takes
+# it down.
+HARNESS=$TOP/tests/harness/simslurm.sh
+SROOT=${SIMSLURM_ROOT:-/var/tmp/stagefs-simslurm}
+simslurm_begin() {
+  local k
+  command -v srun >/dev/null || die "needs Slurm (tests/harness/simslurm.sh deps)"
+  "$HARNESS" down >/dev/null 2>&1 || true
+  "$HARNESS" up "$1" || die "the simulated cluster did not come up"
+  eval "$("$HARNESS" env)"
+  for ((k = 0; k < $1; k++)); do cp "$SROOT/nodes/n$((k + 1))/pid" "$WORK/pid$k"; done
+}
+simslurm_end() { "$HARNESS" down >/dev/null 2>&1 || log "warning: simslurm down failed"; }
