@@ -157,11 +157,12 @@ run_bcast() {  # $1: rate, $2: how many nodes (the highest) hold a current copy
 }
 
 # start_mount SRC FIRST NODES_N LOG [BINDIR]: a stagefs job over SRC on the simulated nodes
-# n$((FIRST+1)) .. n$((FIRST+NODES_N)); returns once the group answers on node FIRST.
+# n$((FIRST+1)) .. n$((FIRST+NODES_N)); returns once the group answers on node FIRST. No profile:
+# what is measured is the opens' path, not a replay of the last job's reads.
 start_mount() {
   local src=$1 first=$2 n=$3 log=$4 bin=${5:-$BIN}
   timeout -k 10 900 srun -N"$n" -w "n[$((first + 1))-$((first + n))]" --ntasks-per-node=1 --mpi=pmix \
-    "$bin/stagefs" "$src" "$MNT" --chunk-size "$CHUNK" --cache /nvme/stagefs < /dev/null > "$log" 2>&1 &
+    "$bin/stagefs" "$src" "$MNT" --chunk-size "$CHUNK" --profile off --cache /nvme/stagefs < /dev/null > "$log" 2>&1 &
   group_pid=$!
   on_node "$first" "$BIN/stagefs" --wait "$MNT" --wait-timeout 120 ||
     { log "stagefs job not ready: $(tail -5 "$log")"; stop_group "$first"; return 1; }
