@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 11 item 1 benchmark: reads before the copy ends (--read-during-copy on) vs an open that
+"""Reads before the copy ends (--read-during-copy on) vs an open that
 waits for the whole verified copy (off), on NP ranks-as-nodes (one mount namespace each,
 tests/mount harness, mpirun on this machine, --chunk-size 16M).
 
@@ -14,7 +14,7 @@ modes alternating in order from round to round (on off, off on, ...):
         the start of squashfuse to the end of ls, and whether the image's copy was still
         running at that moment (the mount's stats right after ls, and when the materialized
         line appeared). squashfuse is unmounted on node 1 before the group stops.
-Targets (issue 11): first byte within 2 chunk-times (chunk-time = 16 MiB / (size / full
+Targets: first byte within 2 chunk-times (chunk-time = 16 MiB / (size / full
 materialization time), the full time being the open() of the off mode); time to the last
 byte through the early open <= 1.1 x the full materialization; squashfuse + ls < 1 s while
 the copy still runs.

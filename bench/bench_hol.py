@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 11 item 4: does a small file wait behind a large transfer? NP ranks-as-nodes (one
+"""Does a small file wait behind a large transfer? NP ranks-as-nodes (one
 mount namespace each, tests/mount harness), one group with --nested-batches on and one with
 off, in the same run. Per round, fresh files: the first open of a small file alone; then a
 read of a whole large file (SIZE_MB) on rank 0 and, once its transfer is under way (rank 0's

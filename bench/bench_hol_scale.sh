@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench_hol_scale.sh: issue 11 item 4 ("a small-file batch must not wait behind a large
-# transfer") on the netns cluster (tests/harness/netns-cluster.sh: one rank per simulated
+# bench_hol_scale.sh: "a small-file batch must not wait behind a large
+# transfer" on the netns cluster (tests/harness/netns-cluster.sh: one rank per simulated
 # node, real TCP between network namespaces), every node's link shaped to RATE both ways, at
 # N = 2..16 nodes; a stagefs group with --nested-batches on and one with off per N.
 #
@@ -195,7 +195,7 @@ binaries = sorted({l[2:] for l in lines if l.startswith("# binary: ")})
 loads = [float(r["loadavg"].split()[0]) for r in rows]
 order = {"on": 0, "off": 1}
 rows.sort(key=lambda r: (int(r["nodes"]), order.get(r["mode"], 2)))  # stable: repeats in run order
-out = [f"# A small-file batch behind a large transfer, 2-16 netns nodes (issue 11, item 4)", "",
+out = [f"# A small-file batch behind a large transfer, 2-16 netns nodes", "",
        f"Command: `{cmd}`", "", f"Raw: `{raw.split('/bench/')[-1]}` (`{head.lstrip('# ')}`)", "",
        *([*(b + "  " for b in binaries), ""] if binaries else []),
        f"Load average (1 min) at the end of each row: {min(loads):.2f}-{max(loads):.2f} (per row in the raw file)", "",

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 11 item 1: how fast a handle opened during the copy reads once the copy is complete
+"""How fast a handle opened during the copy reads once the copy is complete
 (the daemon serves it from the copy: FUSE READ requests), vs a handle opened afterwards
 (kernel passthrough where it works, else splice), vs reading the cached copy directly.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_metadata.sh: `ls -l` of one directory of N entries through a standalone stagefs mount
-# vs on the source directly, warm (issue 11 item 3: target mount/source <= 1.5).
+# vs on the source directly, warm (target mount/source <= 1.5).
 #
 # How: WORK/src/big holds N empty files. One mount (empty cache; nothing is opened, so nothing
 # is materialized). Both sides are listed once untimed (the kernel's dentries and inodes, and

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 10 benchmark: `stagectl prefetch` of an image on NP ranks-as-nodes (one mount
+"""`stagectl prefetch` of an image on NP ranks-as-nodes (one mount
 namespace each, tests/mount harness) vs the same materialization triggered by an open.
 Alternates the two, ROUNDS times each, a fresh file of SIZE_MB every time; reports medians
 and their ratio. Usage: bench_prefetch.py BUILD_DIR [NP=4] [SIZE_MB=1024] [ROUNDS=3]"""

@@ -14,7 +14,7 @@
 # variants: pt fb pt fb ... and every round mounts fresh. The metric is MB/s (dd's bytes /
 # its seconds); ratios are mount/direct throughput, also paired (per pair of reads).
 # The daemon's log line "reads are served by ..." is checked to confirm which path served.
-# Targets (issue): passthrough >= 0.95x direct; fallback >= 0.5x direct when warm.
+# Targets: passthrough >= 0.95x direct; fallback >= 0.5x direct when warm.
 #
 # Env: SIZE_MB (2048) RUNS (5) REPS (3) WORK_ROOT BIN RESULTS KEEP=1
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_scale.sh: how staging time grows with the node count (issue 9), on the netns cluster
+# bench_scale.sh: how staging time grows with the node count, on the netns cluster
 # (tests/harness/netns-cluster.sh: one rank per simulated node, real TCP between network
 # namespaces) with every node's link shaped to RATE in both directions, so the links, not this
 # machine's two cores, are the bottleneck.

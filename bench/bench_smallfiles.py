@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 11 benchmark: a dataset of many small files read by NP ranks-as-nodes, each with its
+"""A dataset of many small files read by NP ranks-as-nodes, each with its
 own stagefs mount (one mount namespace per rank, tests/mount harness, mpirun on this machine).
 
 Tree: FILES files of 4-64 KiB (random sizes and bytes, seed 11) in DIRS directories.

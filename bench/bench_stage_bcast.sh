@@ -14,7 +14,7 @@
 #               (buffered writes + fdatasync, the same write path stage-bcast and cp use).
 #   mpi-true    `mpirun -np RANKS true`: the launcher's own cost, to read the wall times.
 #   sb-<CHUNK>@2  with BIN2 set: the same with $BIN2/stage-bcast (A/B of two builds, interleaved)
-# Targets (issue): stage-bcast/cp <= 1.0 and stage-bcast/dd <= 1.3 (default chunk 16M).
+# Targets: stage-bcast/cp <= 1.0 and stage-bcast/dd <= 1.3 (default chunk 16M).
 #
 # Env: SIZE_MB (1024) RANKS (4) RUNS (5) CHUNKS ("4M 16M 64M") TIMEOUT (600) BIN2 WORK_ROOT BIN
 #      RESULTS KEEP=1

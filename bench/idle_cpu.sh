@@ -9,7 +9,7 @@
 #               reported per rank (each rank's stagefs process), plus their mean and max, and
 #               mpirun's own CPU over the same window (the launcher: not part of the target).
 # Variants interleaved (standalone, group, standalone, group, ...); RUNS rounds.
-# Target (issue): <= 1% of one core per daemon.
+# Target: <= 1% of one core per daemon.
 # Tick resolution: CLK_TCK is usually 100, so 60 s resolve 1 tick = 0.017% of a core.
 #
 # Env: DURATION (60) SETTLE (3) RANKS (4) RUNS (5) WORK_ROOT BIN RESULTS KEEP=1
