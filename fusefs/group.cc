@@ -107,6 +107,11 @@ bool GroupService::wait_for_epoch(uint64_t at_least, std::chrono::milliseconds t
   return epoch_cv_.wait_for(lk, timeout, [&] { return epoch_ >= at_least; });
 }
 
+bool GroupService::wait_for_budget_stops(uint64_t at_least, std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(m_);
+  return epoch_cv_.wait_for(lk, timeout, [&] { return stats_.budget_stops >= at_least; });
+}
+
 bool GroupService::batch_running(const std::string& rel) const {
   const std::string dir = batch_dir_of(rel);
   std::lock_guard lk(m_);
@@ -441,6 +446,7 @@ GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
       {
         std::lock_guard lk(m_);
         ++stats_.budget_stops;
+        epoch_cv_.notify_all();
       }
       log_info(
           "readers walk {}/: its budget is spent ({} small file(s), {} bytes charged): {} more director(ies) "
@@ -668,6 +674,7 @@ stage::Result<bool> GroupService::coordinate() {
     {
       std::lock_guard lk(m_);
       ++stats_.budget_stops;
+      epoch_cv_.notify_all();
     }
     log_info(
         "batch {}/: {} small file(s) ({} bytes charged) listed for the open that asked for it; the rest "

@@ -193,6 +193,8 @@ class GroupService final : public Materializer {
   [[nodiscard]] uint64_t epoch() const override;
   // Waits until epoch() is at least `at_least` or `timeout` passes; true if it got there.
   bool wait_for_epoch(uint64_t at_least, std::chrono::milliseconds timeout) const;
+  // Likewise until the budgets stopped staging ahead at least `at_least` times (budget_stops).
+  bool wait_for_budget_stops(uint64_t at_least, std::chrono::milliseconds timeout) const;
   [[nodiscard]] bool batch_running(const std::string& rel) const override;
   // Ask the whole group to shut down (this node unmounted or got a signal).
   void request_shutdown();
@@ -303,7 +305,7 @@ class GroupService final : public Materializer {
 
   mutable std::mutex m_;
   std::condition_variable service_cv_;
-  mutable std::condition_variable epoch_cv_;  // epoch_ grew (wait_for_epoch)
+  mutable std::condition_variable epoch_cv_;  // epoch_ or stats_.budget_stops grew (wait_for_*)
   std::map<Key, std::shared_ptr<Waiter>> waits_;
   std::deque<Message> outbox_;  // requests not yet handed to the control plane
   uint64_t epoch_ = 0;      // completed transfers

@@ -1383,13 +1383,7 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
 }
 
 // Waits (60 s is only a bound) until the group counts n budget stops.
-bool wait_budget_stops(GroupService& g, uint64_t n) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (g.stats().budget_stops < n)
-    if (std::chrono::steady_clock::now() > until) return false;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return true;
-}
+bool wait_budget_stops(GroupService& g, uint64_t n) { return g.wait_for_budget_stops(n, std::chrono::seconds(60)); }
 
 size_t cached_in(const std::string& dir) {
   if (!fs::exists(dir)) return 0;
