@@ -75,12 +75,12 @@ std::optional<uint64_t> Layout::stream_chunk(uint64_t file_chunk, uint64_t chunk
 }
 
 uint64_t Layout::crc_of_chunks(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const {
+  // Every chunk of the file in order, a chunk in a hole as its zeros (an all-hole file: no
+  // stream chunk, its zeros).
+  const std::vector<uint64_t> crcs = file_chunk_crcs(chunk, chunk_crc);
   uint64_t crc = 0;
-  for (uint64_t j = 0; j < chunk_crc.size(); ++j)
-    for (const Piece& p : pieces(j * chunk, chunk_range(bytes_, chunk, j).length))
-      crc = crc_through(crc, p, chunk_crc[j], segs_[p.segment]);
-  // A file whose stream is empty (all hole) has no chunk: its zeros.
-  if (chunk_crc.empty() && segs_.size() == 1) crc = crc64_zeros(segs_[0].size);
+  for (uint64_t c = 0; c < crcs.size(); ++c)
+    crc = crc64_combine(crc, crcs[c], chunk_range(segs_[0].size, chunk, c).length);
   return crc;
 }
 
