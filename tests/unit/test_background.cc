@@ -19,6 +19,7 @@
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/group.h"
+#include "source_cache.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -88,22 +89,12 @@ struct Outcome {
   }
 };
 
-class BackgroundTest : public TmpDirTest {
+class BackgroundTest : public testing::SourceCacheTest {
  protected:
   void SetUp() override {
     TmpDirTest::SetUp();
     fs::create_directories(path("src/d"));
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    source_ = std::make_unique<BeneathSource>(root_.get());
-  }
-  void TearDown() override {
-    source_.reset();
-    cache_.reset();
-    root_.reset();
-    TmpDirTest::TearDown();
+    open_source_and_cache();
   }
   GroupConfig config() {
     GroupConfig g;
@@ -136,9 +127,6 @@ class BackgroundTest : public TmpDirTest {
   static constexpr Want kPrefetch{1000, /*background=*/true, /*may_evict=*/true};
   static constexpr Want kOpen{1000, /*background=*/false, /*may_evict=*/true};
 
-  std::unique_ptr<NodeCache> cache_;
-  stage::Fd root_;
-  std::unique_ptr<BeneathSource> source_;
   stage::PosixStore store_;
 };
 

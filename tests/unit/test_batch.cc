@@ -30,6 +30,7 @@
 #include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
+#include "source_cache.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -98,7 +99,7 @@ struct BatchEnds {
   }
 };
 
-class BatchTest : public TmpDirTest {
+class BatchTest : public testing::SourceCacheTest {
  protected:
   void SetUp() override {
     TmpDirTest::SetUp();
@@ -110,21 +111,14 @@ class BatchTest : public TmpDirTest {
     }
     large_ = random_bytes(kSmall + 1, 99);  // one byte over the threshold
     write_file(path("src/many/large.bin"), large_);
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    source_ = std::make_unique<BeneathSource>(root_.get());
+    open_source_and_cache();
   }
   void TearDown() override {
     if (core_) {  // a test that failed before its own end of the mount
       core_->stop();
       core_.reset();
     }
-    source_.reset();
-    cache_.reset();
-    root_.reset();
-    TmpDirTest::TearDown();
+    SourceCacheTest::TearDown();
   }
   // The end of a test's mount: the core first (it calls into the group), then the group's
   // service thread, after a shutdown.
@@ -218,9 +212,6 @@ class BatchTest : public TmpDirTest {
 
   std::vector<std::string> small_;
   std::string large_;
-  std::unique_ptr<NodeCache> cache_;
-  stage::Fd root_;
-  std::unique_ptr<BeneathSource> source_;
   std::unique_ptr<StageFsCore> core_;  // destroyed before the group (declared in each test)
   std::mutex core_m_;                  // core_ as config()'s after_batch hook reads it
   stage::PosixStore store_;

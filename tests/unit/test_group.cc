@@ -18,6 +18,7 @@
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "fusefs/stagectl_channel.h"
+#include "source_cache.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -56,22 +57,12 @@ class HangingComm final : public stage::Comm {
   bool released_ = false;
 };
 
-class GroupTest : public TmpDirTest {
+class GroupTest : public testing::SourceCacheTest {
  protected:
   void SetUp() override {
     TmpDirTest::SetUp();
     fs::create_directories(path("src/dir"));
-    auto c = NodeCache::open(path("cache"));
-    ASSERT_TRUE(c) << c.error().message;
-    cache_ = std::move(c.value());
-    root_ = stage::Fd(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    source_ = std::make_unique<BeneathSource>(root_.get());
-  }
-  void TearDown() override {
-    source_.reset();
-    cache_.reset();
-    root_.reset();
-    TmpDirTest::TearDown();
+    open_source_and_cache();
   }
   GroupConfig config(std::chrono::milliseconds stall = std::chrono::seconds(30)) {
     GroupConfig g;
@@ -104,9 +95,6 @@ class GroupTest : public TmpDirTest {
     GroupService group;
     std::thread service;
   };
-  std::unique_ptr<NodeCache> cache_;
-  stage::Fd root_;
-  std::unique_ptr<BeneathSource> source_;
   stage::PosixStore store_;
 };
 
@@ -301,7 +289,7 @@ TEST_F(GroupTest, StalledTransferReleasesOpensAndBreaksTheGroup) {
   auto other = (*core)->lookup(StageFsCore::kRootId, "other");
   ASSERT_TRUE(other);
   EXPECT_FALSE((*core)->open(other->first, O_RDONLY));  // at once: the group is broken
-  EXPECT_FALSE(fs::exists(path("cache/data/big")));          // nothing partial was published
+  EXPECT_FALSE(fs::exists(path("cache/data/big")));     // nothing partial was published
   comm.release();  // the engine finishes; the node keeps taking part until told to stop
   group.request_shutdown();
   service.join();
@@ -365,7 +353,8 @@ class RoomTest : public GroupTest {
     return core.open(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY);
   }
   // An open of name whose answer comes later, once the core waits for room for it.
-  static std::future<stage::Result<OpenFile>> open_waiting_for_room(StageFsCore& core, const std::string& name) {
+  static std::future<stage::Result<OpenFile>> open_waiting_for_room(StageFsCore& core,
+                                                                    const std::string& name) {
     auto answer = std::make_shared<std::promise<stage::Result<OpenFile>>>();
     auto f = answer->get_future();
     core.open_async(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY, Caller{},
@@ -385,7 +374,7 @@ TEST_F(RoomTest, AnOpenWaitsForRoomHeldByAnOpenCopyAndGetsItWhenReleased) {
   EXPECT_EQ(cache_->usage().pinned_files, 1U);
   auto f = open_waiting_for_room(*core, "next");
   EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // still waiting
-  core->release(held->pinned);  // the held copy may go now
+  core->release(held->pinned);                                                  // the held copy may go now
   auto next = f.get();
   ASSERT_TRUE(next) << next.error().message;
   EXPECT_EQ(read_file(path("cache/data/next")), read_file(path("src/next")));
