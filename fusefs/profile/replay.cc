@@ -90,6 +90,7 @@ void Replay::run(const std::shared_ptr<State>& s, Materializer& mat, const Probe
   std::unique_lock lk(s->m);
   s->cv.wait(lk, [&] { return s->stopping || s->outstanding == 0; });
   s->walked = true;
+  s->cv.notify_all();  // wait_for_end
   const PlanCounts& c = s->plan.counts();
   spdlog::info(
       "replay of {} {}: {} of {} file(s) asked for in {} transfer(s), {} skipped (gone {}, not readable "
@@ -128,6 +129,11 @@ void Replay::answered(State& s, size_t item, const stage::Status& st) {
     }
   }
   s.cv.notify_all();
+}
+
+bool Replay::wait_for_end(std::chrono::milliseconds timeout) const {
+  std::unique_lock lk(s_->m);
+  return s_->cv.wait_for(lk, timeout, [&] { return s_->walked || !s_->end.empty(); });
 }
 
 ReplayStats Replay::stats() const {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,6 +71,9 @@ class Replay {
   // Ends the walk and joins the thread; what is outstanding is answered by the group.
   void stop();
   [[nodiscard]] ReplayStats stats() const;
+  // Waits until the walk ended (done, or full, failed, stopped) or `timeout` passed; true if it
+  // ended.
+  bool wait_for_end(std::chrono::milliseconds timeout) const;
   // The chunks of rel the job read first, in chunks of chunk_size (GroupConfig::first_chunks).
   [[nodiscard]] std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) const;
   // At unmount: `job` is this job's profile (every node's opens).

@@ -508,8 +508,7 @@ Profile replay_profile(int big_files) {
 }
 
 void wait_state(Replay& r, const std::string& state) {
-  for (int i = 0; i < 6000 && r.stats().state != state; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a bounded poll of a condition
+  EXPECT_TRUE(r.wait_for_end(std::chrono::seconds(60))) << "the replay did not end";
   EXPECT_EQ(r.stats().state, state);
 }
 
