@@ -153,7 +153,9 @@ bool JobProfile::finish(stage::Comm& data, bool group_broken, std::chrono::milli
     return g.clean;
   }
   if (auto st = write_profile(cfg_.path, g.merged); !st)
-    spdlog::error("profile not written: {}", st.error().message);
+    spdlog::warn("profile not written: {} (the next job starts cold; --profile PATH names a "
+                 "writable place, --profile off stops recording)",
+                 st.error().message);
   else
     spdlog::info("wrote the job's profile {}: {} file(s){}", cfg_.path, g.merged.files.size(),
                  g.merged.truncated ? " (the first the job read: more than a profile holds)" : "");

@@ -136,8 +136,10 @@ if "$STAGEFS" --wait "$MNT" --wait-timeout "$T" 2>>"$OUT/steps-$TAG.err"; then
     if [ "$2" = job2 ]; then l2=$(s "$1/linked.2"); else l2=-; fi
     echo "SUM $(hostname) $img $data $l $l2"' sh "$MNT" "$TAG" >>"$OUT/sums-$TAG" 2>>"$OUT/steps-$TAG.err"
   rec "READ rc=$?"
-  all sh -c 'echo "STATS $(hostname) $(python3 -c "import os,sys; print(os.getxattr(sys.argv[1], \"user.stagefs.stats\").decode())" "$1")"' \
-    sh "$MNT" >>"$OUT/stats-$TAG" 2>>"$OUT/steps-$TAG.err"
+  # each node writes its own file: srun splits an output line longer than 1 KiB, and lines of
+  # several tasks interleave
+  all sh -c 'echo "STATS $(hostname) $(python3 -c "import os,sys; print(os.getxattr(sys.argv[1], \"user.stagefs.stats\").decode())" "$1")" \
+    >"$2/stats-$3.$(hostname)"' sh "$MNT" "$OUT" "$TAG" 2>>"$OUT/steps-$TAG.err"
 else
   rec "NOT_MOUNTED"
 fi
@@ -177,7 +179,7 @@ run_job_retrying() {
   ompi_init_crash "$OUT" || return 1
   echo "RETRY: a rank died inside MPI_Init (Open MPI, not stagefs): job $1 again"
   sed -i "/^$1 /d" "$OUT/results"
-  rm -f "$OUT/sums-$1" "$OUT/stats-$1"
+  rm -f "$OUT/sums-$1" "$OUT/stats-$1".*
   run_job "$@"
 }
 
@@ -197,10 +199,10 @@ sums_ok() {
 check "job 2: every node's first opens (image, small-file batch, hard-linked file, its second name) read the source's bytes" sums_ok
 
 stats_ok() {
-  python3 - "$OUT/stats-job2" "$NODES" <<'PY'
+  python3 - "$NODES" "$OUT"/stats-job2.* <<'PY'
 import json, sys
-lines = [l.split(" ", 2) for l in open(sys.argv[1]) if l.startswith("STATS ")]
-ok = len(lines) == int(sys.argv[2])
+lines = [l.split(" ", 2) for f in sys.argv[2:] for l in open(f) if l.startswith("STATS ")]
+ok = len(lines) == int(sys.argv[1])
 for _, host, js in lines:
     s = json.loads(js)
     vals = {k: s.get(k) for k in ("bytes_from_source", "transfer_failures", "open_errors", "feed_retries")}
