@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/rules.h"
 
 namespace stagefs {

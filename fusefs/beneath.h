@@ -11,8 +11,8 @@
 #include <functional>
 #include <string>
 
-#include "bcast/fd.h"
-#include "bcast/source.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
 
 namespace stagefs {
 

@@ -9,9 +9,9 @@
 
 #include <future>
 
-#include "bcast/fd.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"

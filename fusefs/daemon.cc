@@ -16,11 +16,11 @@
 #include <mutex>
 #include <thread>
 
-#include "bcast/comm_mpi.h"
-#include "bcast/holding.h"
-#include "bcast/mpi_start.h"
-#include "bcast/paths.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm_mpi.h"
+#include "bcast/holds/holds.h"
+#include "bcast/comm/mpi_start.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
@@ -138,7 +138,7 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
-  std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holding.h)
+  std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holds/holds.h)
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())

@@ -9,7 +9,7 @@
 //               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
 //               and if the main thread does not finish in time (stuck in a stalled MPI
 //               collective) ends the process itself: no orphan, no stale mount.
-//   startup-watch  only until every rank is through MPI start-up (bcast/mpi_start.h): ends
+//   startup-watch  only until every rank is through MPI start-up (bcast/comm/mpi_start.h): ends
 //               the process with status 3 if that takes longer than --startup-timeout
 // SIGPIPE, SIGUSR1, SIGUSR2 and SIGALRM are ignored: none of them ends the mount.
 // Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
@@ -18,9 +18,9 @@
 
 #include <string>
 
-#include "bcast/chunk.h"
-#include "bcast/mpi_start.h"
-#include "bcast/pipeline.h"
+#include "bcast/io/chunk.h"
+#include "bcast/comm/mpi_start.h"
+#include "bcast/transfer/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
 #include "fusefs/status.h"
@@ -43,7 +43,7 @@ struct DaemonConfig {
   uint64_t bcast_segment = 0;
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
-  // Seconds every rank gets to go through MPI start-up (bcast/mpi_start.h); 0: no bound.
+  // Seconds every rank gets to go through MPI start-up (bcast/comm/mpi_start.h); 0: no bound.
   double startup_timeout = stage::kDefaultStartupTimeout;
   StallPolicy on_stall = StallPolicy::eio;
   // Cache copies written with O_DIRECT where the filesystem accepts it. Off by default: a copy

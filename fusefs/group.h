@@ -22,7 +22,7 @@
 // missing chunks through it; the engine passes the wants to the source rank.
 // More than one transfer at a time (GroupConfig::nest_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
-// control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
+// control plane from the engine's copy loop (bcast/transfer/engine.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
 // and the source rank puts a mark in the running stream. Every rank runs that batch on the
 // second Comm once the mark is complete on it, then goes on with the file.
@@ -65,7 +65,7 @@
 #include <thread>
 #include <vector>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 #include "fusefs/core.h"
@@ -134,7 +134,7 @@ struct GroupConfig {
   uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy
-  // and roots the broadcast; the source is only scanned (bcast/engine.h). Every rank's
+  // and roots the broadcast; the source is only scanned (bcast/transfer/engine.h). Every rank's
   // setting must agree.
   bool seed_from_copies = true;
 };

@@ -1,8 +1,8 @@
 // stage-bcast: copy one file (or, with --recursive, a tree) from shared storage to every
 // node's local disk with one source read and a pipelined MPI broadcast. A thin shell over
-// bcast/job.h: parse options into a BcastJob (whose member values are the defaults --help
+// bcast/job/job.h: parse options into a BcastJob (whose member values are the defaults --help
 // shows) and run it. Exit status: 0 done, 1 failed (the same on every rank), 2 usage,
-// 3 MPI start-up did not complete within --startup-timeout (bcast/mpi_start.h).
+// 3 MPI start-up did not complete within --startup-timeout (bcast/comm/mpi_start.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,9 +12,9 @@
 #include <sstream>
 #include <string>
 
-#include "bcast/comm_mpi.h"
-#include "bcast/job.h"
-#include "bcast/paths.h"
+#include "bcast/comm/comm_mpi.h"
+#include "bcast/job/job.h"
+#include "bcast/io/paths.h"
 #include "fusefs/profile/file.h"
 #include "tools/help_format.h"
 #include "tools/options.h"

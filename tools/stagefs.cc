@@ -15,9 +15,9 @@
 #include <filesystem>
 #include <tuple>
 
-#include "bcast/chunk.h"
-#include "bcast/paths.h"
-#include "bcast/pipeline.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/paths.h"
+#include "bcast/transfer/pipeline.h"
 #include "fusefs/daemon.h"
 #include "fusefs/log.h"
 #include "fusefs/run/run.h"

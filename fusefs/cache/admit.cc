@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
-#include "bcast/source.h"
+#include "bcast/io/source.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/log.h"

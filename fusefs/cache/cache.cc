@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
-#include "bcast/manifest.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
-#include "bcast/text.h"
+#include "bcast/io/manifest.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
+#include "bcast/text/text.h"
 #include "fusefs/beneath.h"
 #include "fusefs/log.h"
 

@@ -60,10 +60,10 @@
 #include <string>
 #include <vector>
 
-#include "bcast/error.h"
-#include "bcast/fd.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/error.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/unsynced.h"
 
 namespace stagefs {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 
 namespace stagefs {
 

@@ -3,8 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/log.h"
 

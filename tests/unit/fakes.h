@@ -5,8 +5,8 @@
 #include <atomic>
 #include <memory>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 
 namespace stage::testing {
 

@@ -16,8 +16,8 @@
 #include <optional>
 #include <thread>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fake_p2p.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "bcast/crc.h"
-#include "bcast/manifest.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/manifest.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 
 namespace stage::testing {
 

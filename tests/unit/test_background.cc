@@ -13,8 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm.h"
+#include "bcast/io/store.h"
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"

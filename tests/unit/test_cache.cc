@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <future>
 
-#include "bcast/crc.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/rules.h"

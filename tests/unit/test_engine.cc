@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fakes.h"
 #include "thread_comm.h"
 #include "tmpdir.h"

@@ -15,7 +15,7 @@
 #include <memory>
 #include <random>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fake_p2p.h"
 #include "fakes.h"
 #include "planted.h"

@@ -11,8 +11,8 @@
 #include <future>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/core.h"

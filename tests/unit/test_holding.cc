@@ -1,4 +1,4 @@
-// The holding decorators (bcast/holding.h) around a real one-rank transfer: where each point
+// The holding decorators (bcast/holds/holds.h) around a real one-rank transfer: where each point
 // stops the copy, what is on disk there, and how the environment selects them.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/engine.h"
-#include "bcast/holding.h"
+#include "bcast/comm/comm.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/holds/holds.h"
 #include "fakes.h"
 #include "tmpdir.h"
 

@@ -10,7 +10,7 @@
 #include <functional>
 #include <optional>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/core.h"
 #include "tmpdir.h"

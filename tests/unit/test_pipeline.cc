@@ -1,4 +1,4 @@
-// The pipelined chain and tree broadcasts (bcast/pipeline.h) over the fake point-to-point seam
+// The pipelined chain and tree broadcasts (bcast/transfer/pipeline.h) over the fake point-to-point seam
 // (fake_p2p.h: threads, random completion order, links that go silent or fail).
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -20,8 +20,8 @@
 #include <set>
 #include <thread>
 
-#include "bcast/engine.h"
-#include "bcast/pipeline.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/transfer/pipeline.h"
 #include "fake_p2p.h"
 #include "fakes.h"
 #include "thread_comm.h"

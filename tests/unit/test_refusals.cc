@@ -9,9 +9,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "bcast/engine.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
 #include "fusefs/beneath.h"
 #include "fusefs/privilege.h"
 #include "thread_comm.h"

@@ -20,10 +20,10 @@
 #include <sstream>
 #include <vector>
 
-#include "bcast/buffer.h"
-#include "bcast/crc.h"
-#include "bcast/engine.h"
-#include "bcast/fd.h"
+#include "bcast/io/buffer.h"
+#include "bcast/io/crc.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/io/fd.h"
 #include "tmpdir.h"
 
 namespace stage::testing {

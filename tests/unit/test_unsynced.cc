@@ -10,8 +10,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "bcast/comm.h"
-#include "bcast/engine.h"
+#include "bcast/comm/comm.h"
+#include "bcast/transfer/engine.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/unsynced.h"
