@@ -78,7 +78,7 @@ struct Message {
   // only when no other request waits.
   uint8_t flags = 0;
   // Batches: the slice of the directory's small files, by name in byte order, circularly
-  // (stage::SmallFilesSlice): from `from` up to `until` (exclusive), or with `until` empty
+  // (stage::SelectionSlice): from `from` up to `until` (exclusive), or with `until` empty
   // back to `from`, or with flag kToEnd to the last name. A request names the opened file in
   // `from`, so that file is first in its slice. Plain names only.
   std::string from{};

@@ -78,9 +78,9 @@ class HoldingSource final : public SourceReader {
   Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) override {
     return inner_.scan(path, recursive, skipped);
   }
-  Result<SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
-                                      const SmallFilesSlice& slice) override {
-    return inner_.scan_small_files(dir, max_size, slice);
+  Result<Selection> scan_selection(const std::string& dir, uint64_t max_size,
+                                   const SelectionSlice& slice) override {
+    return inner_.scan_selection(dir, max_size, slice);
   }
   Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override {
     return inner_.list_dirs(dir, max);

@@ -31,7 +31,7 @@ class StageCategory final : public std::error_category {
         return "transfer timed out";
       case Errc::unsupported:
         return "file type is not materialized";
-      case Errc::group_broken:
+      case Errc::comm_broken:
         return "mount group stopped after a stalled transfer";
       case Errc::cancelled:
         return "transfer abandoned";

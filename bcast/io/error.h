@@ -24,7 +24,7 @@ enum class Errc {
   comm_failed = 6,        // an MPI call returned an error
   timed_out = 7,          // a transfer did not finish within its deadline
   unsupported = 8,        // file type that is never materialized (FIFO, socket, device)
-  group_broken = 9,       // the mount group stopped transferring after a stall
+  comm_broken = 9,        // a communicator broke (lost rank or link, stall): its ranks no longer agree
   cancelled = 10,         // the transfer was abandoned (the daemon is stopping)
 };
 

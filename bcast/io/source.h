@@ -57,7 +57,7 @@ class SourceFile {
 // `until` empty: back to `from` (the whole directory) or, with to_end, to the last name; at
 // most max_files files and max_bytes bytes (0: no limit; the slice's first file is always
 // in, whatever its size).
-struct SmallFilesSlice {
+struct SelectionSlice {
   std::string from;
   std::string until;
   bool to_end = false;
@@ -66,9 +66,9 @@ struct SmallFilesSlice {
 };
 // What a batch's scan found: the manifest, and the first name of the range the limits left
 // out ("" none).
-struct SmallFiles {
+struct Selection {
   Manifest manifest;
-  std::string next;
+  std::string next_slice;
 };
 
 class SourceReader {
@@ -82,8 +82,8 @@ class SourceReader {
   // slice, as a tree manifest: the root directory entry, then the files by name. Only the
   // slice's names are checked (stat): the rest of a huge directory is only listed. Readers
   // that cannot list say unsupported.
-  virtual Result<SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
-                                              const SmallFilesSlice& slice) {
+  virtual Result<Selection> scan_selection(const std::string& dir, uint64_t max_size,
+                                           const SelectionSlice& slice) {
     (void)max_size;
     (void)slice;
     return stage_error(Errc::unsupported, "a batch of small files", dir);

@@ -45,11 +45,11 @@
 #include <string>
 #include <vector>
 
-#include "bcast/io/chunk.h"
 #include "bcast/comm/comm.h"
-#include "bcast/transfer/pipeline.h"
+#include "bcast/io/chunk.h"
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
+#include "bcast/transfer/pipeline.h"
 
 namespace stage {
 
@@ -123,7 +123,7 @@ class Nest {
 // ChunkRecord that proves every chunk before it is sent), or one checked by checksum. Under
 // `size`, a same-size, same-mtime file of unknown origin stays on its node (mpi-stage's
 // meaning) but never feeds another.
-enum class Validate { none, size, checksum, origin };
+enum class Validate { none, size, checksum, recorded };
 
 // Seeds tried within one transfer before the source rank feeds it (Fallback above).
 inline constexpr int kMaxSeedAttempts = 3;
@@ -131,13 +131,13 @@ inline constexpr int kMaxSeedAttempts = 3;
 // Which of ep.source's files a transfer stages. None (max_file_size 0): ep.source itself, one
 // file or, with StageOptions::recursive, a tree. A selection: ep.source is a directory and the
 // transfer stages its regular files of at most max_file_size bytes within `range` (not
-// recursive: no subdirectory, symlink or larger file; SourceReader::scan_small_files) into the
+// recursive: no subdirectory, symlink or larger file; SourceReader::scan_selection) into the
 // directory ep.dest, packed into one stream as a tree is. Their copies are published as one
 // group (LocalStore::publication): the data made durable once, before any rename; names are
 // not synced (a crash may lose a name, never publish data that is not durable).
 struct FileSelection {
   uint64_t max_file_size = 0;
-  SmallFilesSlice range;
+  SelectionSlice range;
   [[nodiscard]] bool active() const { return max_file_size > 0; }
 };
 
@@ -172,11 +172,11 @@ struct StageOptions {
   LiveCopyReaders* live_copy = nullptr;
   // Nested transfers (see Nest); nullptr: none (a header marked kChunkNest is then invalid).
   Nest* nest = nullptr;
-  // How the chunks travel (bcast/transfer/pipeline.h, bcast/transfer/chunk_mover.h): chain or tree, all chunks
-  // of a transfer as one pipelined stream with their headers in-band; mpi (or a stream too
-  // small to pipeline, or a Comm without a point-to-point seam), a header broadcast and
-  // Comm::bcast per chunk. Either way through the same copy loop.
-  // The manifest and the outcomes always go through the Comm's own collectives.
+  // How the chunks travel (bcast/transfer/pipeline.h, bcast/transfer/chunk_mover.h): chain or tree, all
+  // chunks of a transfer as one pipelined stream with their headers in-band; mpi (or a stream too small to
+  // pipeline, or a Comm without a point-to-point seam), a header broadcast and Comm::bcast per chunk. Either
+  // way through the same copy loop. The manifest and the outcomes always go through the Comm's own
+  // collectives.
   BcastAlgorithm bcast_algorithm = BcastAlgorithm::automatic;
   PipelineOptions pipeline;
 };
@@ -231,15 +231,15 @@ struct StageReport {
   uint64_t bytes_read_source = 0;
   uint64_t bytes_read_seed = 0;
   bool this_node_wrote = false;
-  std::vector<std::string> errors;   // root: every failing rank's message; elsewhere: its own
-  std::error_code local_error;       // why this node failed (ENOSPC, ...), if it did
+  std::vector<std::string> errors;  // root: every failing rank's message; elsewhere: its own
+  std::error_code local_error;      // why this node failed (ENOSPC, ...), if it did
   // Why the source failed (its errno: EIO, EREMOTEIO...), the same on every rank, when the
   // transfer failed on the source's side with an error the system gave.
   std::error_code source_error;
-  std::vector<std::string> skipped;  // root: entries not staged (FIFOs, sockets, devices)
+  std::vector<std::string> skipped;    // root: entries not staged (FIFOs, sockets, devices)
   std::vector<std::string> published;  // manifest paths of the files this node published
   // Root, a selection: the first name of its range that its limits left out ("" none).
-  std::string batch_next;
+  std::string next_slice;
   // A collective or the data path failed (MPI error, stall): the ranks no longer agree on the
   // outcome, some may be stuck inside MPI, and the Comm must not be used again (errors then
   // holds this rank's own message, on every rank).

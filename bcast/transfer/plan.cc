@@ -16,7 +16,7 @@ bool needs_copy(const LocalState& local, const FileMeta& src, Validate mode, boo
   if (overwrite || mode == Validate::none) return true;
   if (!local.exists || !local.regular || local.size != src.size) return true;
   if (mode == Validate::checksum) return local_crc != source_crc;
-  if (mode == Validate::origin) {
+  if (mode == Validate::recorded) {
     return !local.origin || !origin_matches(*local.origin, local.mtime_ns, src, rule);
   }
   return local.mtime_ns != src.mtime_ns;  // size: same size and same mtime as the source
@@ -46,9 +46,9 @@ Status Transfer::share_root_status(std::optional<Error>& err, int root, int64_t*
 Result<Manifest> Transfer::scan_source() {
   if (src_ == nullptr) return stage_error(Errc::unsupported, "no source reader");
   if (opt_.selection.active()) {
-    auto picked = src_->scan_small_files(ep_.source, opt_.selection.max_file_size, opt_.selection.range);
+    auto picked = src_->scan_selection(ep_.source, opt_.selection.max_file_size, opt_.selection.range);
     if (!picked) return picked.error();
-    r_.batch_next = std::move(picked->next);
+    r_.next_slice = std::move(picked->next_slice);
     return std::move(picked->manifest);
   }
   auto skip = [&](const std::string& path, const std::string& why) {

@@ -99,9 +99,9 @@ class GatedSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return in_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
-                                                    const stage::SmallFilesSlice& slice) override {
-    return in_.scan_small_files(dir, max_size, slice);
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max_size,
+                                                 const stage::SelectionSlice& slice) override {
+    return in_.scan_selection(dir, max_size, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
                                                          const stage::Entry& e) override {

@@ -37,9 +37,9 @@ class RecordingSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return real_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
-                                                    const stage::SmallFilesSlice& slice) override {
-    return real_.scan_small_files(dir, max, slice);
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max,
+                                                 const stage::SelectionSlice& slice) override {
+    return real_.scan_selection(dir, max, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
                                                          const stage::Entry& e) override {
@@ -196,7 +196,7 @@ TEST_F(BackgroundTest, ASkippedBackgroundBatchFailsAWaitThatMayNotEvict) {
   std::vector<bool> hooks;  // may_evict of each batch
   auto cfg = config();
   cfg.small_file_size = kChunk;
-  cfg.before_batch = [&](const std::string&, const stage::SmallFilesSlice&, bool may_evict) {
+  cfg.before_batch = [&](const std::string&, const stage::SelectionSlice&, bool may_evict) {
     hooks.push_back(may_evict);
     faults.free_bytes = may_evict ? -1 : 0;  // the engine's free-space check refuses a prefetch
   };
