@@ -13,8 +13,10 @@
 #include <string>
 
 #include "bcast/comm/comm_mpi.h"
-#include "bcast/job/job.h"
+#include "bcast/holds/holds.h"
 #include "bcast/io/paths.h"
+#include "bcast/job/job.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/profile/file.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
@@ -81,7 +83,9 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profi
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
          "--stall-timeout",
-         [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
+         [&o = job.opt](double s) {
+           o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+         },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
       ->check(stagetools::seconds(0, 1e6))
@@ -163,5 +167,7 @@ int main(int argc, char** argv) {
   job.opt.seed_from_copies = source_rank->count() == 0;
   if (!profile.empty() && stage::launcher_rank() == job.opt.root)
     job.opt.first_files = first_files(profile, job);
+  job.xattrs = stagefs::kCopyXattrs;   // the mount's names: its copies and ours read alike
+  job.wrap_seams = stage::test_holds;  // the crash tests stop real processes at these points
   return stage::run_bcast_job(std::move(job), &argc, &argv);
 }

@@ -178,11 +178,8 @@ Written pwrite_all(int fd, std::span<const std::byte> data, uint64_t off, size_t
 
 class PosixTxn final : public Txn {
  public:
-  PosixTxn(std::string dest, std::string temp, bool direct, std::string chunks_xattr)
-      : dest_(std::move(dest)),
-        temp_(std::move(temp)),
-        chunks_xattr_(std::move(chunks_xattr)),
-        direct_(direct) {}
+  PosixTxn(std::string dest, std::string temp, bool direct, CopyXattrs xattrs)
+      : dest_(std::move(dest)), temp_(std::move(temp)), xattrs_(std::move(xattrs)), direct_(direct) {}
   ~PosixTxn() override { abort(); }
 
   Status write(uint64_t off, std::span<const std::byte> data) override {
@@ -216,7 +213,9 @@ class PosixTxn final : public Txn {
     // The xattrs before the mode: setting a user.* xattr needs write permission, which the
     // source's mode (0444) takes from a writer that is not root.
     const std::string origin = encode_origin(src, crc);
-    if (::fsetxattr(fd_.get(), kOriginXattr, origin.data(), origin.size(), 0) != 0 && errno != ENOTSUP)
+    if (!xattrs_.origin.empty() &&
+        ::fsetxattr(fd_.get(), xattrs_.origin.c_str(), origin.data(), origin.size(), 0) != 0 &&
+        errno != ENOTSUP)
       return sys_error(errno, "record origin of local copy", temp_);
     record_chunks(chunks);
     if (::fchmod(fd_.get(), src.mode & 0777U) != 0) return sys_error(errno, "chmod local copy", temp_);
@@ -287,9 +286,9 @@ class PosixTxn final : public Txn {
   // own node and feeds transfers without reads during the copy, so a filesystem that refuses
   // the xattr (no user xattrs, too large) costs nothing else.
   void record_chunks(const ChunkRecord* chunks) {
-    if (chunks_xattr_.empty() || chunks == nullptr || chunks->crcs.empty()) return;
+    if (xattrs_.chunks.empty() || chunks == nullptr || chunks->crcs.empty()) return;
     const std::string v = encode_chunk_record(*chunks);
-    if (::fsetxattr(fd_.get(), chunks_xattr_.c_str(), v.data(), v.size(), 0) != 0)
+    if (::fsetxattr(fd_.get(), xattrs_.chunks.c_str(), v.data(), v.size(), 0) != 0)
       spdlog::debug("{}: chunk record of {} not kept: {}", host_name(), temp_, std::strerror(errno));
   }
 
@@ -362,7 +361,7 @@ class PosixTxn final : public Txn {
   Fd dfd_;  // the same file opened O_DIRECT, while direct I/O works
   std::string dest_;
   std::string temp_;
-  std::string chunks_xattr_;       // where finish() records the chunks' CRCs ("" none)
+  CopyXattrs xattrs_;              // where finish() records the origin and the chunks' CRCs
   bool direct_ = false;            // still willing to try O_DIRECT for this copy
   uint64_t align_ = kDirectAlign;  // direct I/O unit (offsets, lengths, memory)
   uint64_t end_ = 0;               // end of the furthest write
@@ -373,9 +372,10 @@ class PosixTxn final : public Txn {
 
 }  // namespace
 
-std::optional<Origin> origin_of_fd(int fd) {
+std::optional<Origin> origin_of_fd(int fd, const std::string& xattr) {
+  if (xattr.empty()) return std::nullopt;
   char buf[256];
-  const ssize_t n = ::fgetxattr(fd, kOriginXattr, buf, sizeof buf - 1);
+  const ssize_t n = ::fgetxattr(fd, xattr.c_str(), buf, sizeof buf - 1);
   if (n <= 0) return std::nullopt;
   return decode_origin(std::string(buf, static_cast<size_t>(n)));
 }
@@ -404,9 +404,9 @@ Result<LocalState> PosixStore::inspect(const std::string& path) {
     const ssize_t n = ::readlink(path.c_str(), t.data(), t.size());
     if (n >= 0) ls.link_target.assign(t.data(), static_cast<size_t>(n));
   }
-  if (ls.regular) {
+  if (ls.regular && !opt_.xattrs.origin.empty()) {
     char buf[256];
-    const ssize_t n = ::lgetxattr(path.c_str(), kOriginXattr, buf, sizeof buf - 1);
+    const ssize_t n = ::lgetxattr(path.c_str(), opt_.xattrs.origin.c_str(), buf, sizeof buf - 1);
     if (n > 0) ls.origin = decode_origin(std::string(buf, static_cast<size_t>(n)));
   }
   return ls;
@@ -421,13 +421,13 @@ Result<std::unique_ptr<SourceFile>> PosixStore::open_copy(const std::string& pat
 }
 
 Result<std::optional<CopyRecord>> PosixStore::chunk_record(const std::string& path) {
-  if (opt_.chunks_xattr.empty()) return std::optional<CopyRecord>();
+  if (opt_.xattrs.chunks.empty()) return std::optional<CopyRecord>();
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | kNoWaitOpen));
   if (!fd.valid()) return sys_error(errno, "open local copy", path);
   struct stat st {};
   if (auto s = settle_regular(fd.get(), st, path); !s) return s.error();
   std::string buf(16 + 8 * kMaxRecordUnits, '\0');
-  const ssize_t n = ::fgetxattr(fd.get(), opt_.chunks_xattr.c_str(), buf.data(), buf.size());
+  const ssize_t n = ::fgetxattr(fd.get(), opt_.xattrs.chunks.c_str(), buf.data(), buf.size());
   if (n <= 0) return std::optional<CopyRecord>();
   auto rec = decode_chunk_record(std::string_view(buf.data(), static_cast<size_t>(n)));
   if (!rec) return std::optional<CopyRecord>();
@@ -457,7 +457,7 @@ Result<std::unique_ptr<Txn>> PosixStore::begin(const std::string& path) {
     fd = Fd(::open(temp.c_str(), kCreate, 0600));
   }
   if (!fd.valid()) return sys_error(errno, "create temporary file for destination", path);
-  return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io, opt_.chunks_xattr));
+  return std::unique_ptr<Txn>(new PosixTxn(path, temp, opt_.direct_io, opt_.xattrs));
 }
 
 namespace {

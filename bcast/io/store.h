@@ -9,9 +9,8 @@
 //                heads and tails, and filesystems that refuse O_DIRECT (EINVAL), use
 //                ordinary buffered writes; the result is the same file.
 //   finish()     sets size (holes stay holes), mode, mtime = source mtime, records the source's
-//                identity and CRC in the xattr "user.stagefs.origin" and, for a copy written
-//                chunk by chunk, its chunks' CRCs (ChunkRecord, in StoreOptions::chunks_xattr),
-//                closes
+//                identity and CRC (its Origin) and, for a copy written chunk by chunk, its
+//                chunks' CRCs (ChunkRecord) in the xattrs its user names (CopyXattrs), closes
 //   sync()       fsync (or one sync_filesystem() for many files)
 //   commit()     rename over the destination, fsync the directory (commit_unsynced(): the
 //                rename only, for a batch that syncs once after its last rename)
@@ -92,8 +91,10 @@ class Txn {
   virtual Result<uint64_t> crc_on_disk() = 0;
   virtual Result<uint64_t> size_on_disk() = 0;
   virtual Status commit() = 0;
-  // commit() without the directory's fsync: for many files published at once, the caller
-  // syncs once (LocalStore::sync_filesystem()), or not at all where a lost name is harmless.
+  // commit() without the directory's fsync: the rename is atomic (the name is the old file or
+  // the complete copy), but it may be lost in a crash. The engine calls it only inside a
+  // Publication, after data_durable() succeeded: a name that survives a crash always names
+  // durable data; a name lost is a copy made again.
   virtual Status commit_unsynced() { return commit(); }
   virtual void abort() noexcept = 0;
   [[nodiscard]] virtual const std::string& temp_path() const = 0;
@@ -137,12 +138,12 @@ class LocalStore {
   virtual Result<uint64_t> free_bytes(const std::string& path) = 0;
   // syncfs() of the filesystem holding path: one call instead of one fsync per small file.
   virtual Status sync_filesystem(const std::string& path) = 0;
-  // The publication of a group of copies (a selection, engine.h FileSelection): `paths` are
-  // finished temporary copies in directory dir, to be renamed into place without a sync of
-  // their names. By default their data is made durable by one sync of the filesystem; a store
-  // may instead make the group durable its own way (the stagefs cache records the names and
-  // syncs them later: fusefs/cache/unsynced.h, so the open that waits for the group never waits for
-  // the disk).
+  // The publication of a group of copies (a selection, transfer/terms.h FileSelection): `paths`
+  // are finished temporary copies in directory dir, to be renamed into place without a sync of
+  // their names. By default their data is made durable by one sync of the filesystem, before
+  // any rename. A store may keep that promise its own way (for instance record the names and
+  // sync them later, never letting a name be read as a copy until its data is durable), so
+  // that the transfer does not wait for the disk.
   virtual std::unique_ptr<Publication> publication(const std::string& dir, std::vector<std::string> paths);
   virtual Result<std::unique_ptr<Txn>> begin(const std::string& path) = 0;
   virtual Status make_dir(const std::string& path, uint32_t mode) = 0;
@@ -154,14 +155,19 @@ class LocalStore {
   virtual int remove_stale_temps(const std::string& dir) = 0;
 };
 
-inline constexpr const char* kChunksXattr = "user.stagefs.chunks";
+// The extended attributes a copy records what it was made from in, named by the store's user
+// (its tools' names, the same for every copy they make). "" records none: without an origin a
+// copy is never current by Validate::recorded (nor a seed under it), and without a ChunkRecord
+// it seeds only transfers without reads during the copy.
+struct CopyXattrs {
+  std::string origin;  // the Origin (encode_origin)
+  std::string chunks;  // the ChunkRecord (encode_chunk_record)
+};
 
 struct StoreOptions {
   bool direct_io = true;        // O_DIRECT for aligned writes where the filesystem accepts it (stagefs: off)
   uint32_t parent_mode = 0755;  // directories make_parents() creates (the mount's cache: 0700)
-  // The xattr a copy's ChunkRecord goes in ("" none: such copies then seed only transfers
-  // without reads during the copy).
-  std::string chunks_xattr = kChunksXattr;
+  CopyXattrs xattrs;            // none unless the user names them
 };
 
 inline constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers for O_DIRECT
@@ -189,16 +195,14 @@ class PosixStore final : public LocalStore {
 // CRC-64 of a whole file read with pread (drop_cache: ask the kernel to read from disk).
 Result<uint64_t> crc_of_fd(int fd, const std::string& path, bool drop_cache);
 
-// The origin recorded on an open copy, if present and well-formed; and the value recorded
-// (kOriginXattr) for a copy of source m with this CRC.
-std::optional<Origin> origin_of_fd(int fd);
+// The origin recorded on an open copy in the xattr named `xattr`, if present and well-formed;
+// and the value recorded (CopyXattrs::origin) for a copy of source m with this CRC.
+std::optional<Origin> origin_of_fd(int fd, const std::string& xattr);
 std::string encode_origin(const FileMeta& m, uint64_t crc);
 // True when a copy with this origin and mtime is current for a source with meta `src`: the
 // recorded source is the same version (same_version by `rule`: size, mtime, ctime and, with
 // SourceVersion::full, inode) and the copy's mtime is the source's. The mount's validity rule.
 bool origin_matches(const Origin& o, int64_t copy_mtime_ns, const FileMeta& src,
                     SourceVersion rule = SourceVersion::full);
-
-inline constexpr const char* kOriginXattr = "user.stagefs.origin";
 
 }  // namespace stage

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "bcast/comm/comm_mpi.h"
-#include "bcast/holds/holds.h"
 #include "bcast/io/paths.h"
 #include "bcast/transfer/report.h"
 
@@ -44,7 +43,8 @@ std::string check_paths(const BcastJob& job, const std::string& dest, bool reads
       return "--dest " + dest + " is a " + kind +
              ": refusing to replace it (give the path of a regular file, or of one that does not exist)";
     if (S_ISDIR(st.st_mode) && !recursive)
-      return "--dest " + dest + " is a directory: give the destination file's path (or --recursive for a tree)";
+      return "--dest " + dest +
+             " is a directory: give the destination file's path (or --recursive for a tree)";
   }
   const std::string src = resolve_path(source);
   const std::string dst = resolve_path(dest);
@@ -162,8 +162,8 @@ int run_bcast_job(BcastJob job, int* argc, char*** argv) {
 
   // With a launcher: MPI (FUNNELED: only this thread calls MPI; the engine's reader and writer
   // threads never do). Without one: a world of one rank, no MPI at all.
-  auto ranks = start_ranks(argc, argv,
-                           {{"stage-bcast", job.startup_timeout, MPI_THREAD_FUNNELED}, true, job.ranks_as_nodes});
+  auto ranks = start_ranks(
+      argc, argv, {{"stage-bcast", job.startup_timeout, MPI_THREAD_FUNNELED}, true, job.ranks_as_nodes});
   if (!ranks) {
     std::fprintf(stderr, "stage-bcast: %s\n", ranks.error().message.c_str());
     return 1;
@@ -186,14 +186,14 @@ int run_bcast_job(BcastJob job, int* argc, char*** argv) {
     return 1;
   }
   PosixSource source;
-  PosixStore store(StoreOptions{.direct_io = job.direct_io});
-  TestHolds io(store, source, world.rank());  // the crash tests' hold points (bcast/holds/holds.h)
+  PosixStore store(StoreOptions{.direct_io = job.direct_io, .xattrs = job.xattrs});
+  const auto io = wrap_seams(job.wrap_seams, store, source, world.rank());
   ProgressLine progress(is_root ? progress_mode(job.json && job.progress == ProgressWhen::automatic
                                                     ? ProgressWhen::off
                                                     : job.progress,
                                                 job.verbose, isatty(STDERR_FILENO) != 0)
                                 : ProgressMode::off);
-  auto report = stage_transfer(world, &io.source(), io.store(), opt, ep,
+  auto report = stage_transfer(world, &io->source(), io->store(), opt, ep,
                                [&](uint64_t done, uint64_t total) { progress.update(done, total); });
   progress.finish();
   report.t.topology = ranks->topology_s;  // the report times our work, not MPI start-up

@@ -11,9 +11,10 @@
 
 #include <string>
 
-#include "bcast/transfer/engine.h"
 #include "bcast/comm/mpi_start.h"
+#include "bcast/io/seams.h"
 #include "bcast/text/progress.h"
+#include "bcast/transfer/engine.h"
 
 namespace stage {
 
@@ -30,6 +31,9 @@ struct BcastJob {
     return o;
   }();
   bool direct_io = true;  // --direct-io auto: O_DIRECT where the destination accepts it
+  // The xattrs each copy records its origin and chunk CRCs in (the tool's names; empty: none,
+  // and no copy is ever current by the recorded origin).
+  CopyXattrs xattrs;
   double startup_timeout = kDefaultStartupTimeout;
   bool ranks_as_nodes = false;  // every rank its own node (tests on one machine)
   bool json = false;
@@ -37,6 +41,9 @@ struct BcastJob {
   // The progress line on the source rank (bcast/text/progress.h): auto shows it on a terminal, and
   // as a line per tenth in a log with --verbose; never with --json unless asked (on).
   ProgressWhen progress = ProgressWhen::automatic;
+  // Wraps the store and the source before the transfer sees them (the tool's: the crash tests'
+  // hold points); empty: they are used as they are.
+  SeamWrapper wrap_seams;
 };
 
 // Usage errors no rank could get past, checked before MPI starts: an explanation, or empty.

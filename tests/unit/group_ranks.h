@@ -21,6 +21,7 @@
 #include "fake_p2p.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/group.h"
 #include "thread_comm.h"
 #include "thread_control.h"
@@ -222,7 +223,7 @@ class GroupRanksTest : public TmpDirTest {
       auto c = NodeCache::open(path("cache" + std::to_string(r)));
       ASSERT_TRUE(c) << c.error().message;
       k.cache = std::move(c.value());
-      k.store = std::make_unique<stage::PosixStore>();
+      k.store = std::make_unique<stage::PosixStore>(stage::StoreOptions{.xattrs = stagefs::kCopyXattrs});
       k.comm = std::make_unique<ThreadComm>(world_, r);
       k.nested = std::make_unique<ThreadComm>(nested_world_, r);
       k.p2p = std::make_unique<stage::testing::FakeP2P>(net_, r);

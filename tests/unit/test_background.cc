@@ -18,6 +18,7 @@
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/group.h"
 #include "source_cache.h"
 #include "tmpdir.h"
@@ -127,7 +128,7 @@ class BackgroundTest : public testing::SourceCacheTest {
   static constexpr Want kPrefetch{1000, /*background=*/true, /*may_evict=*/true};
   static constexpr Want kOpen{1000, /*background=*/false, /*may_evict=*/true};
 
-  stage::PosixStore store_;
+  stage::PosixStore store_{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 // The replay queued r0, r1, r2; while r0 is copied the job opens r2: r2 goes next, ahead of r1.

@@ -27,6 +27,7 @@
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
@@ -219,7 +220,7 @@ class BatchTest : public testing::SourceCacheTest {
   std::string large_;
   std::unique_ptr<StageFsCore> core_;  // destroyed before the group (declared in each test)
   std::mutex core_m_;                  // core_ as config()'s after_batch hook reads it
-  stage::PosixStore store_;
+  stage::PosixStore store_{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 // The daemon's own access check, behind the kernel's default_permissions (which a user who
@@ -751,7 +752,8 @@ class CountingStore final : public stage::LocalStore {
     std::unique_ptr<stage::Txn> in_;
     CountingStore& s_;
   };
-  stage::PosixStore real_{stage::StoreOptions{.direct_io = false, .parent_mode = 0700}};  // as the cache's
+  stage::PosixStore real_{stage::StoreOptions{
+      .direct_io = false, .parent_mode = 0700, .xattrs = stagefs::kCopyXattrs}};  // as the cache's
 };
 
 TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {

@@ -14,6 +14,7 @@
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/cache/verify.h"
@@ -167,7 +168,8 @@ TEST_F(NodeCacheTest, ServesOnlyCurrentCopiesItWroteAndNoticesRemoval) {
   ASSERT_EQ(::stat(path("src").c_str(), &src), 0);
   auto c = NodeCache::open(path("c"));
   ASSERT_TRUE(c);
-  stage::PosixStore store(stage::StoreOptions{.direct_io = false, .parent_mode = 0700});
+  stage::PosixStore store(
+      stage::StoreOptions{.direct_io = false, .parent_mode = 0700, .xattrs = stagefs::kCopyXattrs});
   const std::string dest = (*c)->store_root() + "/d/f";
   ASSERT_TRUE(store.make_parents(dest));
   auto txn = store.begin(dest);
@@ -438,7 +440,9 @@ TEST_F(NodeCacheTest, ACopysOverheadIsMeasuredAndLeftOutOfTheRoom) {
   m.ino = 123456789;
   m.dev = 2049;
   const std::string origin = stage::encode_origin(m, 0x0123456789abcdefULL);
-  ASSERT_EQ(::setxattr(path("with").c_str(), stage::kOriginXattr, origin.data(), origin.size(), 0), 0);
+  ASSERT_EQ(
+      ::setxattr(path("with").c_str(), stagefs::kCopyXattrs.origin.c_str(), origin.data(), origin.size(), 0),
+      0);
   struct stat plain {
   }, with{};
   ASSERT_EQ(::stat(path("plain").c_str(), &plain), 0);

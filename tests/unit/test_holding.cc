@@ -10,9 +10,10 @@
 #include <thread>
 
 #include "bcast/comm/comm.h"
-#include "bcast/transfer/engine.h"
 #include "bcast/holds/holds.h"
+#include "bcast/transfer/engine.h"
 #include "fakes.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "tmpdir.h"
 
 namespace stage::testing {
@@ -75,7 +76,7 @@ class HoldingTest : public TmpDirTest {
   }
   std::string data_;
   PosixSource posix_src_;
-  PosixStore posix_store_;
+  PosixStore posix_store_{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 TEST_F(HoldingTest, BeforeFirstChunkHoldsTheWriterOnAnEmptyTemporaryFile) {
