@@ -18,7 +18,6 @@
 
 #include "bcast/comm/comm_mpi.h"
 #include "bcast/comm/mpi_start.h"
-#include "bcast/holds/holds.h"
 #include "bcast/io/paths.h"
 #include "bcast/io/store.h"
 #include "fusefs/beneath.h"
@@ -137,7 +136,7 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
-  std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holds/holds.h)
+  std::unique_ptr<stage::Seams> seams_;  // the group's store and source (DaemonConfig::wrap_seams)
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
@@ -298,8 +297,8 @@ GroupConfig Daemon::group_config() {
 
 // The group over the cache and the source, the core over the group, and the mount.
 std::string Daemon::create_group_core_mount(const GroupConfig& g) {
-  holds_ = std::make_unique<stage::TestHolds>(cache_->store(), *source_, data_->rank());
-  group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
+  seams_ = stage::wrap_seams(cfg_.wrap_seams, cache_->store(), *source_, data_->rank());
+  group_ = std::make_unique<GroupService>(*data_, *ctl_, seams_->source(), seams_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.source_version = cfg_.source_version;

@@ -18,8 +18,9 @@
 
 #include <string>
 
-#include "bcast/io/chunk.h"
 #include "bcast/comm/mpi_start.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/seams.h"
 #include "bcast/transfer/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
@@ -78,12 +79,12 @@ struct DaemonConfig {
   uint64_t prefetch_max_dirs = 64;
   uint64_t prefetch_max_bytes = uint64_t{1} << 30;
   uint64_t prefetch_max_files = 16384;
-  double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
+  double sync_after = 5;  // --sync-after: seconds a batch's copies may stay unsynced
   // --spare-caches: when --cache is in use by another stagefs on this node (another job of the
   // same user), the first free of CACHE/spare.1 .. CACHE/spare.N is used instead (0: refuse).
   unsigned spare_caches = 0;
-  uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
-  double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
+  uint64_t cache_size = 0;        // --cache-size in bytes (0: none) ...
+  double cache_size_percent = 0;  // ... or a percentage of the cache filesystem
   // --profile: where the mount records what its job read, written when it ends, and where
   // the next mount finds it to replay: "auto" (under the user's cache directory, keyed by
   // SOURCE_DIR: profile/file.h), "off" (neither), or a path. The same on every node.
@@ -95,9 +96,12 @@ struct DaemonConfig {
   // the mount on a node (at most a quarter of what the descriptor limit leaves users:
   // fusefs/handles.h); past it, that user's opens fail with EMFILE.
   uint64_t max_open_per_user = 4096;
-  std::string metrics_file;         // --metrics-file (empty: none)
-  double metrics_interval = 10;     // seconds between rewrites
+  std::string metrics_file;      // --metrics-file (empty: none)
+  double metrics_interval = 10;  // seconds between rewrites
   MountOptions mount;
+  // Wraps the store and the source the group hands the engine (the tool's: the crash tests'
+  // hold points, bcast/holds/holds.h); empty: they are used as they are.
+  stage::SeamWrapper wrap_seams;
 };
 
 // Returns the process exit status.

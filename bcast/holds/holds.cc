@@ -126,4 +126,8 @@ TestHolds::TestHolds(LocalStore& store, SourceReader& source, int rank)
   if (at) store_ = std::make_unique<HoldingStore>(store, *at, hold_action(*req));
 }
 
+std::unique_ptr<Seams> test_holds(LocalStore& store, SourceReader& source, int rank) {
+  return std::make_unique<TestHolds>(store, source, rank);
+}
+
 }  // namespace stage

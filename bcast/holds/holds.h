@@ -1,7 +1,8 @@
 // Holding decorators for the source and store seams: a copy stopped at a known point, so a
 // test can kill -9 a real process exactly there, or act while a transfer is known to be under
-// way, without timing. The engine knows nothing of them; a tool wraps its store and source at
-// start (hold_for_tests) when the environment asks:
+// way, without timing. The engine knows nothing of them, nor does any library of the product:
+// a tool hands test_holds (below) to its job or daemon as the SeamWrapper (bcast/io/seams.h),
+// which wraps the store and source at start when the environment asks:
 //   STAGE_TEST_HOLD=<point>        where to stop (below)
 //   STAGE_TEST_HOLD_RANK=<rank>    only this rank (default: every rank)
 //   STAGE_TEST_HOLD_FILE=<path>    created when the point is reached
@@ -28,8 +29,7 @@
 #include <optional>
 #include <string>
 
-#include "bcast/io/source.h"
-#include "bcast/io/store.h"
+#include "bcast/io/seams.h"
 
 namespace stage {
 
@@ -103,13 +103,13 @@ std::optional<HoldRequest> hold_request_from_env(int rank);
 // is gone.
 HoldFn hold_action(const HoldRequest& r);
 
-// The one wiring point of the tools: the store and source to hand the engine, held as
-// hold_request_from_env(rank) asks, or the given ones untouched.
-class TestHolds {
+// The store and source to hand the engine, held as hold_request_from_env(rank) asks, or the
+// given ones untouched.
+class TestHolds final : public Seams {
  public:
   TestHolds(LocalStore& store, SourceReader& source, int rank);
-  LocalStore& store() { return store_ != nullptr ? *store_ : plain_store_; }
-  SourceReader& source() { return source_ != nullptr ? *source_ : plain_source_; }
+  LocalStore& store() override { return store_ != nullptr ? *store_ : plain_store_; }
+  SourceReader& source() override { return source_ != nullptr ? *source_ : plain_source_; }
 
  private:
   LocalStore& plain_store_;
@@ -117,5 +117,8 @@ class TestHolds {
   std::unique_ptr<HoldingStore> store_;
   std::unique_ptr<HoldingSource> source_;
 };
+
+// The tools' SeamWrapper: a TestHolds over store and source.
+std::unique_ptr<Seams> test_holds(LocalStore& store, SourceReader& source, int rank);
 
 }  // namespace stage
