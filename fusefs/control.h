@@ -32,7 +32,7 @@ inline constexpr size_t kMaxName = 255;  // one component (a batch slice's bound
 inline constexpr size_t kMaxMessage = kMaxPath + 2 * kMaxName + 64;
 
 // batch_nested: an announcement only, a batch to run nested in the single-file transfer in
-// progress (bcast/transfer/engine.h, Nest), where the source rank puts a mark in its stream (or after
+// progress (bcast/transfer/terms.h, Nest), where the source rank puts a mark in its stream (or after
 // that transfer, if its stream ends first). Its key is the batch's.
 // batch_prefetch: an announcement only, a batch that no open had asked for when it was
 // announced (a walk's, coordinator.h): it never evicts a copy to make room. Its key is the

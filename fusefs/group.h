@@ -22,7 +22,7 @@
 // missing chunks through it; the engine passes the wants to the source rank.
 // More than one transfer at a time (GroupConfig::nest_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
-// control plane from the engine's copy loop (bcast/transfer/engine.h, Nest), so this node's requests
+// control plane from the engine's copy loop (bcast/transfer/terms.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
 // and the source rank puts a mark in the running stream. Every rank runs that batch on the
 // second Comm once the mark is complete on it, then goes on with the file.

@@ -65,7 +65,8 @@ class Layout {
   [[nodiscard]] uint64_t crc_of_chunks(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const;
   // One file in chunks: the CRC of each chunk of the file, from the CRC of each stream chunk
   // (a chunk in a hole: its zeros').
-  [[nodiscard]] std::vector<uint64_t> file_chunk_crcs(uint64_t chunk, const std::vector<uint64_t>& chunk_crc) const;
+  [[nodiscard]] std::vector<uint64_t> file_chunk_crcs(uint64_t chunk,
+                                                      const std::vector<uint64_t>& chunk_crc) const;
 
  private:
   std::vector<Segment> segs_;
@@ -89,7 +90,7 @@ static_assert(sizeof(ChunkHeader) == 32);
 
 inline constexpr uint32_t kChunkZero = 1;   // all bytes zero (holes): no payload follows
 inline constexpr uint32_t kChunkAbort = 2;  // the source failed: no payload, stream ends here
-// Not a chunk: a mark between two chunks, where every rank runs a nested transfer (engine.h,
+// Not a chunk: a mark between two chunks, where every rank runs a nested transfer (terms.h,
 // Nest). No payload; index and length 0; `reserved` carries the nested transfer's token.
 inline constexpr uint32_t kChunkNest = 4;
 

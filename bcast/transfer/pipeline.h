@@ -134,7 +134,7 @@ class ChunkStream {
   void idle();
   // Chunks submitted and not yet handed back.
   [[nodiscard]] size_t pending() const;
-  // The caller was away on purpose (a nested transfer ran, engine.h Nest): the stall clock
+  // The caller was away on purpose (a nested transfer ran, terms.h Nest): the stall clock
   // starts again now, as after progress.
   void resumed();
   // Reads before the copy ends: a chunk (the caller's ChunkHeader::index) that

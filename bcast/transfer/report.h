@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "bcast/transfer/engine.h"
 #include "bcast/text/progress.h"
+#include "bcast/transfer/terms.h"
 
 namespace stage {
 

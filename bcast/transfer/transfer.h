@@ -1,5 +1,5 @@
-// The engine's inside (bcast/transfer/engine.h is its public face): one transfer, as a class whose
-// member functions live in one file per phase:
+// The engine's inside (bcast/transfer/engine.h is its public face, terms.h its types): one transfer, as a
+// class whose member functions live in one file per phase:
 //   plan.cc         manifest, source CRCs, the per-file decision, the seed choice
 //   prepare.cc      free space, temporary files, chunk buffers, the prepare agreement
 //   copy.cc         the copy phase on the calling (MPI) thread: starts the reader and writer
@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "bcast/transfer/chunk_mover.h"
-#include "bcast/transfer/engine.h"
-#include "bcast/transfer/queue.h"
 #include "bcast/transfer/layout.h"
+#include "bcast/transfer/queue.h"
+#include "bcast/transfer/terms.h"
 
 namespace stage::engine {
 
