@@ -37,14 +37,14 @@ inline constexpr int kStartupTimeoutExit = 3;
 inline constexpr double kDefaultStartupTimeout = 300;
 
 struct MpiStartOptions {
-  const char* program = "stage";  // names the process in the watchdog's message
+  const char* program = "stage";              // names the process in the watchdog's message
   double timeout_s = kDefaultStartupTimeout;  // 0: no bound
   int thread_level = MPI_THREAD_FUNNELED;
 };
 
 struct MpiWorld {
-  std::unique_ptr<MpiEnv> env;      // declared first: finalized after the communicator is freed
-  std::unique_ptr<MpiComm> world;   // a duplicate of MPI_COMM_WORLD, MPI_ERRORS_RETURN
+  std::unique_ptr<MpiEnv> env;     // declared first: finalized after the communicator is freed
+  std::unique_ptr<MpiComm> world;  // a duplicate of MPI_COMM_WORLD, MPI_ERRORS_RETURN
 };
 
 // Collective over MPI_COMM_WORLD. Returns once every rank is through MPI start-up, or an error

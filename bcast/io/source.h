@@ -52,7 +52,7 @@ class SourceFile {
   }
 };
 
-// A batch's slice of its directory: the names in byte order, circularly, from the first at
+// A selection's slice of its directory: the names in byte order, circularly, from the first at
 // or after `from` ("" the first name) up to the first at or after `until` (exclusive), or with
 // `until` empty: back to `from` (the whole directory) or, with to_end, to the last name; at
 // most max_files files and max_bytes bytes (0: no limit; the slice's first file is always
@@ -64,8 +64,8 @@ struct SelectionSlice {
   uint64_t max_files = 0;
   uint64_t max_bytes = 0;
 };
-// What a batch's scan found: the manifest, and the first name of the range the limits left
-// out ("" none).
+// What the scan of a selection found: the manifest, and where its next slice starts: the first
+// name of the range the slice's limits left out ("" none: the range is done).
 struct Selection {
   Manifest manifest;
   std::string next_slice;
@@ -77,7 +77,7 @@ class SourceReader {
   // Called for entries scan() skipped (FIFO, socket, device): path and reason.
   using SkipFn = std::function<void(const std::string&, const std::string&)>;
   virtual Result<Manifest> scan(const std::string& path, bool recursive, const SkipFn& skipped) = 0;
-  // A selection (engine.h FileSelection): the regular files directly in directory `dir` (not
+  // A selection (transfer/terms.h FileSelection): the regular files directly in directory `dir` (not
   // recursive, symlinks and everything else left out) of at most max_size bytes, within the
   // slice, as a tree manifest: the root directory entry, then the files by name. Only the
   // slice's names are checked (stat): the rest of a huge directory is only listed. Readers

@@ -20,10 +20,10 @@
 #include <optional>
 #include <vector>
 
-#include "bcast/io/buffer.h"
 #include "bcast/comm/comm.h"
-#include "bcast/transfer/pipeline.h"
+#include "bcast/io/buffer.h"
 #include "bcast/transfer/layout.h"
+#include "bcast/transfer/pipeline.h"
 
 namespace stage::engine {
 

@@ -129,9 +129,9 @@ struct ChunkStream::Impl {
     uint64_t seg_next = 0;  // next stream segment to send
     uint64_t seg_done = 0;  // segment sends completed (in order)
     std::deque<Op> hdr_sends, seg_sends;
-    uint64_t credit = 0;   // chunks the child has handed back (flow control)
-    uint64_t subtree = 0;  // chunks the child's whole subtree holds (progress, completion)
-    uint64_t credit_in = 0, subtree_in = 0;    // receive buffers
+    uint64_t credit = 0;                     // chunks the child has handed back (flow control)
+    uint64_t subtree = 0;                    // chunks the child's whole subtree holds (progress, completion)
+    uint64_t credit_in = 0, subtree_in = 0;  // receive buffers
     std::deque<Op> credit_recv, subtree_recv;  // one receive of each posted at a time
   };
   // A parent sends a child the segments of chunk k only once the child has handed back chunk
@@ -149,26 +149,26 @@ struct ChunkStream::Impl {
   const Links links;
   const bool is_root;
   std::deque<Item> items;
-  uint64_t submitted = 0;    // chunks submitted
-  uint64_t next_first = 0;   // stream-wide number of the next chunk's first segment
-  uint64_t received = 0;     // stream segments held (a prefix: receives complete in order)
-  uint64_t recv_next = 0;    // next stream segment to post a receive for
+  uint64_t submitted = 0;   // chunks submitted
+  uint64_t next_first = 0;  // stream-wide number of the next chunk's first segment
+  uint64_t received = 0;    // stream segments held (a prefix: receives complete in order)
+  uint64_t recv_next = 0;   // next stream segment to post a receive for
   std::deque<Op> recvs;
   std::deque<Out> outs;  // (a deque: Out holds requests and never moves)
   Backoff backoff;
   Clock::time_point last_progress = Clock::now();
   std::byte flag_out{1}, flag_in{};
-  bool failed = false;  // a call returned an error: see ~ChunkStream
-  uint64_t handed = 0;        // chunks handed back on this rank
-  uint64_t credit_sent = 0;   // the last "handed back" value sent to the parent
-  uint64_t subtree_sent = 0;  // the last "my subtree holds" value sent to the parent
+  bool failed = false;           // a call returned an error: see ~ChunkStream
+  uint64_t handed = 0;           // chunks handed back on this rank
+  uint64_t credit_sent = 0;      // the last "handed back" value sent to the parent
+  uint64_t subtree_sent = 0;     // the last "my subtree holds" value sent to the parent
   std::deque<uint64_t> up_vals;  // the values of the messages to the parent in flight
   std::deque<Op> up_sends;
   // Wants (chunks readers wait for), passed up hop by hop to the root: each rank forwards a
   // chunk index at most once per stream, so a link carries at most one want per chunk.
-  std::set<uint64_t> wanted;           // asked for here or below (forwarded, or at the root queued)
-  std::deque<uint64_t> wants_out;      // to send to the parent
-  std::deque<uint64_t> want_vals;      // values of the want sends in flight
+  std::set<uint64_t> wanted;       // asked for here or below (forwarded, or at the root queued)
+  std::deque<uint64_t> wants_out;  // to send to the parent
+  std::deque<uint64_t> want_vals;  // values of the want sends in flight
   std::deque<Op> want_sends;
   std::deque<uint64_t> wants_at_root;  // root: for the caller (take_want)
   std::deque<uint64_t> want_in;        // receive buffers, one per child
@@ -247,9 +247,9 @@ struct ChunkStream::Impl {
   }
 
   Status stalled(const std::string& what) const {
-    return stage_error(Errc::timed_out, who(p2p.rank()) + ": " + (chain ? "chain" : "tree") +
-                                            " broadcast stalled for " + std::to_string(opt.stall_timeout.count()) +
-                                            " ms waiting for " + what);
+    return stage_error(Errc::timed_out,
+                       who(p2p.rank()) + ": " + (chain ? "chain" : "tree") + " broadcast stalled for " +
+                           std::to_string(opt.stall_timeout.count()) + " ms waiting for " + what);
   }
   bool past_stall() const {
     return opt.stall_timeout.count() > 0 && Clock::now() - last_progress > opt.stall_timeout;
@@ -520,7 +520,8 @@ ChunkStream::~ChunkStream() {
 
 void quarantine(std::shared_ptr<void> memory) {
   static std::mutex m;
-  static std::vector<std::shared_ptr<void>>* kept = new std::vector<std::shared_ptr<void>>;  // never destroyed
+  static std::vector<std::shared_ptr<void>>* kept =
+      new std::vector<std::shared_ptr<void>>;  // never destroyed
   const std::lock_guard lock(m);
   kept->push_back(std::move(memory));
 }
@@ -539,7 +540,8 @@ Status ChunkStream::submit_one(std::span<std::byte> buf, const ChunkHeader& hdr)
   if (s.is_root) {
     it.hdr = hdr;  // its index is the caller's (chunks may travel in any order)
     if (Impl::payload(hdr) != buf.size())
-      return stage_error(Errc::bad_message, "chunk " + std::to_string(it.seq) + ": payload and header disagree");
+      return stage_error(Errc::bad_message,
+                         "chunk " + std::to_string(it.seq) + ": payload and header disagree");
     s.place(it);
     s.received = s.next_first;  // the root holds what it submits
     s.recv_next = s.next_first;
@@ -569,11 +571,17 @@ Result<bool> ChunkStream::progress(std::vector<ChunkHeader>& done) {
   return r;
 }
 
-void ChunkStream::idle() { impl_->backoff.wait(); }
+void ChunkStream::idle() {
+  impl_->backoff.wait();
+}
 
-void ChunkStream::resumed() { impl_->moved(); }
+void ChunkStream::resumed() {
+  impl_->moved();
+}
 
-void ChunkStream::want(uint64_t index) { impl_->want(index); }
+void ChunkStream::want(uint64_t index) {
+  impl_->want(index);
+}
 
 std::optional<uint64_t> ChunkStream::take_want() {
   Impl& s = *impl_;
@@ -583,7 +591,9 @@ std::optional<uint64_t> ChunkStream::take_want() {
   return i;
 }
 
-size_t ChunkStream::pending() const { return impl_->items.size(); }
+size_t ChunkStream::pending() const {
+  return impl_->items.size();
+}
 
 Status ChunkStream::finish() {
   auto st = finish_round();
@@ -620,8 +630,8 @@ Status pipeline_bcast(PointToPoint& p2p, std::span<std::byte> buf, int root, Bca
     if (!*r) stream.idle();
   }
   if (done.front().length != buf.size())
-    return stage_error(Errc::bad_message, "broadcast of " + std::to_string(buf.size()) + " bytes: the root sent " +
-                                              std::to_string(done.front().length));
+    return stage_error(Errc::bad_message, "broadcast of " + std::to_string(buf.size()) +
+                                              " bytes: the root sent " + std::to_string(done.front().length));
   return stream.finish();
 }
 

@@ -25,8 +25,9 @@ std::string report_table(const StageReport& r, const std::string& source, const 
       static_cast<unsigned long long>(r.chunks));
   out += line;
   if (r.fed_by >= 0) {
-    std::snprintf(line, sizeof line, "  Fed by rank %d from %s; read %s from the shared source, %s from seed copies\n",
-                  r.fed_by, r.fed_from_copy ? "its current copy (seed)" : "the shared source",
+    std::snprintf(line, sizeof line,
+                  "  Fed by rank %d from %s; read %s from the shared source, %s from seed copies\n", r.fed_by,
+                  r.fed_from_copy ? "its current copy (seed)" : "the shared source",
                   human_bytes(r.bytes_read_source).c_str(), human_bytes(r.bytes_read_seed).c_str());
     out += line;
   }
@@ -116,11 +117,13 @@ std::string report_json(const StageReport& r, const std::string& source, const s
       static_cast<unsigned long long>(r.symlinks), static_cast<unsigned long long>(r.bytes_total),
       static_cast<unsigned long long>(r.bytes_streamed), static_cast<unsigned long long>(r.files_streamed),
       static_cast<unsigned long long>(r.chunks), r.fed_by,
-      r.fed_by < 0 ? "none" : r.fed_from_copy ? "seed" : "source",
-      static_cast<unsigned long long>(r.bytes_read_source), static_cast<unsigned long long>(r.bytes_read_seed),
-      r.feed_retries, r.t.topology, r.t.metadata, r.t.prevalidate, r.t.copy,
-      r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy), r.pipe.read, r.pipe.read_wait,
-      r.pipe.bcast, r.pipe.verify, r.pipe.write, r.pipe.write_wait, r.pipe.sync);
+      r.fed_by < 0      ? "none"
+      : r.fed_from_copy ? "seed"
+                        : "source",
+      static_cast<unsigned long long>(r.bytes_read_source),
+      static_cast<unsigned long long>(r.bytes_read_seed), r.feed_retries, r.t.topology, r.t.metadata,
+      r.t.prevalidate, r.t.copy, r.t.postvalidate, r.t.total, mbps(r.bytes_streamed, r.t.copy), r.pipe.read,
+      r.pipe.read_wait, r.pipe.bcast, r.pipe.verify, r.pipe.write, r.pipe.write_wait, r.pipe.sync);
   std::string out = buf;
   out += "\"source\":\"" + json_escape(source) + "\",\"dest\":\"" + json_escape(dest) + "\",\"errors\":[";
   for (size_t i = 0; i < r.errors.size(); ++i) out += (i ? ",\"" : "\"") + json_escape(r.errors[i]) + "\"";
