@@ -167,7 +167,7 @@ struct CopyXattrs {
 struct StoreOptions {
   bool direct_io = true;        // O_DIRECT for aligned writes where the filesystem accepts it (stagefs: off)
   uint32_t parent_mode = 0755;  // directories make_parents() creates (the mount's cache: 0700)
-  CopyXattrs xattrs;            // none unless the user names them
+  CopyXattrs xattrs{};          // none unless the user names them
 };
 
 inline constexpr size_t kDirectAlign = 4096;  // offsets, lengths and buffers for O_DIRECT
