@@ -1,6 +1,6 @@
 /* split_pwrite.so: an LD_PRELOAD shim for experiments only (bench/try_split_pwrite.sh). It
  * splits every pwrite()/pwrite64() larger than SPLIT_PWRITE_KIB (default 1024) into pieces of
- * that size, so stage-bcast's writer (PosixTxn::write in bcast/store.cc, one pwrite per chunk
+ * that size, so stage-bcast's writer (PosixTxn::write in bcast/io/store.cc, one pwrite per chunk
  * piece: 16 MiB by default) can be measured with small writes WITHOUT changing product code.
  * Semantics are those of a loop of pwrite calls (the product already loops on short writes).
  *

@@ -1,7 +1,7 @@
 /* writer_sim: what a stage-bcast writer does per chunk, in isolation (one process, no MPI),
  * to measure how the ORDER of its passes over a chunk affects CPU cost (profile section of
  * bench/README.md). For TOTAL MiB in chunks of CHUNK MiB, using a pool of 4 chunk buffers
- * like bcast/engine.cc:
+ * like bcast/transfer/engine.cc:
  *   receive   memcpy the chunk from a source buffer (stands in for the MPI receive copy)
  *   whole     crc64 over the whole chunk, then one pwrite of the whole chunk
  *             (what Transfer::writer_loop does today: verify, then write)

@@ -7,7 +7,7 @@
 
 #include <cerrno>
 
-#include "bcast/fd.h"
+#include "bcast/io/fd.h"
 #include "fusefs/beneath.h"
 
 namespace stagefs {

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/rules.h"
 
 namespace stagefs {
@@ -67,7 +67,8 @@ bool unlink_beneath(int root_fd, const std::string& rel) {
   if (!parent) return false;
   const std::string base = rel.substr(rel.rfind('/') == std::string::npos ? 0 : rel.rfind('/') + 1);
   struct stat st {};
-  if (::fstatat(parent->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (::fstatat(parent->get(), base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+    return false;
   return ::unlinkat(parent->get(), base.c_str(), 0) == 0;
 }
 
@@ -111,7 +112,7 @@ stage::Result<std::vector<std::string>> list_names(int fd, unsigned char type, c
 }  // namespace
 
 stage::Result<std::string> for_each_small_file(
-    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SelectionSlice& slice,
     const std::function<void(const std::string&, const struct stat&)>& fn) {
   auto listed = list_names(dfd, DT_REG, dir);
   if (!listed) return listed.error();
@@ -147,15 +148,15 @@ stage::Result<std::string> for_each_small_file(
   return std::string();
 }
 
-stage::Result<stage::SmallFiles> BeneathSource::scan_small_files(const std::string& dir, uint64_t max_size,
-                                                                 const stage::SmallFilesSlice& slice) {
+stage::Result<stage::Selection> BeneathSource::scan_selection(const std::string& dir, uint64_t max_size,
+                                                              const stage::SelectionSlice& slice) {
   if (has_temp_component(dir))
     return stage::stage_error(stage::Errc::unsupported, "a batch (temporary-file name)", dir);
   auto fd = open_beneath(root_fd_, dir, O_RDONLY | O_DIRECTORY);
   if (!fd) return fd.error();
   struct stat st {};
   if (::fstat(fd->get(), &st) != 0) return stage::sys_error(errno, "stat source directory", dir);
-  stage::SmallFiles out;
+  stage::Selection out;
   stage::Manifest& m = out.manifest;
   m.tree = true;
   m.entries.push_back(stage::Entry{"", stage::EntryType::dir, stage::meta_from_stat(st), {}, 0});
@@ -165,7 +166,7 @@ stage::Result<stage::SmallFiles> BeneathSource::scan_small_files(const std::stri
             name, stage::EntryType::file, stage::meta_from_stat(fst), {}, stage::allocated_from_stat(fst)});
       });
   if (!next) return next.error();
-  out.next = std::move(next.value());
+  out.next_slice = std::move(next.value());
   // The manifest's files by name (a slice that wrapped lists its tail first).
   std::sort(m.entries.begin() + 1, m.entries.end(),
             [](const stage::Entry& a, const stage::Entry& b) { return a.path < b.path; });
@@ -200,7 +201,8 @@ stage::Result<std::unique_ptr<stage::SourceFile>> BeneathSource::open(const std:
       return stage::stage_error(stage::Errc::source_changed, "open source", rel);
     return fd.error();
   }
-  if (stage::meta_from_stat(st) != e.meta) return stage::stage_error(stage::Errc::source_changed, "open source", rel);
+  if (stage::meta_from_stat(st) != e.meta)
+    return stage::stage_error(stage::Errc::source_changed, "open source", rel);
   return stage::posix_source_file(std::move(fd.value()), rel, e.meta.size);
 }
 

@@ -11,8 +11,8 @@
 #include <functional>
 #include <string>
 
-#include "bcast/fd.h"
-#include "bcast/source.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
 
 namespace stagefs {
 
@@ -44,13 +44,13 @@ bool has_access_acl_beneath(int root_fd, const std::string& rel);
 // The files a batch of directory dfd (named dir) takes, in the slice's order: those the
 // cache's batch rule admits (batch_eligible, cache/rules.h: small regular files every user
 // may read by their mode, not named like a temporary file) and that have no ACL, within the
-// slice and its limits (stage::SmallFilesSlice; its bytes count each file's copy_charge).
+// slice and its limits (stage::SelectionSlice; its bytes count each file's copy_charge).
 // Lists every name, checks (fstatat, no symlinks; lgetxattr) only the slice's; fn(name,
 // stat) for each file taken. Returns the first name the limits left out ("" none). The
 // batch's scan and the mount's room-making before a batch both use it, so they agree on what
 // a batch holds.
 stage::Result<std::string> for_each_small_file(
-    int dfd, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
+    int dfd, const std::string& dir, uint64_t max_size, const stage::SelectionSlice& slice,
     const std::function<void(const std::string&, const struct stat&)>& fn);
 
 class BeneathSource final : public stage::SourceReader {
@@ -61,8 +61,8 @@ class BeneathSource final : public stage::SourceReader {
   // A directory batch: its small regular files that every user may read (mode o+r; the
   // others are staged alone, after their opener's access check), listed through the
   // directory's fd (fstatat without following symlinks), sorted by name.
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
-                                                    const stage::SmallFilesSlice& slice) override;
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max_size,
+                                                 const stage::SelectionSlice& slice) override;
   // Listed through the directory's fd; each entry checked with fstatat (no symlinks): those
   // every user may list and enter by their mode (u+rx, g+rx, o+rx) and that have no ACL.
   stage::Result<std::vector<std::string>> list_dirs(const std::string& dir, size_t max) override;

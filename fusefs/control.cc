@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "bcast/manifest.h"
+#include "bcast/io/manifest.h"
 
 namespace stagefs {
 

@@ -22,7 +22,7 @@
 #include <span>
 #include <string>
 
-#include "bcast/error.h"
+#include "bcast/io/error.h"
 
 namespace stagefs {
 
@@ -32,7 +32,7 @@ inline constexpr size_t kMaxName = 255;  // one component (a batch slice's bound
 inline constexpr size_t kMaxMessage = kMaxPath + 2 * kMaxName + 64;
 
 // batch_nested: an announcement only, a batch to run nested in the single-file transfer in
-// progress (bcast/engine.h, Nest), where the source rank puts a mark in its stream (or after
+// progress (bcast/transfer/terms.h, Nest), where the source rank puts a mark in its stream (or after
 // that transfer, if its stream ends first). Its key is the batch's.
 // batch_prefetch: an announcement only, a batch that no open had asked for when it was
 // announced (a walk's, coordinator.h): it never evicts a copy to make room. Its key is the
@@ -78,7 +78,7 @@ struct Message {
   // only when no other request waits.
   uint8_t flags = 0;
   // Batches: the slice of the directory's small files, by name in byte order, circularly
-  // (stage::SmallFilesSlice): from `from` up to `until` (exclusive), or with `until` empty
+  // (stage::SelectionSlice): from `from` up to `until` (exclusive), or with `until` empty
   // back to `from`, or with flag kToEnd to the last name. A request names the opened file in
   // `from`, so that file is first in its slice. Plain names only.
   std::string from{};

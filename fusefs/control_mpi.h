@@ -13,7 +13,7 @@
 #include <list>
 #include <memory>
 
-#include "bcast/comm_mpi.h"
+#include "bcast/comm/comm_mpi.h"
 #include "fusefs/control.h"
 
 namespace stagefs {

@@ -9,9 +9,9 @@
 
 #include <future>
 
-#include "bcast/fd.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
@@ -49,7 +49,8 @@ StageFsCore::StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, Co
       nodes_(budget_),
       access_(AccessCheck::probe(root_.get())),
       handles_(cfg_.handles) {
-  for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i) pool_.emplace_back([this] { completion_loop(); });
+  for (int i = 0; i < std::max(1, cfg_.completion_threads); ++i)
+    pool_.emplace_back([this] { completion_loop(); });
   checker_ = std::make_unique<CopyChecker>(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads},
                                            counters_, reader);
   room_waits_ = std::make_unique<RoomWaits>(cache_, cfg_.space_wait, counters_.room_waits);
@@ -135,7 +136,8 @@ Result<struct stat> StageFsCore::stat_rel(const std::string& rel) const {
 namespace {
 // One component a directory can hold: what lookup() resolves, never a path.
 bool plain_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos && name.size() <= 255;
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.size() <= 255;
 }
 }  // namespace
 
@@ -149,8 +151,7 @@ Result<struct stat> StageFsCore::stat_as_caller(const std::string& rel, const Ca
 
 Result<std::pair<uint64_t, struct stat>> StageFsCore::lookup(uint64_t parent, const std::string& name,
                                                              const Caller& who) {
-  if (!plain_name(name))
-    return stage::sys_error(name.size() > 255 ? ENAMETOOLONG : ENOENT, "lookup", name);
+  if (!plain_name(name)) return stage::sys_error(name.size() > 255 ? ENAMETOOLONG : ENOENT, "lookup", name);
   auto prel = path_of(parent);
   if (!prel) return prel.error();
   const std::string rel = stage::join_path(*prel, name);
@@ -382,8 +383,9 @@ Result<std::string> StageFsCore::getxattr(uint64_t id, const std::string& name, 
   auto r = xattrs_.get(
       id, name, [&] { return list_source_xattrs(*rel); },
       [&] {
-        return xattr_call(root_.get(), *rel, "getxattr",
-                          [&](const char* p, char* b, size_t n) { return ::getxattr(p, name.c_str(), b, n); });
+        return xattr_call(root_.get(), *rel, "getxattr", [&](const char* p, char* b, size_t n) {
+          return ::getxattr(p, name.c_str(), b, n);
+        });
       });
   if (r) return r;
   // Expected answers, not logged. The kernel fails permission checks on an ACL read that
@@ -429,7 +431,8 @@ Result<std::string> StageFsCore::listxattr(uint64_t id, const Caller& who) {
   return out;
 }
 
-Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const {
+Result<stage::Fd> StageFsCore::open_as_caller(const std::string& rel, int flags, int mask,
+                                              const Caller& who) const {
   auto fd = resolve_as_caller(rel, flags, mask, who);
   if (!fd && (fd.error().to_errno() == EACCES || fd.error().to_errno() == EPERM)) ++counters_.denied;
   return fd;
@@ -475,7 +478,7 @@ Result<OpenFile> StageFsCore::open_materialized(const std::string& rel, const st
   if (auto fd = checker_->open_verified(rel, src, done.ok()))
     return OpenFile{std::move(fd.value()), false, false, {}, {}, {}};
   const bool stalled = !done && (done.error().code == stage::make_error_code(stage::Errc::timed_out) ||
-                                 done.error().code == stage::make_error_code(stage::Errc::group_broken));
+                                 done.error().code == stage::make_error_code(stage::Errc::comm_broken));
   if (stalled && cfg_.on_stall == StallPolicy::source) {
     // Only the version this open was decided on (its access check and its node id).
     struct stat now {};
@@ -653,8 +656,8 @@ bool StageFsCore::serve_from_other_name(const std::string& rel, const struct sta
   return false;
 }
 
-void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done_,
-                                        Clock::time_point space_deadline) {
+void StageFsCore::materialize_then_open(const std::string& rel, const struct stat& src, Ask ask,
+                                        OpenDone done_, Clock::time_point space_deadline) {
   const uint64_t space_epoch = cache_.space_epoch();  // before the transfer decides on room
   // Exactly one of `then` and `on_live` is called.
   auto shared = std::make_shared<OpenDone>(std::move(done_));
@@ -668,7 +671,7 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
       alone.since = 0;
       if (ask.small && !outcome.ok() && outcome.error().to_errno() != ESHUTDOWN &&
           outcome.error().code != stage::make_error_code(stage::Errc::timed_out) &&
-          outcome.error().code != stage::make_error_code(stage::Errc::group_broken)) {
+          outcome.error().code != stage::make_error_code(stage::Errc::comm_broken)) {
         // The batch failed (twice): one bad file (a pseudo file, one that keeps changing)
         // fails the whole stream. This file alone then: it gets its own outcome, as before.
         return materialize_then_open(rel, src, alone, std::move(done));
@@ -683,7 +686,8 @@ void StageFsCore::materialize_then_open(const std::string& rel, const struct sta
         if (auto now = stat_rel(rel); now && stage::meta_from_stat(*now) != stage::meta_from_stat(src)) {
           ++counters_.stale_opens;
           ++counters_.open_errors;
-          return done(stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
+          return done(
+              stage::sys_error(ESTALE, "open (the source changed while its directory was staged)", rel));
         }
         return materialize_then_open(rel, src, alone, std::move(done));
       }
@@ -751,7 +755,7 @@ void StageFsCore::read_live(const std::shared_ptr<LiveCopy>& live, int source_fd
       ec = r.error().code;  // the copy failed after the range was found here
     }
     const bool stalled = ec == stage::make_error_code(stage::Errc::timed_out) ||
-                         ec == stage::make_error_code(stage::Errc::group_broken);
+                         ec == stage::make_error_code(stage::Errc::comm_broken);
     if (!stalled || source_fd < 0) return stage::sys_error(EIO, "read of a copy that failed");
     // --on-stall source: the source, if it is still the version this handle opened.
     struct stat now {};

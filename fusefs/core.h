@@ -61,9 +61,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "bcast/fd.h"
-#include "bcast/manifest.h"
-#include "bcast/source.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/manifest.h"
+#include "bcast/io/source.h"
 #include "fusefs/as_caller.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"

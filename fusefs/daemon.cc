@@ -16,11 +16,10 @@
 #include <mutex>
 #include <thread>
 
-#include "bcast/comm_mpi.h"
-#include "bcast/holding.h"
-#include "bcast/mpi_start.h"
-#include "bcast/paths.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm_mpi.h"
+#include "bcast/comm/mpi_start.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/rules.h"
@@ -107,8 +106,7 @@ namespace {
 // Everything one node's daemon owns, in construction order (destroyed in reverse).
 class Daemon {
  public:
-  Daemon(DaemonConfig cfg)
-      : cfg_(std::move(cfg)) {}
+  Daemon(DaemonConfig cfg) : cfg_(std::move(cfg)) {}
   int run(int* argc, char*** argv);
 
  private:
@@ -138,7 +136,7 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
-  std::unique_ptr<stage::TestHolds> holds_;  // the group's store and source (bcast/holding.h)
+  std::unique_ptr<stage::Seams> seams_;  // the group's store and source (DaemonConfig::wrap_seams)
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
   std::unique_ptr<GroupService> group_;  // (uses data_ and ctl_ only inside run())
@@ -148,10 +146,10 @@ class Daemon {
   std::atomic<const char*> state_{"mounting"};
   std::mutex m_;
   std::condition_variable cv_;
-  bool main_done_ = false;      // guarded by m_
-  bool shutting_down_ = false;  // guarded by m_
-  bool usage_error_ = false;    // setup_local refused the paths: exit status 2
-  bool mpi_usable_ = true;      // false: the profiles' exchange cancelled a send (no finalize)
+  bool main_done_ = false;         // guarded by m_
+  bool shutting_down_ = false;     // guarded by m_
+  bool usage_error_ = false;       // setup_local refused the paths: exit status 2
+  bool mpi_usable_ = true;         // false: the profiles' exchange cancelled a send (no finalize)
   uint64_t descriptor_limit_ = 0;  // RLIMIT_NOFILE, raised to the hard limit at start
   // The uid whose read of user.stagefs.stop asked the mount to stop (-1: none); the supervisor
   // acts on it, after the request was answered.
@@ -202,7 +200,8 @@ std::string Daemon::open_cache(const std::string& cache_as_given) {
   cache_ = std::move(cache.value());
   cache_->set_source_version(cfg_.source_version);
   cfg_.cache_dir = cache_->dir();
-  if (const RecoveryCounts& r = cache_->recovered(); r.found && !r.unreadable) {  // unreadable: NodeCache said so
+  if (const RecoveryCounts& r = cache_->recovered();
+      r.found && !r.unreadable) {  // unreadable: NodeCache said so
     if (r.other_boot)
       log_warn(
           "cache: the machine restarted while {} cached cop(ies) were not yet synced to disk: removed "
@@ -224,8 +223,9 @@ void Daemon::limit_cache() {
   if (cfg_.cache_size_percent > 0) {
     struct statvfs sv {};
     if (::fstatvfs(cache_->data_fd(), &sv) == 0)
-      cfg_.cache_size = static_cast<uint64_t>(static_cast<double>(sv.f_blocks) * static_cast<double>(sv.f_frsize) *
-                                              cfg_.cache_size_percent / 100.0);
+      cfg_.cache_size =
+          static_cast<uint64_t>(static_cast<double>(sv.f_blocks) * static_cast<double>(sv.f_frsize) *
+                                cfg_.cache_size_percent / 100.0);
   }
   cache_->set_limit(cfg_.cache_size);
   if (cfg_.cache_size > 0)
@@ -271,10 +271,11 @@ GroupConfig Daemon::group_config() {
   g.walk_max_bytes = cfg_.prefetch_max_bytes;
   g.walk_max_files = cfg_.prefetch_max_files;
   g.file_charge = kCopyCharge;
-  g.before_batch = [this](const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict) {
+  g.before_batch = [this](const std::string& dir, const stage::SelectionSlice& slice, bool may_evict) {
     cache_->admit_batch(source_root_.get(), dir, cfg_.small_file_size, slice, may_evict);
   };
-  g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok, double secs) {
+  g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok,
+                         double secs) {
     const auto copies = cache_->batch_done(dir, published);
     if (core_) core_->copies_made(copies);
     if (metrics_) metrics_->observe_transfer(secs, ok);
@@ -296,8 +297,8 @@ GroupConfig Daemon::group_config() {
 
 // The group over the cache and the source, the core over the group, and the mount.
 std::string Daemon::create_group_core_mount(const GroupConfig& g) {
-  holds_ = std::make_unique<stage::TestHolds>(cache_->store(), *source_, data_->rank());
-  group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
+  seams_ = stage::wrap_seams(cfg_.wrap_seams, cache_->store(), *source_, data_->rank());
+  group_ = std::make_unique<GroupService>(*data_, *ctl_, seams_->source(), seams_->store(), g, nested_.get());
   CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.source_version = cfg_.source_version;
@@ -485,7 +486,8 @@ void Daemon::set_signals() {
 // The ranks, the data path and the control plane; false (logged) if MPI did not start.
 bool Daemon::start_mpi(int* argc, char*** argv) {
   // One daemon per node: no node topology (every rank is its node's writer).
-  auto ranks = stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
+  auto ranks =
+      stage::start_ranks(argc, argv, {{"stagefs", cfg_.startup_timeout, MPI_THREAD_FUNNELED}, false});
   if (!ranks) {
     log_error("{}", ranks.error().message);
     return false;
@@ -545,8 +547,8 @@ int Daemon::serve() {
   // Every node's record to rank 0, within part of the shutdown's time (the supervisor's clock).
   mpi_usable_ = profile_->finish(*data_, group_->state() == GroupState::broken,
                                  std::chrono::milliseconds(std::llround(cfg_.shutdown_timeout * 400)));
-  core_->stop();     // opens answered late by the completion pool are done (or dropped) now
-  metrics_.reset();  // a last write, with the final counters
+  core_->stop();                   // opens answered late by the completion pool are done (or dropped) now
+  metrics_.reset();                // a last write, with the final counters
   held_back_report(/*all=*/true);  // what the log's limits held back and did not say yet
   if (group_->state() != GroupState::broken && mpi_usable_) {
     // Finalize while the supervisor still watches the clock: MPI_Finalize synchronizes with

@@ -9,7 +9,7 @@
 //               FUSE loop (fusermount3 -u); unmounts this node, asks the group to shut down,
 //               and if the main thread does not finish in time (stuck in a stalled MPI
 //               collective) ends the process itself: no orphan, no stale mount.
-//   startup-watch  only until every rank is through MPI start-up (bcast/mpi_start.h): ends
+//   startup-watch  only until every rank is through MPI start-up (bcast/comm/mpi_start.h): ends
 //               the process with status 3 if that takes longer than --startup-timeout
 // SIGPIPE, SIGUSR1, SIGUSR2 and SIGALRM are ignored: none of them ends the mount.
 // Without a launcher the group is a world of one rank (SelfComm, LocalControlPlane): a
@@ -18,9 +18,10 @@
 
 #include <string>
 
-#include "bcast/chunk.h"
-#include "bcast/mpi_start.h"
-#include "bcast/pipeline.h"
+#include "bcast/comm/mpi_start.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/seams.h"
+#include "bcast/transfer/pipeline.h"
 #include "fusefs/core.h"
 #include "fusefs/mount.h"
 #include "fusefs/status.h"
@@ -43,7 +44,7 @@ struct DaemonConfig {
   uint64_t bcast_segment = 0;
   double stall_timeout = 60;     // seconds without progress before an open gives up
   double shutdown_timeout = 10;  // seconds the group gets to shut down together
-  // Seconds every rank gets to go through MPI start-up (bcast/mpi_start.h); 0: no bound.
+  // Seconds every rank gets to go through MPI start-up (bcast/comm/mpi_start.h); 0: no bound.
   double startup_timeout = stage::kDefaultStartupTimeout;
   StallPolicy on_stall = StallPolicy::eio;
   // Cache copies written with O_DIRECT where the filesystem accepts it. Off by default: a copy
@@ -78,12 +79,12 @@ struct DaemonConfig {
   uint64_t prefetch_max_dirs = 64;
   uint64_t prefetch_max_bytes = uint64_t{1} << 30;
   uint64_t prefetch_max_files = 16384;
-  double sync_after = 5;            // --sync-after: seconds a batch's copies may stay unsynced
+  double sync_after = 5;  // --sync-after: seconds a batch's copies may stay unsynced
   // --spare-caches: when --cache is in use by another stagefs on this node (another job of the
   // same user), the first free of CACHE/spare.1 .. CACHE/spare.N is used instead (0: refuse).
   unsigned spare_caches = 0;
-  uint64_t cache_size = 0;          // --cache-size in bytes (0: none) ...
-  double cache_size_percent = 0;    // ... or a percentage of the cache filesystem
+  uint64_t cache_size = 0;        // --cache-size in bytes (0: none) ...
+  double cache_size_percent = 0;  // ... or a percentage of the cache filesystem
   // --profile: where the mount records what its job read, written when it ends, and where
   // the next mount finds it to replay: "auto" (under the user's cache directory, keyed by
   // SOURCE_DIR: profile/file.h), "off" (neither), or a path. The same on every node.
@@ -95,9 +96,12 @@ struct DaemonConfig {
   // the mount on a node (at most a quarter of what the descriptor limit leaves users:
   // fusefs/handles.h); past it, that user's opens fail with EMFILE.
   uint64_t max_open_per_user = 4096;
-  std::string metrics_file;         // --metrics-file (empty: none)
-  double metrics_interval = 10;     // seconds between rewrites
+  std::string metrics_file;      // --metrics-file (empty: none)
+  double metrics_interval = 10;  // seconds between rewrites
   MountOptions mount;
+  // Wraps the store and the source the group hands the engine (the tool's: the crash tests'
+  // hold points, bcast/holds/holds.h); empty: they are used as they are.
+  stage::SeamWrapper wrap_seams;
 };
 
 // Returns the process exit status.

@@ -77,7 +77,8 @@ void GroupService::materialize_small_async(const std::string& rel, uint64_t sinc
   wait_for(std::move(ask), want.may_evict, std::move(done), since);
 }
 
-void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) {
+void GroupService::materialize_live_async(const std::string& rel, const Want& want, Done done,
+                                          LiveStarted on_live) {
   if (!cfg_.read_during_copy) return materialize_async(rel, want, std::move(done));
   wait_for(request(MsgType::materialize, rel, want), want.may_evict, std::move(done), UINT64_MAX,
            std::move(on_live));
@@ -92,7 +93,8 @@ void GroupService::live_started(const std::string& rel) {
     auto l = live_.find(rel);
     if (l == live_.end()) return;
     live = l->second;
-    if (auto it = waits_.find(Key{MsgType::materialize, rel}); it != waits_.end()) on_live = std::move(it->second->on_live);
+    if (auto it = waits_.find(Key{MsgType::materialize, rel}); it != waits_.end())
+      on_live = std::move(it->second->on_live);
   }
   for (auto& [e, d] : on_live) e(live);
 }
@@ -139,7 +141,7 @@ void GroupService::wait_for(Message ask, bool may_evict, Done done, uint64_t sin
   }
   if (state_ == GroupState::broken) {
     lk.unlock();
-    return done(stage::stage_error(stage::Errc::group_broken, "materialize", rel));
+    return done(stage::stage_error(stage::Errc::comm_broken, "materialize", rel));
   }
   if (state_ == GroupState::shut_down || shutdown_requested_) {
     lk.unlock();
@@ -181,7 +183,8 @@ void GroupService::watchdog() {
     for (const auto& [rel, live] : live_)
       if (auto t = live->oldest_wait()) oldest = std::min(oldest, *t);
     if (oldest == Clock::time_point::max()) {  // only copies in progress, no read waits
-      watchdog_cv_.wait_for(lk, std::max<std::chrono::milliseconds>(cfg_.stall_timeout / 4, std::chrono::milliseconds(10)));
+      watchdog_cv_.wait_for(
+          lk, std::max<std::chrono::milliseconds>(cfg_.stall_timeout / 4, std::chrono::milliseconds(10)));
       continue;
     }
     const auto deadline = std::max(oldest, last_progress_) + cfg_.stall_timeout;
@@ -189,11 +192,12 @@ void GroupService::watchdog() {
       watchdog_cv_.wait_until(lk, deadline);
       continue;
     }
-    const std::string rel = waits_.empty() ? (live_.empty() ? std::string("-") : live_.begin()->first)
-                            : waits_.begin()->first.first == MsgType::batch
-                                ? "the small files of " + (waits_.begin()->first.second.empty() ? std::string("/")
-                                                                                               : waits_.begin()->first.second)
-                                : waits_.begin()->first.second;
+    const std::string rel =
+        waits_.empty() ? (live_.empty() ? std::string("-") : live_.begin()->first)
+        : waits_.begin()->first.first == MsgType::batch
+            ? "the small files of " +
+                  (waits_.begin()->first.second.empty() ? std::string("/") : waits_.begin()->first.second)
+            : waits_.begin()->first.second;
     log_error("{}: no progress on {} for {} s: mount group marked broken", stage::host_name(), rel,
               std::chrono::duration<double>(cfg_.stall_timeout).count());
     state_ = GroupState::broken;
@@ -239,7 +243,8 @@ GroupStats GroupService::stats() const {
   std::lock_guard lk(m_);
   GroupStats s = stats_;
   s.waiting = waits_.size();
-  if (!s.current.empty()) s.current_seconds = std::chrono::duration<double>(Clock::now() - current_start_).count();
+  if (!s.current.empty())
+    s.current_seconds = std::chrono::duration<double>(Clock::now() - current_start_).count();
   return s;
 }
 
@@ -282,7 +287,7 @@ void GroupService::complete(const Key& key, const stage::Status& st) {
 
 stage::StageOptions GroupService::transfer_options() const {
   stage::StageOptions opt = cfg_.bcast;
-  opt.pre = stage::Validate::origin;
+  opt.pre = stage::Validate::recorded;
   opt.recursive = false;
   opt.root = 0;
   opt.seed_from_copies = cfg_.seed_from_copies;
@@ -369,7 +374,7 @@ void GroupService::end_live(const std::string& rel, LiveCopy& live, const stage:
   }
   // Reads of chunks that never came: EIO, or the stall error when the data path broke (the
   // core then reads the source for them with --on-stall source).
-  live.end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
+  live.end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::comm_broken)
                                          : std::error_code(EIO, std::generic_category()));
   if (cfg_.live_reads)
     if (auto order = live.read_order(); !order.chunks.empty()) cfg_.live_reads(rel, order);
@@ -385,7 +390,7 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
   const Key key{MsgType::materialize, a.path};
   if (report.ok && !room.ok()) {
     log_info("{} copied to {} other node(s); not to this one (no room in its cache)", a.path,
-                 report.nodes_needing);
+             report.nodes_needing);
     {
       std::lock_guard lk(m_);
       if (a.type == MsgType::file_prefetch && ask_again_evicting_locked(key)) return;
@@ -396,15 +401,14 @@ void GroupService::finish_transfer(const Message& a, const stage::StageReport& r
                   a.type == MsgType::file_prefetch ? " (background)" : "");
     complete(key, {});
   } else if (report.ok) {
-    log_info(
-        "materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}{}, reads via {}",
-        a.path, report.bytes_total, secs,
-        secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
-        report.writers, fed_by(report),
-        a.type == MsgType::file_nested     ? " (nested)"
-        : a.type == MsgType::file_prefetch ? " (background)"
-                                           : "",
-        cfg_.read_path ? cfg_.read_path() : std::string("-"));
+    log_info("materialized {} ({} bytes) in {:.3f} s, {:.1f} MB/s, {} of {} node(s) wrote{}{}, reads via {}",
+             a.path, report.bytes_total, secs,
+             secs > 0 ? static_cast<double>(report.bytes_streamed) / secs / 1e6 : 0.0, report.nodes_needing,
+             report.writers, fed_by(report),
+             a.type == MsgType::file_nested     ? " (nested)"
+             : a.type == MsgType::file_prefetch ? " (background)"
+                                                : "",
+             cfg_.read_path ? cfg_.read_path() : std::string("-"));
     complete(key, {});
   } else {
     const std::string why = report.errors.empty() ? "transfer failed" : report.errors.front();
@@ -456,8 +460,8 @@ GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
     // The source rank's scan knows what the slice left out: the next slice queues behind the
     // other users' requests. Only while slices find something to copy on some node.
     // It queues after the requests that arrived during this slice (coordinate()).
-    if (r.report.ok && r.report.nodes_needing > 0 && !r.report.batch_next.empty())
-      continuations_.push_back(Continuation{a, r.report.batch_next, tally.spent});
+    if (r.report.ok && r.report.nodes_needing > 0 && !r.report.next_slice.empty())
+      continuations_.push_back(Continuation{a, r.report.next_slice, tally.spent});
   }
   if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
   count_batch(a, r, std::move(outer), prefetch);
@@ -470,8 +474,8 @@ stage::StageOptions GroupService::batch_options(const Message& a) const {
   stage::StageOptions opt = transfer_options();
   // A selection on every rank (max_file_size > 0 marks one)
   opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
-  opt.selection.range = stage::SmallFilesSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
-                                               cfg_.batch_max_bytes};
+  opt.selection.range = stage::SelectionSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
+                                              cfg_.batch_max_bytes};
   // A walk's slice, or one after a sequence's first, lists at most what its budget has left.
   // Only the source rank's scan uses these limits (the other ranks make room for a slice as
   // large as the batch limits allow: a slice of at most that).
@@ -566,7 +570,9 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
                                 bool prefetch) {
   const stage::StageReport& report = r.report;
   const Key key{MsgType::batch, a.path};
-  const std::string why = report.ok ? std::string() : report.errors.empty() ? "transfer failed" : report.errors.front();
+  const std::string why = report.ok               ? std::string()
+                          : report.errors.empty() ? "transfer failed"
+                                                  : report.errors.front();
   if (report.ok) {
     // One line per batch, whatever the number of files.
     log_info(
@@ -587,8 +593,9 @@ void GroupService::finish_batch(const Message& a, const std::string& shown, cons
     // that may evict); the request says it saw this announcement, so it is not dropped. A
     // wait that may not evict (a replayed profile's) gets the error.
     const size_t dropped = coord_ ? coord_->drop_prefetches() : 0;
-    log_info("prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
-                 coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
+    log_info(
+        "prefetch of {} skipped ({}); it never evicts a copy{}", shown, why,
+        coord_ ? ": " + std::to_string(dropped) + " more prefetched director(ies) dropped" : std::string());
     {
       std::lock_guard lk(m_);
       batch_running_.erase(a.path);
@@ -802,7 +809,7 @@ stage::Status GroupService::nest_run(uint32_t token) {
   deferred_.erase(it);
   if (!run_announcement(m))
     return stage::stage_error(
-        stage::Errc::group_broken,
+        stage::Errc::comm_broken,
         "the nested transfer of " + (m.path.empty() ? std::string("/") : m.path) + " broke");
   return {};
 }
@@ -846,7 +853,7 @@ stage::Status GroupService::run() {
         // The ranks may no longer be in step: no MPI call may follow. The group is broken
         // (later cache misses fail at once or go to the source; cached files are still
         // served) and this thread waits, without MPI, for the mount to be shut down.
-        (void)control_failed(stage::stage_error(stage::Errc::group_broken,
+        (void)control_failed(stage::stage_error(stage::Errc::comm_broken,
                                                 "the mount group stops transferring (the broadcast of " +
                                                     (m.path.empty() ? std::string("/") : m.path) + " broke)"),
                              "data path");

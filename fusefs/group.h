@@ -22,7 +22,7 @@
 // missing chunks through it; the engine passes the wants to the source rank.
 // More than one transfer at a time (GroupConfig::nest_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
-// control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
+// control plane from the engine's copy loop (bcast/transfer/terms.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
 // and the source rank puts a mark in the running stream. Every rank runs that batch on the
 // second Comm once the mark is complete on it, then goes on with the file.
@@ -65,14 +65,13 @@
 #include <thread>
 #include <vector>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 #include "fusefs/core.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
-
 
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
@@ -107,9 +106,10 @@ struct GroupConfig {
   // room by evicting; a batch that does not fit is then refused by the engine's free-space
   // check, on every rank.
   // slice: the part of dir's small files the batch takes (the engine's scan, with the limits).
-  std::function<void(const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict)>
+  std::function<void(const std::string& dir, const stage::SelectionSlice& slice, bool may_evict)>
       before_batch;
-  std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
+  std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok,
+                     double seconds)>
       after_batch;
   // The coordinator announces batches nested in a running single-file transfer (needs the
   // nested Comm on every rank; only the coordinator's setting counts).
@@ -134,7 +134,7 @@ struct GroupConfig {
   uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy
-  // and roots the broadcast; the source is only scanned (bcast/engine.h). Every rank's
+  // and roots the broadcast; the source is only scanned (bcast/transfer/engine.h). Every rank's
   // setting must agree.
   bool seed_from_copies = true;
 };
@@ -165,7 +165,7 @@ struct GroupStats {
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   // coordinator's node: walks and batch sequences stopped at their budget (walk_max_files...)
   uint64_t budget_stops = 0;
-  uint64_t waiting = 0;        // files this node waits for
+  uint64_t waiting = 0;                                      // files this node waits for
   uint64_t reads_waited_during_copy = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
   // The transfer in flight, if any.
   std::string current;
@@ -189,7 +189,8 @@ class GroupService final : public Materializer {
   // rel is small: one batch for its directory, a slice that begins with rel (or alone when
   // batches are off).
   void materialize_small_async(const std::string& rel, uint64_t since, const Want& want, Done done) override;
-  void materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) override;
+  void materialize_live_async(const std::string& rel, const Want& want, Done done,
+                              LiveStarted on_live) override;
   [[nodiscard]] uint64_t epoch() const override;
   // Waits until epoch() is at least `at_least` or `timeout` passes; true if it got there.
   bool wait_for_epoch(uint64_t at_least, std::chrono::milliseconds timeout) const;
@@ -214,7 +215,7 @@ class GroupService final : public Materializer {
     std::vector<std::pair<LiveStarted, Done>> on_live;  // answered by on_live() once the copy runs here
   };
   using Ready = std::vector<std::pair<Done, stage::Status>>;  // run without the lock
-  using Key = std::pair<MsgType, std::string>;                 // (materialize, file) or (batch, dir)
+  using Key = std::pair<MsgType, std::string>;                // (materialize, file) or (batch, dir)
 
   // ask: the request to send if this is the node's first wait for its key (or an open's
   // joining a background wait).
@@ -308,7 +309,7 @@ class GroupService final : public Materializer {
   mutable std::condition_variable epoch_cv_;  // epoch_ or stats_.budget_stops grew (wait_for_*)
   std::map<Key, std::shared_ptr<Waiter>> waits_;
   std::deque<Message> outbox_;  // requests not yet handed to the control plane
-  uint64_t epoch_ = 0;      // completed transfers
+  uint64_t epoch_ = 0;          // completed transfers
   // The epoch at which each directory's latest batch succeeded on this node.
   std::map<std::string, uint64_t> batch_done_;
   // Directories whose batch failed (both runs): their small files are staged alone from then
@@ -336,7 +337,7 @@ class GroupService final : public Materializer {
   // Announcements that arrived while a transfer ran (nested batches), in order.
   std::deque<Message> deferred_;
   std::vector<Key> running_;  // the keys of the transfers running here (outer, nested)
-  uint64_t marked_ = 0;  // source rank: the latest nested batch it put a mark in the stream for
+  uint64_t marked_ = 0;       // source rank: the latest nested batch it put a mark in the stream for
   // Coordinator's node: slices that left names out (announcement, first name left out), for
   // the Coordinator once the requests that arrived meanwhile are in (coordinate()).
   struct Continuation {

@@ -26,7 +26,7 @@
 #include <mutex>
 #include <string>
 
-#include "bcast/error.h"
+#include "bcast/io/error.h"
 
 namespace stagefs {
 

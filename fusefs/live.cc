@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "bcast/fd.h"
+#include "bcast/io/fd.h"
 
 namespace stagefs {
 

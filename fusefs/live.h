@@ -43,8 +43,8 @@
 #include <system_error>
 #include <vector>
 
-#include "bcast/engine.h"
-#include "bcast/fd.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/io/fd.h"
 
 namespace stagefs {
 

@@ -31,11 +31,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "bcast/text.h"
+#include "bcast/text/text.h"
 
 namespace stagefs {
 
-// What a terminal would act on, and bytes that are not UTF-8, written as \xNN (bcast/text.h):
+// What a terminal would act on, and bytes that are not UTF-8, written as \xNN (bcast/text/text.h):
 // one escaping for the log and for stagectl.
 using stage::escape_controls;
 

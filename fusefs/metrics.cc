@@ -15,7 +15,7 @@
 #include <random>
 #include <sstream>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 
 namespace stagefs {
 

@@ -18,8 +18,8 @@
 #include <sstream>
 #include <vector>
 
-#include "bcast/paths.h"
-#include "bcast/text.h"
+#include "bcast/io/paths.h"
+#include "bcast/text/text.h"
 #include "fusefs/fuse_ops.h"
 #include "fusefs/log.h"
 #include "fusefs/privilege.h"

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "bcast/paths.h"
-#include "bcast/source.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
 
 namespace stagefs {
 

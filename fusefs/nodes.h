@@ -26,8 +26,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "bcast/error.h"
-#include "bcast/manifest.h"
+#include "bcast/io/error.h"
+#include "bcast/io/manifest.h"
 
 namespace stagefs {
 

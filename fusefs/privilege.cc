@@ -13,8 +13,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "bcast/fd.h"
-#include "bcast/paths.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/paths.h"
 
 namespace stagefs {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "bcast/progress.h"
-#include "bcast/text.h"
+#include "bcast/text/progress.h"
+#include "bcast/text/text.h"
 #include "fusefs/stagectl_mount.h"
 
 namespace stagefs::ctl {

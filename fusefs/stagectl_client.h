@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "bcast/progress.h"
+#include "bcast/text/progress.h"
 
 namespace stagefs::ctl {
 

@@ -2,7 +2,7 @@
 // followed), in path order. Each is first asked whether this node already holds a current copy
 // (user.stagefs.cached: one attribute read, with the access check of an open); then each
 // other one is prefetched in turn (user.stagefs.prefetch returns once the file is on every
-// node; .nowait once it is queued). Meanwhile a progress line (bcast/progress.h) counts files
+// node; .nowait once it is queued). Meanwhile a progress line (bcast/text/progress.h) counts files
 // and bytes done, the copy in flight included (its bytes_done in the mount's status, polled by
 // a thread of its own), and one summary ends the run: files, bytes, copied (or queued),
 // already cached, failed. --verbose lists each file as it is done; failures are listed on

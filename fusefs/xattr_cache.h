@@ -27,7 +27,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "bcast/error.h"
+#include "bcast/io/error.h"
 
 namespace stagefs {
 

@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "bcast/chunk.h"
-#include "bcast/manifest.h"
-#include "bcast/pipeline.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/manifest.h"
+#include "bcast/transfer/pipeline.h"
 
 namespace stagetools {
 
@@ -124,7 +124,7 @@ inline CLI::Option* add_bcast_segment(CLI::App& app, uint64_t& target, const std
       ->default_str("");
 }
 
-// --bcast-algorithm's words, for both tools: the names bcast/pipeline.h gives the algorithms.
+// --bcast-algorithm's words, for both tools: the names bcast/transfer/pipeline.h gives the algorithms.
 inline std::vector<std::pair<std::string, stage::BcastAlgorithm>> bcast_algorithms() {
   std::vector<std::pair<std::string, stage::BcastAlgorithm>> words;
   for (auto a : {stage::BcastAlgorithm::automatic, stage::BcastAlgorithm::chain, stage::BcastAlgorithm::tree,

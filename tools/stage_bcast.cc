@@ -1,8 +1,8 @@
 // stage-bcast: copy one file (or, with --recursive, a tree) from shared storage to every
 // node's local disk with one source read and a pipelined MPI broadcast. A thin shell over
-// bcast/job.h: parse options into a BcastJob (whose member values are the defaults --help
+// bcast/job/job.h: parse options into a BcastJob (whose member values are the defaults --help
 // shows) and run it. Exit status: 0 done, 1 failed (the same on every rank), 2 usage,
-// 3 MPI start-up did not complete within --startup-timeout (bcast/mpi_start.h).
+// 3 MPI start-up did not complete within --startup-timeout (bcast/comm/mpi_start.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,9 +12,11 @@
 #include <sstream>
 #include <string>
 
-#include "bcast/comm_mpi.h"
-#include "bcast/job.h"
-#include "bcast/paths.h"
+#include "bcast/comm/comm_mpi.h"
+#include "bcast/holds/holds.h"
+#include "bcast/io/paths.h"
+#include "bcast/job/job.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/profile/file.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
@@ -81,7 +83,9 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profi
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
          "--stall-timeout",
-         [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
+         [&o = job.opt](double s) {
+           o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+         },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
       ->check(stagetools::seconds(0, 1e6))
@@ -163,5 +167,7 @@ int main(int argc, char** argv) {
   job.opt.seed_from_copies = source_rank->count() == 0;
   if (!profile.empty() && stage::launcher_rank() == job.opt.root)
     job.opt.first_files = first_files(profile, job);
+  job.xattrs = stagefs::kCopyXattrs;   // the mount's names: its copies and ours read alike
+  job.wrap_seams = stage::test_holds;  // the crash tests stop real processes at these points
   return stage::run_bcast_job(std::move(job), &argc, &argv);
 }

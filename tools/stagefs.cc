@@ -15,9 +15,10 @@
 #include <filesystem>
 #include <tuple>
 
-#include "bcast/chunk.h"
-#include "bcast/paths.h"
-#include "bcast/pipeline.h"
+#include "bcast/holds/holds.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/paths.h"
+#include "bcast/transfer/pipeline.h"
 #include "fusefs/daemon.h"
 #include "fusefs/log.h"
 #include "fusefs/run/run.h"
@@ -127,7 +128,8 @@ void add_mount_options(CLI::App& app, Cli& cli) {
              "off: buffered cache writes, so the copy is in the page cache for the read that "
              "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
              "while materializing, but the first read comes from disk)");
-  add_choice(app, "--verify-cache", cfg.verify, {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
+  add_choice(app, "--verify-cache", cfg.verify,
+             {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
              "crc: before a copy found in the cache (made by an earlier mount) is first served, "
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "
              "and copied again. none: trust its recorded origin (--source-version)");
@@ -193,7 +195,8 @@ void add_mount_options(CLI::App& app, Cli& cli) {
            "transfer; larger files are copied alone. 0: every file alone",
            [](uint64_t n) -> std::optional<std::string> {
              if (n > stagefs::kMaxSmallFileSize)
-               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" + stage::size_text(n) + "'";
+               return "at most " + stage::size_text(stagefs::kMaxSmallFileSize) + ": '" +
+                      stage::size_text(n) + "'";
              return std::nullopt;
            });
   app.add_option("--sync-after", cfg.sync_after,
@@ -429,5 +432,6 @@ int main(int argc, char** argv) {
   // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("stagefs", stagefs::escaping_sink()));
   spdlog::set_level(cli.verbose ? spdlog::level::debug : spdlog::level::info);
+  cfg.wrap_seams = stage::test_holds;  // the crash tests stop real processes at these points
   return stagefs::run_daemon(cfg, &argc, &argv);
 }

@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
-#include "bcast/source.h"
+#include "bcast/io/source.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/log.h"
@@ -38,7 +38,7 @@ stage::Status NodeCache::admit_transfer(int source_root, const std::string& rel,
 // The same for the files of one slice of a batch (what the engine's scan takes: a slice of a
 // huge directory does not look at every name), with one make_room for the batch.
 void NodeCache::admit_batch(int source_root, const std::string& dir, uint64_t max_size,
-                            const stage::SmallFilesSlice& slice, bool may_evict) {
+                            const stage::SelectionSlice& slice, bool may_evict) {
   auto dfd = open_beneath(source_root, dir, O_RDONLY | O_DIRECTORY);
   if (!dfd) return;
   uint64_t need = 0, files = 0;

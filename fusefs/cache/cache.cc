@@ -17,12 +17,13 @@
 #include <string_view>
 #include <vector>
 
-#include "bcast/manifest.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
-#include "bcast/text.h"
+#include "bcast/io/manifest.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
+#include "bcast/text/text.h"
 #include "fusefs/beneath.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/log.h"
 
 namespace stagefs {
@@ -82,7 +83,8 @@ std::vector<std::string> names_in(int dirfd) {
     return names;
   }
   while (const dirent* de = ::readdir(d))
-    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.emplace_back(de->d_name);
+    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0)
+      names.emplace_back(de->d_name);
   ::closedir(d);
   return names;
 }
@@ -130,7 +132,8 @@ void sweep(int dirfd, SweepCounts& n) {
   for (const auto& name : names_in(dirfd)) {
     struct stat st {};
     if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    const bool trusted = st.st_uid == me && (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1));
+    const bool trusted =
+        st.st_uid == me && (S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1));
     if (!trusted) {
       log_warn("cache: removing {} (type {:o}, owner {}): not written by this daemon's user", name,
                st.st_mode & S_IFMT, st.st_uid);
@@ -153,7 +156,8 @@ void sweep(int dirfd, SweepCounts& n) {
 }  // namespace
 
 Result<Fd> open_private_dir(const std::string& path) {
-  if (path.empty() || path[0] != '/') return stage::sys_error(EINVAL, "--cache must be an absolute path", path);
+  if (path.empty() || path[0] != '/')
+    return stage::sys_error(EINVAL, "--cache must be an absolute path", path);
   const auto parts = components(path);
   const uid_t me = ::geteuid();
   const std::string self = stage::owner_text(me);
@@ -257,8 +261,8 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
     if (st.st_uid != c_.euid_ || st.st_nlink != 1)
       return stage::stage_error(stage::Errc::unsupported, "seed copy (not a copy this daemon wrote)", p);
     c_.pin(rel);
-    return std::unique_ptr<stage::SourceFile>(
-        new PinnedCopy(stage::posix_source_file(std::move(*fd), p, static_cast<uint64_t>(st.st_size)), c_, rel));
+    return std::unique_ptr<stage::SourceFile>(new PinnedCopy(
+        stage::posix_source_file(std::move(*fd), p, static_cast<uint64_t>(st.st_size)), c_, rel));
   }
   // A seed's copy that failed a read or read back wrong: removed (if it is still that file),
   // so that the next open chooses another seed or the source.
@@ -276,7 +280,8 @@ class NodeCache::LimitedStore final : public stage::LocalStore {
     auto fs_free = base_.free_bytes(p);
     if (!fs_free) return fs_free;
     const CacheUsage u = c_.usage();
-    const uint64_t room = u.limit == 0 ? *fs_free : std::min(*fs_free, u.limit > u.bytes ? u.limit - u.bytes : 0);
+    const uint64_t room =
+        u.limit == 0 ? *fs_free : std::min(*fs_free, u.limit > u.bytes ? u.limit - u.bytes : 0);
     const uint64_t overhead = c_.pending_overhead_.load();  // what the copies take beyond their data
     return room > overhead ? room - overhead : 0;
   }
@@ -357,7 +362,7 @@ static uint64_t probe_copy_overhead(int data_fd) {
   longest.size = longest.ino = longest.dev = UINT64_MAX;
   longest.mtime_ns = longest.ctime_ns = INT64_MIN;
   const std::string origin = stage::encode_origin(longest, UINT64_MAX);
-  if (::fsetxattr(f.get(), stage::kOriginXattr, origin.data(), origin.size(), 0) != 0)
+  if (::fsetxattr(f.get(), kCopyXattrs.origin.c_str(), origin.data(), origin.size(), 0) != 0)
     return errno == ENOTSUP ? 0 : kGuess;  // no xattrs here: the store records none either
   struct stat st {};
   if (::fstat(f.get(), &st) != 0) return kGuess;
@@ -369,6 +374,7 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   auto root = open_private_dir(dir);
   if (!root) return root.error();
   auto c = std::unique_ptr<NodeCache>(new NodeCache());
+  store_opt.xattrs = kCopyXattrs;  // the cache reads them back itself (origin_of_fd)
   c->base_ = std::make_unique<stage::PosixStore>(store_opt);
   c->store_ = std::make_unique<LimitedStore>(*c, *c->base_);
   c->dir_ = dir;
@@ -397,7 +403,8 @@ Result<std::unique_ptr<NodeCache>> NodeCache::open(const std::string& dir, stage
   c->data_ = Fd(::openat(c->root_.get(), "data", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!c->data_.valid()) return stage::sys_error(errno, "open cache data directory", dir + "/data");
   if (::fstat(c->data_.get(), &c->data_st_) != 0) return stage::sys_error(errno, "stat", dir + "/data");
-  if (c->data_st_.st_uid != ::geteuid()) return refuse(dir, "data is not owned by the daemon's user", "remove it");
+  if (c->data_st_.st_uid != ::geteuid())
+    return refuse(dir, "data is not owned by the daemon's user", "remove it");
   if ((c->data_st_.st_mode & 077) != 0) ::fchmod(c->data_.get(), 0700);
   sweep(c->data_.get(), c->swept_);  // first: afterwards data holds only our directories and files
   c->recovered_ = UnsyncedLog::recover(c->root_.get(), c->data_.get(), UnsyncedLog::current_boot_id());
@@ -438,9 +445,12 @@ void NodeCache::index_tree(int dirfd, const std::string& prefix) {
 
 CacheUsage NodeCache::usage() const {
   std::lock_guard lk(m_);
-  CacheUsage u{bytes_,          limit_,
-               index_.size(),   evictions_,
-               evicted_bytes_,  unsynced_ ? unsynced_->pending() : 0,
+  CacheUsage u{bytes_,
+               limit_,
+               index_.size(),
+               evictions_,
+               evicted_bytes_,
+               unsynced_ ? unsynced_->pending() : 0,
                unsynced_ ? unsynced_->synced() : 0};
   for (const auto& [name, n] : pins_)
     if (auto it = index_.find(name); it != index_.end()) {
@@ -474,7 +484,8 @@ void NodeCache::added(const std::string& rel) {
   index_put(rel, there ? &st : nullptr, stage::to_ns(now));
 }
 
-std::vector<struct stat> NodeCache::added_in(const std::string& rel_dir, const std::vector<std::string>& names) {
+std::vector<struct stat> NodeCache::added_in(const std::string& rel_dir,
+                                             const std::vector<std::string>& names) {
   std::vector<struct stat> found;
   found.reserve(names.size());
   auto dfd = open_beneath(data_.get(), rel_dir, O_PATH | O_DIRECTORY);
@@ -567,7 +578,8 @@ uint64_t NodeCache::fs_free() const {
 stage::Status NodeCache::make_room(const std::string& rel, uint64_t need, bool may_evict) {
   std::unique_lock lk(m_);
   if (limit_ != 0 && need > limit_)
-    return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) + " bytes, more than the whole --cache-size (" +
+    return stage::sys_error(ENOSPC, rel + " needs " + std::to_string(need) +
+                                        " bytes, more than the whole --cache-size (" +
                                         std::to_string(limit_) + " bytes)");
   for (;;) {
     const bool over_limit = limit_ != 0 && bytes_ + need > limit_;
@@ -615,7 +627,7 @@ stage::Status NodeCache::make_room(const std::string& rel, uint64_t need, bool m
 
 stage::Status NodeCache::evict(const std::string& rel, const struct stat& source) {
   if (auto fd = open_beneath(data_.get(), rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)) {
-    const auto origin = stage::origin_of_fd(fd->get());
+    const auto origin = stage::origin_of_fd(fd->get(), kCopyXattrs.origin);
     if (origin && (origin->source.dev != static_cast<uint64_t>(source.st_dev) ||
                    origin->source.ino != static_cast<uint64_t>(source.st_ino)))
       return stage::sys_error(EBUSY, "evict: the cached copy is of another file than the one checked", rel);
@@ -642,13 +654,15 @@ std::string NodeCache::store_root() const {
 stage::Status NodeCache::alive() const {
   struct stat st {};
   if (::fstat(data_.get(), &st) != 0 || st.st_nlink == 0)
-    return stage::sys_error(ENOENT, "cache directory " + dir_ +
-                                        "/data was removed under the running mount: copies cannot be made until "
-                                        "the mount is restarted (cached files still open keep working)");
+    return stage::sys_error(ENOENT,
+                            "cache directory " + dir_ +
+                                "/data was removed under the running mount: copies cannot be made until "
+                                "the mount is restarted (cached files still open keep working)");
   return {};
 }
 
-Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& src, struct stat* copy_st) const {
+Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& src,
+                                   struct stat* copy_st) const {
   auto fd = open_beneath(data_.get(), rel, O_RDONLY);
   if (!fd) return fd.error();
   struct stat st {};
@@ -665,7 +679,7 @@ Result<Fd> NodeCache::open_current(const std::string& rel, const struct stat& sr
       origin = it->second.origin;
   }
   if (!origin) {
-    origin = stage::origin_of_fd(fd->get());
+    origin = stage::origin_of_fd(fd->get(), kCopyXattrs.origin);
     ++origin_reads_;
     std::lock_guard lk(m_);
     if (auto it = index_.find(rel); origin && it != index_.end()) {

@@ -60,10 +60,10 @@
 #include <string>
 #include <vector>
 
-#include "bcast/error.h"
-#include "bcast/fd.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/error.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/unsynced.h"
 
 namespace stagefs {
@@ -99,12 +99,11 @@ struct Room {
 class NodeCache {
  public:
   // Creates or checks CACHE, locks it, sweeps CACHE/data, acts on an unsynced log an earlier
-  // daemon left. Returns a message on refusal. sync_after: how long a batch's copies may stay unsynced (0: synced
-  // before they are published).
-  static stage::Result<std::unique_ptr<NodeCache>> open(const std::string& dir,
-                                                        stage::StoreOptions store_opt = {.direct_io = false,
-                                                                                         .parent_mode = 0700},
-                                                        std::chrono::milliseconds sync_after = kDefaultSyncAfter);
+  // daemon left. Returns a message on refusal. sync_after: how long a batch's copies may stay unsynced (0:
+  // synced before they are published).
+  static stage::Result<std::unique_ptr<NodeCache>> open(
+      const std::string& dir, stage::StoreOptions store_opt = {.direct_io = false, .parent_mode = 0700},
+      std::chrono::milliseconds sync_after = kDefaultSyncAfter);
   static constexpr std::chrono::milliseconds kDefaultSyncAfter{5000};
   ~NodeCache();
 
@@ -141,13 +140,16 @@ class NodeCache {
   void set_source_version(stage::SourceVersion rule) { rule_ = rule; }
 
   // ---- index, capacity, pins
-  void set_limit(uint64_t bytes) { std::lock_guard lk(m_); limit_ = bytes; }
+  void set_limit(uint64_t bytes) {
+    std::lock_guard lk(m_);
+    limit_ = bytes;
+  }
   [[nodiscard]] CacheUsage usage() const;
   // A cache hit: most recently used now. copy_st (the copy's stat, when the caller has it):
   // the copy's atime is left alone when it is under a minute old (one futimens per copy and
   // minute, not per open: the order across restarts needs no finer grain).
   void touch(const std::string& rel, int fd, const struct stat* copy_st = nullptr);
-  void added(const std::string& rel);          // a copy of rel was published (or replaced)
+  void added(const std::string& rel);  // a copy of rel was published (or replaced)
   // A batch published `names` (plain names) in rel_dir: each joins the index, as added()
   // does, with one fstatat per name under one directory fd. Returns the stat of each copy
   // found (regular files only), for the caller's verified set.
@@ -186,8 +188,8 @@ class NodeCache {
   // Before a batch of dir's slice (its files as batch_eligible() takes them, at most max_size
   // bytes each): keeps current copies, removes stale ones, and makes room for the others in
   // one make_room (none when !may_evict: a prefetch never evicts).
-  void admit_batch(int source_root, const std::string& dir, uint64_t max_size, const stage::SmallFilesSlice& slice,
-                   bool may_evict);
+  void admit_batch(int source_root, const std::string& dir, uint64_t max_size,
+                   const stage::SelectionSlice& slice, bool may_evict);
   // After a transfer of rel (whatever its outcome): its copy, if published, joins the index.
   void transfer_done(const std::string& rel);
   // After a batch of dir: the copies this node published join the index (added_in's result).

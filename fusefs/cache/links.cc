@@ -1,7 +1,7 @@
 // LinkedCopies: cache/links.h states what it records and why.
 #include "fusefs/cache/links.h"
 
-#include "bcast/manifest.h"
+#include "bcast/io/manifest.h"
 
 namespace stagefs {
 

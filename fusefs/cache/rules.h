@@ -1,6 +1,6 @@
 // The node cache's admission rules that other rooms must apply the same way: what a batch of
 // small files takes, and what a copy of one costs. The batch's scan
-// (BeneathSource::scan_small_files), the cache's room-making before a batch (NodeCache) and
+// (BeneathSource::scan_selection), the cache's room-making before a batch (NodeCache) and
 // the core's choice between a batch and a transfer of one file (StageFsCore) all ask
 // batch_eligible (and, beneath.h, whether the file has an ACL: for_each_small_file), so they
 // never disagree on what a batch holds. Pure functions of a stat and a name: thread-safe.
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 
 namespace stagefs {
 

@@ -42,8 +42,8 @@
 #include <thread>
 #include <vector>
 
-#include "bcast/error.h"
-#include "bcast/fd.h"
+#include "bcast/io/error.h"
+#include "bcast/io/fd.h"
 
 namespace stagefs {
 

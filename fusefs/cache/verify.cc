@@ -3,9 +3,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/log.h"
 
 namespace stagefs {
@@ -117,7 +118,7 @@ CopyChecker::Check CopyChecker::check_later(const std::string& rel, const struct
   if (!fd) return Check::none;
   const auto key = copy_key(st);
   if (trusted(key)) return Check::none;
-  const auto origin = stage::origin_of_fd(fd->get());
+  const auto origin = stage::origin_of_fd(fd->get(), kCopyXattrs.origin);
   if (!origin || !origin->crc_known) return Check::none;  // nothing to read back (open_verified says what)
   std::lock_guard lk(verify_m_);                          // then verified_m_ (the verifier never holds both)
   if (verify_stop_) return Check::stopping;
@@ -163,7 +164,7 @@ stage::Result<stage::Fd> CopyChecker::open_verified(const std::string& rel, cons
   if (!fd || cfg_.verify == Verify::none) return fd;
   const auto key = copy_key(st);
   if (trusted(key)) return fd;
-  const auto origin = stage::origin_of_fd(fd->get());
+  const auto origin = stage::origin_of_fd(fd->get(), kCopyXattrs.origin);
   if (!just_made && origin && origin->crc_known) {
     if (!may_read_back)
       return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy (not checked)", rel);

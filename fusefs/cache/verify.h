@@ -32,8 +32,8 @@
 #include <tuple>
 #include <vector>
 
-#include "bcast/error.h"
-#include "bcast/fd.h"
+#include "bcast/io/error.h"
+#include "bcast/io/fd.h"
 
 namespace stagefs {
 

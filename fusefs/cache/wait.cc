@@ -3,7 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "bcast/paths.h"
+#include "bcast/io/paths.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/log.h"
 

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "bcast/error.h"
+#include "bcast/io/error.h"
 
 namespace stagefs {
 

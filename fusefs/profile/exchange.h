@@ -16,7 +16,7 @@
 
 #include <chrono>
 
-#include "bcast/comm.h"
+#include "bcast/comm/comm.h"
 #include "fusefs/profile/format.h"
 
 namespace stagefs {

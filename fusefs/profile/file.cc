@@ -13,8 +13,8 @@
 #include <span>
 #include <vector>
 
-#include "bcast/crc.h"
-#include "bcast/fd.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/fd.h"
 
 namespace stagefs {
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <unordered_set>
 
-#include "bcast/crc.h"
-#include "bcast/manifest.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/manifest.h"
 
 namespace stagefs {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "bcast/error.h"
+#include "bcast/io/error.h"
 
 namespace stagefs {
 

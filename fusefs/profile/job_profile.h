@@ -22,7 +22,7 @@
 #include <optional>
 #include <string>
 
-#include "bcast/comm.h"
+#include "bcast/comm/comm.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "fusefs/profile/recorder.h"

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bcast/report.h"
+#include "bcast/transfer/report.h"
 #include "fusefs/status.h"
 
 extern char** environ;

@@ -1,7 +1,7 @@
 # Crash points, disk full, a source that changes (tests/faults/test_crash.py): real stage-bcast
 # jobs under mpirun (ranks as nodes) and standalone stagefs mounts, in a private mount
 # namespace of their own; skipped (77) without /dev/fuse, root, fusermount3, unshare, nsenter,
-# mount or mpirun. Uses the holding store and source (bcast/holding.h).
+# mount or mpirun. Uses the holding store and source (bcast/holds/holds.h).
 function(stage_fault_crash_test name timeout filter)
   add_test(NAME faults.${name}
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/test_crash.py

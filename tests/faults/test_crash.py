@@ -5,7 +5,7 @@ Usage: test_crash.py STAGE_BCAST STAGEFS [MPIRUN ARGS...] [-- UNITTEST ARGS...]
 Exits 77 (skipped) without /dev/fuse, root, fusermount3, unshare, nsenter, mount or mpirun.
 
 The crash points come from the holding store and source the tools wrap their own in when
-asked (bcast/holding.h): with STAGE_TEST_HOLD=<point> [STAGE_TEST_HOLD_RANK=<rank>]
+asked (bcast/holds/holds.h): with STAGE_TEST_HOLD=<point> [STAGE_TEST_HOLD_RANK=<rank>]
 STAGE_TEST_HOLD_FILE=<path> a process reaching <point> creates <path> and SIGSTOPs itself, so
 a test can kill -9 it exactly there.
 

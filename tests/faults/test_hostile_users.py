@@ -43,7 +43,7 @@ Usage: test_hostile_users.py STAGEFS [-- UNITTEST ARGS (classes)]
             9 KB), and once the kernel forgot the entries (drop_caches) it falls back to
             within 0.5 KB per entry of where it started
 
-Transfers are held at a chunk (bcast/holding.h: STAGE_TEST_HOLD=mid-file,
+Transfers are held at a chunk (bcast/holds/holds.h: STAGE_TEST_HOLD=mid-file,
 STAGE_TEST_HOLD_BLOCK=1); every wait is a bounded poll of a condition. Standard library only.
 """
 import json

@@ -14,7 +14,7 @@ Usage: test_wrong_bytes_and_access.py STAGEFS [-- UNITTEST ARGS (classes)]
            directory handles (memory), 100 opens waiting on a copy (no head-of-line
            blocking), SIGTERM during a copy (abandoned at the next chunk, exit 0)
 
-Nothing sleeps to synchronize: the daemon's copy is held at a chunk (bcast/holding.h:
+Nothing sleeps to synchronize: the daemon's copy is held at a chunk (bcast/holds/holds.h:
 STAGE_TEST_HOLD=mid-file, STAGE_TEST_HOLD_BLOCK=1: only the copy's writer thread waits until
 the hold file is removed), and every wait is a bounded poll of a condition. Standard library only.
 """

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "bcast/manifest.h"
+#include "bcast/io/manifest.h"
 #include "fusefs/control.h"
 #include "fusefs/profile/format.h"
 

@@ -623,7 +623,7 @@ class Group:
 
 
 class Hold:
-    """A copy held at a known point instead of slowed by time (bcast/holding.h): the thread
+    """A copy held at a known point instead of slowed by time (bcast/holds/holds.h): the thread
     of rank `rank` that reaches `point` (mid-file: its writer thread after two chunks;
     reader-mid-file: the source's reader thread; the rest of the daemon goes on) waits until the test
     removes the hold file. os.environ carries it while the daemons or groups started inside

@@ -21,7 +21,7 @@ docs/profile-format.md, not the C++ codec.
   Stop        the group is unmounted while the replay's copy is held: every rank exits 0 in
               bounded time, no partial copy under a final name, the profile is left as it was
               (the job opened nothing)
-Holds are bcast/holding.h's (STAGE_TEST_HOLD=reader-mid-file on rank 0); every wait is a
+Holds are bcast/holds/holds.h's (STAGE_TEST_HOLD=reader-mid-file on rank 0); every wait is a
 bounded poll of a condition.
 """
 import os

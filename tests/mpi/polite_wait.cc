@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "bcast/comm_mpi.h"
+#include "bcast/comm/comm_mpi.h"
 
 namespace {
 

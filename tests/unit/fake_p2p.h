@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "bcast/comm.h"
+#include "bcast/comm/comm.h"
 
 namespace stage::testing {
 

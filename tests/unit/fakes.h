@@ -5,8 +5,9 @@
 #include <atomic>
 #include <memory>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
+#include "fusefs/cache/copy_xattrs.h"
 
 namespace stage::testing {
 
@@ -68,8 +69,8 @@ struct StoreFaults {
   bool fail_commit = false;         // rename fails (EIO)
   int64_t free_bytes = -1;          // statvfs says this much is free (-1: the real figure)
   uint64_t written = 0;
-  SourceFaults* copy = nullptr;     // reads of this node's existing copies (seeding) go through these
-  int bad_copies = 0;               // seed copies the engine reported as unreadable or wrong (bad_copy)
+  SourceFaults* copy = nullptr;  // reads of this node's existing copies (seeding) go through these
+  int bad_copies = 0;            // seed copies the engine reported as unreadable or wrong (bad_copy)
 };
 
 class FaultStore final : public LocalStore {
@@ -132,7 +133,7 @@ class FaultStore final : public LocalStore {
     std::unique_ptr<Txn> in_;
     StoreFaults& f_;
   };
-  PosixStore real_;
+  PosixStore real_{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   StoreFaults& f_;
 };
 

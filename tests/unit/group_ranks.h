@@ -16,11 +16,12 @@
 #include <optional>
 #include <thread>
 
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fake_p2p.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/group.h"
 #include "thread_comm.h"
 #include "thread_control.h"
@@ -99,9 +100,9 @@ class GatedSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return in_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max_size,
-                                                    const stage::SmallFilesSlice& slice) override {
-    return in_.scan_small_files(dir, max_size, slice);
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max_size,
+                                                 const stage::SelectionSlice& slice) override {
+    return in_.scan_selection(dir, max_size, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
                                                          const stage::Entry& e) override {
@@ -222,7 +223,7 @@ class GroupRanksTest : public TmpDirTest {
       auto c = NodeCache::open(path("cache" + std::to_string(r)));
       ASSERT_TRUE(c) << c.error().message;
       k.cache = std::move(c.value());
-      k.store = std::make_unique<stage::PosixStore>();
+      k.store = std::make_unique<stage::PosixStore>(stage::StoreOptions{.xattrs = stagefs::kCopyXattrs});
       k.comm = std::make_unique<ThreadComm>(world_, r);
       k.nested = std::make_unique<ThreadComm>(nested_world_, r);
       k.p2p = std::make_unique<stage::testing::FakeP2P>(net_, r);

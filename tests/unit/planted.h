@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "bcast/crc.h"
-#include "bcast/manifest.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/manifest.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
+#include "fusefs/cache/copy_xattrs.h"
 
 namespace stage::testing {
 
@@ -57,14 +58,14 @@ inline ::testing::AssertionResult plant_copy(const std::string& copy, const std:
   FileMeta meta = meta_from_stat(st);
   if (how.older_origin) meta.ctime_ns -= 1000000000;
   const std::string origin = encode_origin(meta, crc_of(truth));
-  if (::setxattr(copy.c_str(), kOriginXattr, origin.data(), origin.size(), 0) != 0)
+  if (::setxattr(copy.c_str(), stagefs::kCopyXattrs.origin.c_str(), origin.data(), origin.size(), 0) != 0)
     return ::testing::AssertionFailure() << "setxattr origin " << copy;
   if (how.record != Record::none) {
     const uint64_t unit = how.record == Record::same      ? how.chunk
                           : how.record == Record::coarser ? how.chunk * 4
                                                           : how.chunk / 4;
     const std::string rec = encode_chunk_record(record_of(truth, unit));
-    if (::setxattr(copy.c_str(), kChunksXattr, rec.data(), rec.size(), 0) != 0)
+    if (::setxattr(copy.c_str(), stagefs::kCopyXattrs.chunks.c_str(), rec.data(), rec.size(), 0) != 0)
       return ::testing::AssertionFailure() << "setxattr chunks " << copy;
   }
   const timespec times[2] = {st.st_atim, st.st_mtim};

@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "bcast/fd.h"
+#include "bcast/io/fd.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "tmpdir.h"

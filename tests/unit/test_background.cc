@@ -13,11 +13,12 @@
 #include <mutex>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm.h"
+#include "bcast/io/store.h"
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/group.h"
 #include "source_cache.h"
 #include "tmpdir.h"
@@ -37,9 +38,9 @@ class RecordingSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return real_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
-                                                    const stage::SmallFilesSlice& slice) override {
-    return real_.scan_small_files(dir, max, slice);
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max,
+                                                 const stage::SelectionSlice& slice) override {
+    return real_.scan_selection(dir, max, slice);
   }
   stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
                                                          const stage::Entry& e) override {
@@ -127,7 +128,7 @@ class BackgroundTest : public testing::SourceCacheTest {
   static constexpr Want kPrefetch{1000, /*background=*/true, /*may_evict=*/true};
   static constexpr Want kOpen{1000, /*background=*/false, /*may_evict=*/true};
 
-  stage::PosixStore store_;
+  stage::PosixStore store_{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 // The replay queued r0, r1, r2; while r0 is copied the job opens r2: r2 goes next, ahead of r1.
@@ -196,7 +197,7 @@ TEST_F(BackgroundTest, ASkippedBackgroundBatchFailsAWaitThatMayNotEvict) {
   std::vector<bool> hooks;  // may_evict of each batch
   auto cfg = config();
   cfg.small_file_size = kChunk;
-  cfg.before_batch = [&](const std::string&, const stage::SmallFilesSlice&, bool may_evict) {
+  cfg.before_batch = [&](const std::string&, const stage::SelectionSlice&, bool may_evict) {
     hooks.push_back(may_evict);
     faults.free_bytes = may_evict ? -1 : 0;  // the engine's free-space check refuses a prefetch
   };

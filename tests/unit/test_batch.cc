@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -22,11 +22,12 @@
 #include <set>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm.h"
+#include "bcast/io/store.h"
 #include "fakes.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
@@ -56,17 +57,18 @@ class ChangingSource final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return real_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
-                                                    const stage::SmallFilesSlice& slice) override {
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max,
+                                                 const stage::SelectionSlice& slice) override {
     ++scans;
-    return real_.scan_small_files(dir, max, slice);
+    return real_.scan_selection(dir, max, slice);
   }
-  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root, const stage::Entry& e) override {
+  stage::Result<std::unique_ptr<stage::SourceFile>> open(const std::string& root,
+                                                         const stage::Entry& e) override {
     auto f = real_.open(root, e);
     if (f && (always || !changed) && stage::join_path(root, e.path) == victim_) {
       changed = true;
       if (always) data_ += 'x';  // a new size each time
-      rewrite(path_, data_);  // same inode, new bytes, new mtime and ctime
+      rewrite(path_, data_);     // same inode, new bytes, new mtime and ctime
     }
     return f;
   }
@@ -85,8 +87,9 @@ struct BatchEnds {
   std::condition_variable cv;
   int ended = 0;
   void count_in(GroupConfig& cfg) {
-    cfg.after_batch = [this, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
-                                                      bool ok, double secs) {
+    cfg.after_batch = [this, inner = cfg.after_batch](const std::string& dir,
+                                                      const std::vector<std::string>& published, bool ok,
+                                                      double secs) {
       if (inner) inner(dir, published, ok, secs);
       std::lock_guard lk(m);
       ++ended;
@@ -134,9 +137,12 @@ class BatchTest : public testing::SourceCacheTest {
   // A mount of one rank (SelfComm): its group's service thread runs while it lives; end() (or
   // the end of its scope, also when a test fails) stops the core first, then the group.
   struct Mount {
-    Mount(BatchTest& t, stage::SourceReader& src, GroupConfig cfg) : Mount(t, src, t.store_, std::move(cfg)) {}
+    Mount(BatchTest& t, stage::SourceReader& src, GroupConfig cfg)
+        : Mount(t, src, t.store_, std::move(cfg)) {}
     Mount(BatchTest& t, stage::SourceReader& src, stage::LocalStore& store, GroupConfig cfg)
-        : test(t), group(comm, ctl, src, store, std::move(cfg)), service([this] { EXPECT_TRUE(group.run().ok()); }) {}
+        : test(t),
+          group(comm, ctl, src, store, std::move(cfg)),
+          service([this] { EXPECT_TRUE(group.run().ok()); }) {}
     ~Mount() { end(); }
     Mount(const Mount&) = delete;
     Mount& operator=(const Mount&) = delete;
@@ -214,7 +220,7 @@ class BatchTest : public testing::SourceCacheTest {
   std::string large_;
   std::unique_ptr<StageFsCore> core_;  // destroyed before the group (declared in each test)
   std::mutex core_m_;                  // core_ as config()'s after_batch hook reads it
-  stage::PosixStore store_;
+  stage::PosixStore store_{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 // The daemon's own access check, behind the kernel's default_permissions (which a user who
@@ -273,7 +279,8 @@ TEST_F(BatchTest, AnOpenIsDeniedWhenADirectoryAboveTheFileIsClosedOnTheSource) {
   auto denied = [&](uint64_t id, const char* why) {
     auto r = core_->open(id, O_RDONLY, nobody);
     ASSERT_FALSE(r) << why;
-    EXPECT_EQ(r.error().code, std::error_code(EACCES, std::generic_category())) << why << ": " << r.error().message;
+    EXPECT_EQ(r.error().code, std::error_code(EACCES, std::generic_category()))
+        << why << ": " << r.error().message;
   };
   ASSERT_EQ(::chmod(path("src/proj").c_str(), 0700), 0);
   denied(plan, "cached copy, a grandparent chmod 700");
@@ -594,8 +601,11 @@ bool deny_nobody(const std::string& p) {
   };
   constexpr uint32_t kNobody = 65534, kUndefined = UINT32_MAX;
   const uint32_t version = 2;
-  const AclEntry aces[] = {{0x01, 6, kUndefined}, {0x02, 0, kNobody}, {0x04, 4, kUndefined},
-                      {0x10, 4, kUndefined}, {0x20, 4, kUndefined}};  // user_obj, user, group_obj, mask, other
+  const AclEntry aces[] = {{0x01, 6, kUndefined},
+                           {0x02, 0, kNobody},
+                           {0x04, 4, kUndefined},
+                           {0x10, 4, kUndefined},
+                           {0x20, 4, kUndefined}};  // user_obj, user, group_obj, mask, other
   std::string v(reinterpret_cast<const char*>(&version), 4);
   v.append(reinterpret_cast<const char*>(aces), sizeof aces);
   return ::setxattr(p.c_str(), "system.posix_acl_access", v.data(), v.size(), 0) == 0;
@@ -672,7 +682,9 @@ class CountingStore final : public stage::LocalStore {
   }
   stage::Status make_dir(const std::string& p, uint32_t m) override { return real_.make_dir(p, m); }
   stage::Status make_parents(const std::string& p) override { return real_.make_parents(p); }
-  stage::Status make_symlink(const std::string& p, const std::string& t) override { return real_.make_symlink(p, t); }
+  stage::Status make_symlink(const std::string& p, const std::string& t) override {
+    return real_.make_symlink(p, t);
+  }
   int remove_stale_temps(const std::string& p) override { return real_.remove_stale_temps(p); }
   stage::Result<std::unique_ptr<stage::Txn>> begin(const std::string& p) override {
     auto t = real_.begin(p);
@@ -740,7 +752,8 @@ class CountingStore final : public stage::LocalStore {
     std::unique_ptr<stage::Txn> in_;
     CountingStore& s_;
   };
-  stage::PosixStore real_{stage::StoreOptions{.direct_io = false, .parent_mode = 0700}};  // as the cache's
+  stage::PosixStore real_{stage::StoreOptions{
+      .direct_io = false, .parent_mode = 0700, .xattrs = stagefs::kCopyXattrs}};  // as the cache's
 };
 
 TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
@@ -753,7 +766,7 @@ TEST_F(BatchTest, TheEngineStagesOnlyTheSmallRegularFilesWithOneSyncPerBatch) {
   CountingStore store;
   stage::SelfComm comm;
   stage::StageOptions opt;
-  opt.pre = stage::Validate::origin;
+  opt.pre = stage::Validate::recorded;
   opt.selection.max_file_size = kSmall;
   opt.chunk_size = 65536;
   const stage::StageEndpoint ep{"many", path("dest/many"), true};
@@ -792,7 +805,7 @@ TEST_F(BatchTest, AWalkOfTwoSiblingsStagesTheOtherSubdirectories) {
   for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/private", "w/nogroup", "w/acl"})
     small_dir(d, {"f0", "f1", "f2"});
   ASSERT_EQ(::chmod(path("src/w/private").c_str(), 0750), 0);
-  ASSERT_EQ(::chmod(path("src/w/nogroup").c_str(), 0705), 0);  // its owner's group may not enter
+  ASSERT_EQ(::chmod(path("src/w/nogroup").c_str(), 0705), 0);              // its owner's group may not enter
   if (!deny_nobody(path("src/w/acl"))) fs::remove_all(path("src/w/acl"));  // no ACLs here
   fs::create_directory_symlink("../many", path("src/w/link"));
   write_file(path("src/w/plain"), small_[4]);
@@ -850,7 +863,7 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::mutex m;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
+  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
@@ -885,7 +898,8 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::lock_guard lk(m);
   ASSERT_EQ(hooks.size(), 6U);
   for (size_t i = 3; i < 6; ++i) EXPECT_TRUE(hooks[i].second) << hooks[i].first;
-  EXPECT_TRUE(std::ranges::any_of(hooks.begin() + 3, hooks.end(), [&](const auto& h) { return h.first == skipped; }))
+  EXPECT_TRUE(
+      std::ranges::any_of(hooks.begin() + 3, hooks.end(), [&](const auto& h) { return h.first == skipped; }))
       << skipped << ": asked for after its prefetch failed, it is a batch again (not file by file)";
 }
 
@@ -902,7 +916,7 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   std::promise<stage::Status> attached;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
+  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
     if (!may_evict)
@@ -961,7 +975,9 @@ class Publishing final : public Materializer {
     pending = std::move(done);
     called.set_value();  // publishes asked and pending to the test's thread
   }
-  [[nodiscard]] bool batch_running(const std::string& rel) const override { return batch_dir_of(rel) == "many"; }
+  [[nodiscard]] bool batch_running(const std::string& rel) const override {
+    return batch_dir_of(rel) == "many";
+  }
   std::string asked;
   Done pending;
   std::promise<void> called;
@@ -974,7 +990,8 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   make_core(mat);
   const uint64_t id = lookup(lookup(StageFsCore::kRootId, "many"), name(5));
   std::promise<stage::Result<OpenFile>> answer;
-  core_->open_async(id, O_RDONLY, Caller{}, [&](stage::Result<OpenFile> r) { answer.set_value(std::move(r)); });
+  core_->open_async(id, O_RDONLY, Caller{},
+                    [&](stage::Result<OpenFile> r) { answer.set_value(std::move(r)); });
   auto f = answer.get_future();
   // The core asks for the batch (on its completion pool); 60 s is only a bound.
   ASSERT_EQ(mat.called.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
@@ -1142,10 +1159,12 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   EXPECT_EQ(rc.error().to_errno(), EIO);
   EXPECT_EQ(held.mat.asked, std::vector<std::string>{"big/c"});
   EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
-  EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "served before its CRC was read";
+  EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "served before its CRC was read";
   held.let_go();
   for (auto* f : {&a1, &a2, &a3, &b1}) {
-    ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "an open was never answered";
     auto r = f->get();
     ASSERT_TRUE(r) << r.error().message;
     EXPECT_EQ(read_fd(r->fd.get()), f == &b1 ? b : a);
@@ -1173,7 +1192,8 @@ void three_opens_go_to_new_copies(HeldReadBacks& held, uint64_t ida, uint64_t id
   ASSERT_EQ(c.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   held.let_go();
   for (auto& x : f) {
-    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "an open was never answered";
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "an open was never answered";
     auto r = x.get();
     ASSERT_FALSE(r) << served;
     EXPECT_EQ(r.error().to_errno(), EIO);
@@ -1229,7 +1249,8 @@ TEST_F(BatchTest, AStopAnswersTheReadBacksNotStartedWithoutReadingThem) {
   std::thread stopper([&] { core_->stop(); });  // lets a's read-back go once none may start
   stopper.join();
   ASSERT_EQ(fa.wait_for(std::chrono::seconds(0)), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(std::chrono::seconds(0)), std::future_status::ready) << "the stop left an open unanswered";
+  ASSERT_EQ(fb.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+      << "the stop left an open unanswered";
   auto ra = fa.get();
   ASSERT_TRUE(ra) << ra.error().message;
   EXPECT_EQ(read_fd(ra->fd.get()), a);
@@ -1277,9 +1298,9 @@ class CountingScans final : public stage::SourceReader {
   stage::Result<stage::Manifest> scan(const std::string& p, bool rec, const SkipFn& skip) override {
     return real_.scan(p, rec, skip);
   }
-  stage::Result<stage::SmallFiles> scan_small_files(const std::string& dir, uint64_t max,
-                                                    const stage::SmallFilesSlice& slice) override {
-    auto r = real_.scan_small_files(dir, max, slice);
+  stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max,
+                                                 const stage::SelectionSlice& slice) override {
+    auto r = real_.scan_selection(dir, max, slice);
     if (r) listed += r->manifest.entries.size() - 1;  // the directory's own entry left out
     return r;
   }
@@ -1308,7 +1329,7 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
   GroupService* g = nullptr;
   auto cfg = config();
   cfg.batch_max_files = 100;
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool) {
+  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool) {
     order.push_back("batch " + dir);
     if (order.size() == 1)  // another user's open while the first slice runs
       g->materialize_async("many/large.bin", Want{2000, false},
@@ -1374,7 +1395,9 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
 }
 
 // Waits (60 s is only a bound) until the group counts n budget stops.
-bool wait_budget_stops(GroupService& g, uint64_t n) { return g.wait_for_budget_stops(n, std::chrono::seconds(60)); }
+bool wait_budget_stops(GroupService& g, uint64_t n) {
+  return g.wait_for_budget_stops(n, std::chrono::seconds(60));
+}
 
 size_t cached_in(const std::string& dir) {
   if (!fs::exists(dir)) return 0;

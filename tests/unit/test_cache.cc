@@ -9,11 +9,12 @@
 #include <filesystem>
 #include <future>
 
-#include "bcast/crc.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
-#include "bcast/store.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/rules.h"
 #include "fusefs/cache/verify.h"
@@ -71,10 +72,10 @@ TEST(BatchRule, TakesSmallRegularFilesEveryUserMayReadExceptTemporaryNames) {
   st.st_mode = S_IFREG | 0644;
   st.st_size = 100;
   EXPECT_TRUE(batch_eligible(st, "a.txt", 100));
-  EXPECT_FALSE(batch_eligible(st, "a.txt", 99));                 // larger than the limit
-  EXPECT_FALSE(batch_eligible(st, "a.txt", 0));                  // no batches
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 99));                  // larger than the limit
+  EXPECT_FALSE(batch_eligible(st, "a.txt", 0));                   // no batches
   EXPECT_FALSE(batch_eligible(st, ".a.txt.stage-tmp.h.1", 100));  // a copy's temporary name
-  EXPECT_TRUE(batch_eligible(st, "a.txt.stage-tmp.h.1", 100));   // not the store's shape
+  EXPECT_TRUE(batch_eligible(st, "a.txt.stage-tmp.h.1", 100));    // not the store's shape
   st.st_mode = S_IFREG | 0640;
   EXPECT_FALSE(batch_eligible(st, "a.txt", 100));  // not readable by every user
   st.st_mode = S_IFREG | 0604;
@@ -167,7 +168,8 @@ TEST_F(NodeCacheTest, ServesOnlyCurrentCopiesItWroteAndNoticesRemoval) {
   ASSERT_EQ(::stat(path("src").c_str(), &src), 0);
   auto c = NodeCache::open(path("c"));
   ASSERT_TRUE(c);
-  stage::PosixStore store(stage::StoreOptions{.direct_io = false, .parent_mode = 0700});
+  stage::PosixStore store(
+      stage::StoreOptions{.direct_io = false, .parent_mode = 0700, .xattrs = stagefs::kCopyXattrs});
   const std::string dest = (*c)->store_root() + "/d/f";
   ASSERT_TRUE(store.make_parents(dest));
   auto txn = store.begin(dest);
@@ -269,16 +271,16 @@ TEST_F(NodeCacheTest, AdmittingABatchMakesRoomForTheFilesTheBatchTakesOnly) {
   cache.set_limit(cache.usage().bytes + stage::allocated_from_stat(a) + cache.copy_overhead() + 4096);
   stage::Fd root(::open(path("src").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   ASSERT_TRUE(root.valid());
-  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SelectionSlice{}, /*may_evict=*/true);
   EXPECT_EQ(cache.usage().evictions, 0U);
   EXPECT_TRUE(fs::exists(path("c/data/old")));
   (void)cache.batch_done("d", {});
   // A file the batch does take, and that does not fit: "old" makes room for it.
   write_file(path("src/d/b"), std::string(65536, 'b'));
   ASSERT_EQ(::chmod(path("src/d/b").c_str(), 0644), 0);
-  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/false);
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SelectionSlice{}, /*may_evict=*/false);
   EXPECT_EQ(cache.usage().evictions, 0U);  // a prefetch never evicts
-  cache.admit_batch(root.get(), "d", 1 << 20, stage::SmallFilesSlice{}, /*may_evict=*/true);
+  cache.admit_batch(root.get(), "d", 1 << 20, stage::SelectionSlice{}, /*may_evict=*/true);
   EXPECT_EQ(cache.usage().evictions, 1U);
   EXPECT_FALSE(fs::exists(path("c/data/old")));
   (void)cache.batch_done("d", {});
@@ -330,9 +332,13 @@ TEST_F(NodeCacheTest, CopyCheckerReadsACopyFromAnEarlierMountBackOnceBeforeServi
   ASSERT_TRUE(c);
   NodeCache& cache = **c;
   const std::string good = random_bytes(100000, 1), bad = random_bytes(100000, 2);
-  const auto crc = [](const std::string& d) { return stage::crc64(std::as_bytes(std::span(d.data(), d.size()))); };
-  struct stat sg {}, sb {}, sn {};
-  for (const auto& [name, data, st] : {std::tuple{"good", &good, &sg}, std::tuple{"bad", &bad, &sb}, std::tuple{"new", &good, &sn}}) {
+  const auto crc = [](const std::string& d) {
+    return stage::crc64(std::as_bytes(std::span(d.data(), d.size())));
+  };
+  struct stat sg {
+  }, sb{}, sn{};
+  for (const auto& [name, data, st] :
+       {std::tuple{"good", &good, &sg}, std::tuple{"bad", &bad, &sb}, std::tuple{"new", &good, &sn}}) {
     write_file(path(std::string("src/") + name), *data);
     ASSERT_EQ(::stat(path(std::string("src/") + name).c_str(), st), 0);
   }
@@ -388,8 +394,8 @@ TEST_F(NodeCacheTest, EvictsLeastRecentlyUsedUnpinnedCopiesUnderTheLimit) {
   cache.touch("b", b.get());  // b most recently used
   cache.pin("a");             // a open on the node
   ASSERT_TRUE(cache.make_room("new", 65536));
-  EXPECT_TRUE(fs::exists(path("c/data/a")));    // pinned
-  EXPECT_TRUE(fs::exists(path("c/data/b")));    // recently used
+  EXPECT_TRUE(fs::exists(path("c/data/a")));     // pinned
+  EXPECT_TRUE(fs::exists(path("c/data/b")));     // recently used
   EXPECT_FALSE(fs::exists(path("c/data/d/c")));  // the least recently used, unpinned
   EXPECT_EQ(cache.usage().evictions, 1U);
   EXPECT_EQ(cache.store().free_bytes(cache.store_root() + "/x").value(), 65536U);
@@ -434,8 +440,11 @@ TEST_F(NodeCacheTest, ACopysOverheadIsMeasuredAndLeftOutOfTheRoom) {
   m.ino = 123456789;
   m.dev = 2049;
   const std::string origin = stage::encode_origin(m, 0x0123456789abcdefULL);
-  ASSERT_EQ(::setxattr(path("with").c_str(), stage::kOriginXattr, origin.data(), origin.size(), 0), 0);
-  struct stat plain {}, with {};
+  ASSERT_EQ(
+      ::setxattr(path("with").c_str(), stagefs::kCopyXattrs.origin.c_str(), origin.data(), origin.size(), 0),
+      0);
+  struct stat plain {
+  }, with{};
   ASSERT_EQ(::stat(path("plain").c_str(), &plain), 0);
   ASSERT_EQ(::stat(path("with").c_str(), &with), 0);
   EXPECT_EQ(cache.copy_overhead(), static_cast<uint64_t>(with.st_blocks - plain.st_blocks) * 512U);

@@ -7,12 +7,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include "bcast/chunk.h"
-#include "bcast/crc.h"
-#include "bcast/engine.h"
-#include "bcast/job.h"
-#include "bcast/manifest.h"
-#include "bcast/layout.h"
+#include "bcast/io/chunk.h"
+#include "bcast/io/crc.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/job/job.h"
+#include "bcast/io/manifest.h"
+#include "bcast/transfer/layout.h"
 #include "fusefs/log.h"
 #include "fusefs/status.h"
 

@@ -7,8 +7,9 @@
 #include <filesystem>
 #include <mutex>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fakes.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
 
@@ -42,7 +43,7 @@ class EngineTest : public TmpDirTest {
       if (e.path().filename().string().find(".stage-tmp.") != std::string::npos) return false;
     return true;
   }
-  PosixStore posix_;
+  PosixStore posix_{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   std::function<LocalStore&(int)> plain_ = [this](int) -> LocalStore& { return posix_; };
 };
 
@@ -318,7 +319,7 @@ TEST_F(EngineTest, HolesOfWholeChunksNeverTravel) {
     ASSERT_EQ(::fstat(cfd.get(), &cst), 0);
     EXPECT_EQ(static_cast<uint64_t>(cst.st_size), kSize);
     EXPECT_LE(static_cast<uint64_t>(cst.st_blocks) * 512U, 4 * (1 << 20)) << "node " << node;
-    auto origin = origin_of_fd(cfd.get());
+    auto origin = origin_of_fd(cfd.get(), stagefs::kCopyXattrs.origin);
     ASSERT_TRUE(origin && origin->crc_known);
     EXPECT_EQ(origin->crc, *want) << "node " << node << ": the whole file's CRC, holes included";
     auto got = crc_of_fd(cfd.get(), "copy", false);

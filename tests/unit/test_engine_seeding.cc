@@ -15,7 +15,7 @@
 #include <memory>
 #include <random>
 
-#include "bcast/engine.h"
+#include "bcast/transfer/engine.h"
 #include "fake_p2p.h"
 #include "fakes.h"
 #include "planted.h"
@@ -292,7 +292,7 @@ TEST_F(SeedingTest, AWholeFileSeedThatReadsBackWrongIsReplacedAndNothingWrongIsP
   const std::string data = random_bytes(300000, 7);
   write_file(path("src.bin"), data);
   StageOptions opt = seeding();
-  opt.pre = Validate::origin;
+  opt.pre = Validate::recorded;
   for (const bool chain : {false, true}) {
     SCOPED_TRACE(chain ? "chain" : "collective broadcast");
     for (int r = 0; r < kRanks; ++r) {

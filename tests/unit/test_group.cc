@@ -11,10 +11,11 @@
 #include <future>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/store.h"
+#include "bcast/comm/comm.h"
+#include "bcast/io/store.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "fusefs/stagectl_channel.h"
@@ -95,7 +96,7 @@ class GroupTest : public testing::SourceCacheTest {
     GroupService group;
     std::thread service;
   };
-  stage::PosixStore store_;
+  stage::PosixStore store_{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 TEST_F(GroupTest, OpenMaterializesOnceThenHitsTheCache) {

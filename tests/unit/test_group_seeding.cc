@@ -8,7 +8,7 @@
 
 #include <random>
 
-#include "bcast/crc.h"
+#include "bcast/io/crc.h"
 #include "fusefs/core.h"
 #include "fusefs/live.h"
 #include "group_ranks.h"

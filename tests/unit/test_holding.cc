@@ -1,4 +1,4 @@
-// The holding decorators (bcast/holding.h) around a real one-rank transfer: where each point
+// The holding decorators (bcast/holds/holds.h) around a real one-rank transfer: where each point
 // stops the copy, what is on disk there, and how the environment selects them.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,10 +9,11 @@
 #include <filesystem>
 #include <thread>
 
-#include "bcast/comm.h"
-#include "bcast/engine.h"
-#include "bcast/holding.h"
+#include "bcast/comm/comm.h"
+#include "bcast/holds/holds.h"
+#include "bcast/transfer/engine.h"
 #include "fakes.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "tmpdir.h"
 
 namespace stage::testing {
@@ -75,7 +76,7 @@ class HoldingTest : public TmpDirTest {
   }
   std::string data_;
   PosixSource posix_src_;
-  PosixStore posix_store_;
+  PosixStore posix_store_{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 TEST_F(HoldingTest, BeforeFirstChunkHoldsTheWriterOnAnEmptyTemporaryFile) {

@@ -1,7 +1,5 @@
 // LiveCopy (fusefs/live.h): reads of a copy in progress, without a mount or MPI. The
 // temporary file is a real one (PosixStore's Txn); the test plays the engine's writer.
-#include "fusefs/live.h"
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,9 +8,11 @@
 #include <functional>
 #include <optional>
 
-#include "bcast/store.h"
+#include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/core.h"
+#include "fusefs/live.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -68,7 +68,7 @@ class LiveCopyTest : public TmpDirTest {
     return w;
   }
 
-  stage::PosixStore store_{stage::StoreOptions{false, 0700}};
+  stage::PosixStore store_{stage::StoreOptions{false, 0700, stagefs::kCopyXattrs}};
   std::unique_ptr<stage::Txn> txn_;
   stage::FileMeta meta_{};
   std::string data_;
@@ -187,7 +187,8 @@ class EarlyMaterializer final : public Materializer {
   }
   void materialize_live_async(const std::string& rel, const Want&, Done done, LiveStarted on_live) override {
     auto t = store_.begin(temp_);
-    if (!t) return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
+    if (!t)
+      return done(stage::Error{t.error().code, "begin " + temp_ + " for " + rel + ": " + t.error().message});
     txn_ = std::move(t.value());
     live_ = std::make_shared<LiveCopy>();
     live_->started(meta_, 4096, {}, *txn_);
@@ -216,7 +217,7 @@ class LiveOpenTest : public TmpDirTest {
     change(meta);
     auto cache = NodeCache::open(path("cache"));
     EXPECT_TRUE(cache);
-    stage::PosixStore store;
+    stage::PosixStore store{stage::StoreOptions{.xattrs = stagefs::kCopyXattrs}};
     std::filesystem::create_directories(path("tmpcopy"));
     EarlyMaterializer mat(store, path("tmpcopy/f"), meta);
     CoreConfig cfg{path("src")};

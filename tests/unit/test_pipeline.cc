@@ -1,4 +1,4 @@
-// The pipelined chain and tree broadcasts (bcast/pipeline.h) over the fake point-to-point seam
+// The pipelined chain and tree broadcasts (bcast/transfer/pipeline.h) over the fake point-to-point seam
 // (fake_p2p.h: threads, random completion order, links that go silent or fail).
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -20,10 +20,11 @@
 #include <set>
 #include <thread>
 
-#include "bcast/engine.h"
-#include "bcast/pipeline.h"
+#include "bcast/transfer/engine.h"
+#include "bcast/transfer/pipeline.h"
 #include "fake_p2p.h"
 #include "fakes.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
 
@@ -266,8 +267,9 @@ StreamOutcome run_stream(FakeNet& net, int root, const std::vector<std::pair<siz
   for (auto [len, flags] : chunks) biggest = std::max(biggest, len);
   std::vector<std::vector<std::byte>> payload;
   for (size_t i = 0; i < chunks.size(); ++i)
-    payload.push_back((chunks[i].second & (kChunkZero | kChunkAbort)) != 0 ? std::vector<std::byte>{}
-                                                                            : pattern(chunks[i].first, 7 + static_cast<unsigned>(i)));
+    payload.push_back((chunks[i].second & (kChunkZero | kChunkAbort)) != 0
+                          ? std::vector<std::byte>{}
+                          : pattern(chunks[i].first, 7 + static_cast<unsigned>(i)));
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
@@ -303,7 +305,8 @@ StreamOutcome run_stream(FakeNet& net, int root, const std::vector<std::pair<siz
             o.headers[me].push_back(h);
             const bool empty = (h.flags & (kChunkZero | kChunkAbort)) != 0;
             auto& b = inflight.front();
-            o.chunks[me].emplace_back(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(empty ? 0 : h.length));
+            o.chunks[me].emplace_back(b.begin(),
+                                      b.begin() + static_cast<std::ptrdiff_t>(empty ? 0 : h.length));
             if (r != root) free_bufs.push_back(std::move(b));
             inflight.pop_front();
             aborted = aborted || (h.flags & kChunkAbort) != 0;
@@ -326,8 +329,8 @@ TEST(ChunkStreamTest, EveryRankGetsEveryChunkInOrder) {
   opt.segment = 1000;
   opt.window_bytes = 4000;
   opt.stall_timeout = milliseconds(20000);
-  const std::vector<std::pair<size_t, uint32_t>> chunks{
-      {10000, 0}, {4096, kChunkZero}, {1, 0}, {70001, 0}, {5000, 0}, {3000, 0}, {999, 0}};
+  const std::vector<std::pair<size_t, uint32_t>> chunks{{10000, 0}, {4096, kChunkZero}, {1, 0},  {70001, 0},
+                                                        {5000, 0},  {3000, 0},          {999, 0}};
   for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
     for (int n : {2, 3, 6, 9}) {
       FakeNet net(n);
@@ -469,7 +472,8 @@ TEST(ChunkStreamTest, ASlowButHealthyNodeDoesNotFailTheOthers) {
     });
   for (auto& t : ts) t.join();
   for (int r = 0; r < n; ++r)
-    EXPECT_TRUE(res[static_cast<size_t>(r)]) << "rank " << r << ": " << res[static_cast<size_t>(r)].error().message;
+    EXPECT_TRUE(res[static_cast<size_t>(r)])
+        << "rank " << r << ": " << res[static_cast<size_t>(r)].error().message;
 }
 
 // The source's abort (its read failed) ends the stream at the same chunk on every rank: the
@@ -479,7 +483,8 @@ TEST(ChunkStreamTest, AnAbortEndsTheStreamEverywhere) {
   opt.segment = 1000;
   for (auto shape : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
     FakeNet net(7);
-    const std::vector<std::pair<size_t, uint32_t>> chunks{{5000, 0}, {5000, kChunkAbort}, {5000, 0}, {5000, 0}};
+    const std::vector<std::pair<size_t, uint32_t>> chunks{
+        {5000, 0}, {5000, kChunkAbort}, {5000, 0}, {5000, 0}};
     // the root stops at the abort: it submits only two chunks
     auto o = run_stream(net, 3, {chunks[0], chunks[1]}, shape, opt, 4);
     for (int r = 0; r < 7; ++r) {
@@ -553,7 +558,7 @@ TEST(ChunkStreamTest, WantsReachTheRootOncePerChunk) {
         std::vector<ChunkHeader> done;
         auto run = [&]() -> Status {
           if (r == 0) {  // every want first (each rank asks for 5 and 7, rank 1 also for 9)
-            s.want(7);  // the root's own want counts once too
+            s.want(7);   // the root's own want counts once too
             while (at_root.size() < 3) {
               auto m = s.progress(done);
               if (!m) return m.error();
@@ -608,7 +613,7 @@ TEST_F(EnginePipelineTest, StagesThroughChainAndTree) {
   const std::string data = random_bytes(1000003, 5);
   write_file(path("src.bin"), data);
   PosixSource src;
-  PosixStore store;
+  PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
     const int n = 5;
     World w(n);
@@ -649,7 +654,7 @@ TEST_F(EnginePipelineTest, EveryRankFollowsTheSourceRanksChunkSize) {
   const std::string data = random_bytes(700001, 9);
   write_file(path("src.bin"), data);
   PosixSource src;
-  PosixStore store;
+  PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   const std::array<uint64_t, 4> chunk_of_rank{4096, 100000, 65536 * 3, 16 * kMiB};
   const int root = 1;
   for (auto algo : {BcastAlgorithm::chain, BcastAlgorithm::tree}) {
@@ -677,8 +682,10 @@ TEST_F(EnginePipelineTest, EveryRankFollowsTheSourceRanksChunkSize) {
       const StageReport& rep = reports[static_cast<size_t>(r)];
       EXPECT_TRUE(rep.ok) << to_string(algo) << " rank " << r << ": "
                           << (rep.errors.empty() ? "" : rep.errors.front());
-      EXPECT_TRUE(read_file(path(dir + std::to_string(r) + "/f")) == data) << to_string(algo) << " rank " << r;
-      EXPECT_EQ(rep.chunks, chunk_count(data.size(), chunk_of_rank[root])) << to_string(algo) << " rank " << r;
+      EXPECT_TRUE(read_file(path(dir + std::to_string(r) + "/f")) == data)
+          << to_string(algo) << " rank " << r;
+      EXPECT_EQ(rep.chunks, chunk_count(data.size(), chunk_of_rank[root]))
+          << to_string(algo) << " rank " << r;
     }
   }
 }
@@ -723,10 +730,11 @@ LiveRun run_live(int n, const StageOptions& opt, const std::string& source, cons
   World w(n);
   FakeNet net(n);
   PosixSource src;
-  PosixStore store;
+  PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   LiveRun out;
   for (int r = 0; r < n; ++r)
-    out.live.push_back(std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(want) : std::nullopt));
+    out.live.push_back(
+        std::make_unique<RecordingLive>(r == n - 1 ? std::optional<uint64_t>(want) : std::nullopt));
   out.reports.resize(static_cast<size_t>(n));
   run_ranks(w, [&](ThreadComm& c) {
     FakeP2P p(net, c.rank());
@@ -866,9 +874,11 @@ TEST_F(EnginePipelineTest, ATransferRunsNestedAtTheSameChunkOnEveryRank) {
   write_file(path("outer.bin"), outer);
   write_file(path("inner.bin"), inner);
   PosixSource src;
-  PosixStore store;
-  const std::vector<std::pair<int, BcastAlgorithm>> cases = {
-      {1, BcastAlgorithm::mpi}, {3, BcastAlgorithm::chain}, {3, BcastAlgorithm::tree}, {3, BcastAlgorithm::mpi}};
+  PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
+  const std::vector<std::pair<int, BcastAlgorithm>> cases = {{1, BcastAlgorithm::mpi},
+                                                             {3, BcastAlgorithm::chain},
+                                                             {3, BcastAlgorithm::tree},
+                                                             {3, BcastAlgorithm::mpi}};
   for (const auto& [n, algo] : cases) {
     const std::string tag = std::to_string(n) + to_string(algo);
     World w(n), w2(n);
@@ -935,7 +945,7 @@ TEST_F(EnginePipelineTest, ANestedTransferThatBreaksFailsTheOuterOne) {
   const std::string outer = random_bytes(chunk * 40, 6);
   write_file(path("outer.bin"), outer);
   PosixSource src;
-  PosixStore store;
+  PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
   const int n = 3;
   World w(n);
   FakeNet net(n);
@@ -953,7 +963,8 @@ TEST_F(EnginePipelineTest, ANestedTransferThatBreaksFailsTheOuterOne) {
     StageOptions mine = opt;
     mine.nest = &nest;
     StageEndpoint ep{path("outer.bin"), path("broken" + std::to_string(c.rank()) + "/f"), true};
-    reports[static_cast<size_t>(c.rank())] = stage_transfer(c, &src, store, mine, ep, [&](uint64_t, uint64_t) { ++done; });
+    reports[static_cast<size_t>(c.rank())] =
+        stage_transfer(c, &src, store, mine, ep, [&](uint64_t, uint64_t) { ++done; });
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_FALSE(reports[static_cast<size_t>(r)].ok) << "rank " << r;

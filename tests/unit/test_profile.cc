@@ -15,9 +15,9 @@
 #include <set>
 #include <thread>
 
-#include "bcast/crc.h"
-#include "bcast/fd.h"
-#include "bcast/manifest.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/fd.h"
+#include "bcast/io/manifest.h"
 #include "fake_p2p.h"
 #include "fusefs/profile/exchange.h"
 #include "fusefs/profile/file.h"

@@ -1,4 +1,4 @@
-// The progress line (bcast/progress.h): its text, and how often each mode writes, driven
+// The progress line (bcast/text/progress.h): its text, and how often each mode writes, driven
 // through a memory stream (no terminal, no clock waits: the pace rules that depend on time
 // only ever hold a line back, and each test's updates come faster than any of them).
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "bcast/progress.h"
+#include "bcast/text/progress.h"
 
 namespace stage {
 namespace {

@@ -9,10 +9,11 @@
 #include <cstring>
 #include <filesystem>
 
-#include "bcast/engine.h"
-#include "bcast/paths.h"
-#include "bcast/source.h"
+#include "bcast/io/paths.h"
+#include "bcast/io/source.h"
+#include "bcast/transfer/engine.h"
 #include "fusefs/beneath.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/privilege.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
@@ -129,7 +130,8 @@ TEST_F(PathsTest, ATreeFileNamedLikeATemporaryFileIsSkippedAndReported) {
   write_file(path("tree/.a.stage-tmp.host.123"), "planted");
   std::vector<std::string> skipped;
   PosixSource posix;
-  auto m = posix.scan(path("tree"), true, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
+  auto m =
+      posix.scan(path("tree"), true, [&](const std::string& p, const std::string&) { skipped.push_back(p); });
   ASSERT_TRUE(m) << m.error().message;
   std::vector<std::string> names;
   for (const Entry& e : m->entries) names.push_back(e.path);
@@ -222,7 +224,7 @@ class RefusalTest : public TmpDirTest {
       if (e.find(word) != std::string::npos) return true;
     return false;
   }
-  PosixStore store_;
+  PosixStore store_{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
 };
 
 TEST_F(RefusalTest, SourceLongerThanItsSizeIsNotPublished) {

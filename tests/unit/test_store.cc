@@ -20,10 +20,11 @@
 #include <sstream>
 #include <vector>
 
-#include "bcast/buffer.h"
-#include "bcast/crc.h"
-#include "bcast/engine.h"
-#include "bcast/fd.h"
+#include "bcast/io/buffer.h"
+#include "bcast/io/crc.h"
+#include "bcast/io/fd.h"
+#include "bcast/transfer/engine.h"
+#include "fusefs/cache/copy_xattrs.h"
 #include "tmpdir.h"
 
 namespace stage::testing {
@@ -64,7 +65,7 @@ class StoreTest : public TmpDirTest {
   // buffer), finishes and commits; returns the published file's path.
   std::string write_through(bool direct, const std::string& data,
                             const std::vector<std::array<size_t, 3>>& pieces, const std::string& name) {
-    PosixStore store(StoreOptions{.direct_io = direct});
+    PosixStore store(StoreOptions{.direct_io = direct, .xattrs = stagefs::kCopyXattrs});
     const std::string dest = path(name);
     auto txn = store.begin(dest);
     EXPECT_TRUE(txn) << txn.error().message;
@@ -122,10 +123,10 @@ TEST_F(StoreTest, DirectAndBufferedWritesGiveTheSameFile) {
 // A temporary file left by an earlier writer with the same name is replaced.
 TEST_F(StoreTest, FinishSetsTheSizeOnlyWhereTheWritesStoppedShort) {
   const std::string data = random_bytes(10000, 14);
-  const std::string holes = write_through(false, data.substr(0, 4096) + std::string(5904, '\0'),
-                                          {{0, 4096, 0}}, "tail_hole.bin");
+  const std::string holes =
+      write_through(false, data.substr(0, 4096) + std::string(5904, '\0'), {{0, 4096, 0}}, "tail_hole.bin");
   EXPECT_EQ(read_file(holes), data.substr(0, 4096) + std::string(5904, '\0'));
-  PosixStore store(StoreOptions{});
+  PosixStore store(StoreOptions{.xattrs = stagefs::kCopyXattrs});
   const std::string dest = path("left.bin");
   std::string temp;
   {
@@ -162,7 +163,7 @@ TEST_F(StoreTest, EngineBuffersAreUsableForDirectIo) {
   const std::string data = random_bytes(8 * 1024 * 1024, 14);
   write_file(path("src.bin"), data);
   PosixSource src;
-  PosixStore store(StoreOptions{.direct_io = true});
+  PosixStore store(StoreOptions{.direct_io = true, .xattrs = stagefs::kCopyXattrs});
   SelfComm comm;
   StageOptions opt;
   opt.chunk_size = 1024 * 1024;
@@ -203,7 +204,8 @@ TEST(ChunkRecordTest, CoarserUnitsPastTheLimitAndProofsOnlyForDividingChunkSizes
   }();
   std::vector<uint64_t> chunk_crcs;
   for (uint64_t off = 0; off < data.size(); off += chunk)
-    chunk_crcs.push_back(crc64(std::as_bytes(std::span(data.data() + off, std::min<uint64_t>(chunk, data.size() - off)))));
+    chunk_crcs.push_back(
+        crc64(std::as_bytes(std::span(data.data() + off, std::min<uint64_t>(chunk, data.size() - off)))));
   const uint64_t whole = crc64(std::as_bytes(std::span(data.data(), data.size())));
   const ChunkRecord r = make_chunk_record(chunk_crcs, chunk, data.size());
   EXPECT_EQ(r.unit, 4 * chunk);  // 1001 chunks: 251 units of 4 chunks
@@ -234,7 +236,7 @@ TEST_F(StoreTest, AFinishedCopyCanBeWrittenAgainByAWriterThatIsNotRoot) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {  // the child: nobody, writing a copy of a 0444 source twice
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
-    PosixStore store;
+    PosixStore store{StoreOptions{.xattrs = stagefs::kCopyXattrs}};
     auto txn = store.begin(dir + "/copy");
     if (!txn) ::_exit(3);
     FileMeta m{8192, 1'000'000'000, 1, 1, 1, 0444};

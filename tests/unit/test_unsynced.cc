@@ -10,8 +10,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "bcast/comm.h"
-#include "bcast/engine.h"
+#include "bcast/comm/comm.h"
+#include "bcast/transfer/engine.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/unsynced.h"
@@ -140,8 +140,9 @@ TEST_F(SyncfsFlushTest, ManyCopiesAreSyncedByOneSyncfs) {
 TEST_F(SyncfsFlushTest, AFailedSyncfsSyncsEachCopyOnItsOwnAndKeepsTheGoodOnes) {
   const auto names = make_copies(UnsyncedLog::kSyncfsFrom + 1);
   std::vector<std::string> removed;
-  UnsyncedLog log(root_.get(), data_.get(), 3600s, [&](const std::string& n) { removed.push_back(n); },
-                  counting_syncfs(true));
+  UnsyncedLog log(
+      root_.get(), data_.get(), 3600s, [&](const std::string& n) { removed.push_back(n); },
+      counting_syncfs(true));
   flush_all(log, names);
   EXPECT_EQ(calls_, 1);
   EXPECT_EQ(log.synced(), names.size());  // each fdatasync succeeded
@@ -228,8 +229,8 @@ TEST_F(UnsyncedLogTest, NamesNeverReachOutsideTheCache) {
   write_file(path("victim"), "outside");
   write_file(path("cache/victim"), "beside data");
   fs::create_symlink(path(""), path("cache/data/up"));
-  write_log(header("an-earlier-boot") + "../victim" + '\0' + "../../victim" + '\0' + "up/victim" + '\0' + "/" +
-            path("victim") + '\0' + "d" + '\0');
+  write_log(header("an-earlier-boot") + "../victim" + '\0' + "../../victim" + '\0' + "up/victim" + '\0' +
+            "/" + path("victim") + '\0' + "d" + '\0');
   const auto r = UnsyncedLog::recover(root_.get(), data_.get(), UnsyncedLog::current_boot_id());
   EXPECT_EQ(r.removed, 0U);
   EXPECT_TRUE(fs::exists(path("victim")));
@@ -258,7 +259,7 @@ TEST_F(UnsyncedLogTest, ABatchThroughTheCacheIsRecordedNotSynced) {
     ASSERT_TRUE(c) << c.error().message;
     stage::SelfComm comm;
     stage::StageOptions opt;
-    opt.pre = stage::Validate::origin;
+    opt.pre = stage::Validate::recorded;
     opt.selection.max_file_size = 1024;
     const stage::StageEndpoint ep{"many", stage::join_path((*c)->store_root(), "many"), true};
     auto rep = stage::stage_transfer(comm, &source, (*c)->store(), opt, ep);

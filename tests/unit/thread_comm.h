@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "bcast/comm.h"
+#include "bcast/comm/comm.h"
 
 namespace stage::testing {
 
