@@ -320,14 +320,16 @@ GroupService::Ran GroupService::run_transfer(const Message& a, stage::Comm& comm
   if (nested_ != nullptr && !nested) opt.nest = &nest;
   std::shared_ptr<LiveCopy> live = start_live(a.path);
   opt.live_copy = live.get();
-  const stage::Status room =
-      cfg_.before_transfer ? cfg_.before_transfer(a.path, a.type != MsgType::file_prefetch) : stage::Status{};
+  const stage::Status room = cfg_.admission
+                                 ? cfg_.admission->before_transfer(a.path, a.type != MsgType::file_prefetch)
+                                 : stage::Status{};
   const stage::StageEndpoint ep{a.path, stage::join_path(cfg_.cache_dir, a.path), room.ok()};
   ShownTransfer outer = show_batch(a.path, t0);
   auto report = stage::stage_transfer(comm, &src_, store_, opt, ep, transfer_progress());
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (live) end_live(a.path, *live, report);
-  if (cfg_.after_transfer) cfg_.after_transfer(a.path, report.ok, secs, report.bytes_streamed);
+  if (cfg_.admission) cfg_.admission->after_transfer(a.path, report.ok);
+  if (cfg_.transfer_ended) cfg_.transfer_ended(secs, report.ok);
   {
     std::lock_guard lk(m_);
     stats_.current.clear();
@@ -354,7 +356,8 @@ GroupService::Ran GroupService::run_transfer(const Message& a, stage::Comm& comm
 std::shared_ptr<LiveCopy> GroupService::start_live(const std::string& rel) {
   if (!cfg_.read_during_copy) return nullptr;
   auto live = std::make_shared<LiveCopy>([this, rel] { live_started(rel); });
-  if (coord_ && cfg_.first_chunks) live->want_first(cfg_.first_chunks(rel, cfg_.bcast.chunk_size));
+  if (coord_ && cfg_.read_orders)
+    live->want_first(cfg_.read_orders->first_chunks(rel, cfg_.bcast.chunk_size));
   std::lock_guard lk(m_);
   live_[rel] = live;
   last_progress_ = Clock::now();
@@ -371,8 +374,8 @@ void GroupService::end_live(const std::string& rel, LiveCopy& live, const stage:
   // core then reads the source for them with --on-stall source).
   live.end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
                                          : std::error_code(EIO, std::generic_category()));
-  if (cfg_.live_reads)
-    if (auto order = live.read_order(); !order.chunks.empty()) cfg_.live_reads(rel, order);
+  if (cfg_.read_orders)
+    if (auto order = live.read_order(); !order.chunks.empty()) cfg_.read_orders->read_during_copy(rel, order);
   const LiveCopy::Stats ls = live.stats();
   std::lock_guard lk(m_);
   stats_.reads_waited_during_copy += ls.reads_waited;
@@ -459,7 +462,8 @@ GroupService::Ran GroupService::run_batch(const Message& a, stage::Comm& comm) {
     if (r.report.ok && r.report.nodes_needing > 0 && !r.report.batch_next.empty())
       continuations_.push_back(Continuation{a, r.report.batch_next, tally.spent});
   }
-  if (cfg_.after_batch) cfg_.after_batch(a.path, r.published, r.report.ok, secs);
+  if (cfg_.admission) cfg_.admission->after_batch(a.path, r.published, r.report.ok);
+  if (cfg_.transfer_ended) cfg_.transfer_ended(secs, r.report.ok);
   count_batch(a, r, std::move(outer), prefetch);
   finish_batch(a, shown, r, secs, prefetch);
   return Ran{!r.report.comm_broken, transfer_cost(r.streamed, r.chunks, r.report.files)};
@@ -517,7 +521,7 @@ GroupService::BatchRuns GroupService::stage_batch(const Message& a, stage::Comm&
   stage::StageReport& report = r.report;
   stage::StageReport& reads = r.reads;  // where the runs' bytes were read, summed
   for (; r.runs < 2; ++r.runs) {
-    if (cfg_.before_batch) cfg_.before_batch(a.path, opt.selection.range, !prefetch);
+    if (cfg_.admission) cfg_.admission->before_batch(a.path, opt.selection.range, !prefetch);
     report = stage::stage_transfer(comm, &src_, store_, opt, ep, progress);
     r.streamed += report.bytes_streamed;
     r.chunks += report.chunks;

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "bcast/engine.h"
+#include "fusefs/admission.h"
 #include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 #include "fusefs/core.h"
@@ -73,6 +74,19 @@
 
 namespace stagefs {
 
+// The order readers read a file in, for reads during its copy (GroupConfig::read_during_copy):
+// what a replayed profile says they will read first, and what this node's readers did read.
+// Called on the service thread.
+class ReadOrders {
+ public:
+  virtual ~ReadOrders() = default;
+  // On the coordinator's node, before a transfer of rel: chunks (of chunk_size bytes) its
+  // LiveCopy wants first, in this order.
+  virtual std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) = 0;
+  // On every rank, after a transfer of rel: what this node's readers read during the copy
+  // (LiveCopy::read_order; called only if they read something).
+  virtual void read_during_copy(const std::string& rel, const LiveCopy::ReadOrder& order) = 0;
+};
 
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
@@ -82,35 +96,21 @@ struct GroupConfig {
   std::chrono::milliseconds idle_poll{20};  // longest sleep of an idle service thread
   // Named in the one log line per materialization (how reads of the copy are served).
   std::function<std::string()> read_path;
-  // Called on every rank before a transfer of rel starts (the mount removes an outdated copy
-  // there, so that its space counts as free, and makes room, evicting only if may_evict: not
-  // for a background transfer). An error (no room in this node's cache) makes this node relay
-  // the transfer without writing a copy: the other nodes get theirs, and this node's opens of
-  // rel get the error (the core then waits for room and asks again, StageFsCore::no_room).
-  std::function<stage::Status(const std::string& rel, bool may_evict)> before_transfer;
+  // The cache room's admission around every transfer and batch, on every rank (admission.h;
+  // the daemon's is its NodeCopies, cache/copies.h). Null: every node writes every copy and
+  // nothing is told of it.
+  std::shared_ptr<Admission> admission;
   // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
   std::function<bool()> cancelled;
-  // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).
-  std::function<void(const std::string& rel, bool ok, double seconds, uint64_t bytes)> after_transfer;
-  // Batches: the largest small file (0: no batches, every file alone), and the hooks as
-  // above for a batch of directory dir (after_batch gets the files this node published).
+  // Told, on every rank, of each transfer's and batch's end (the mount's metrics observe it).
+  std::function<void(double seconds, bool ok)> transfer_ended;
+  // Batches: the largest small file (0: no batches, every file alone).
   uint64_t small_file_size = 0;
   // Reads before the copy ends: single-file transfers get a LiveCopy (materialize_live_async).
   bool read_during_copy = false;
-  // With read_during_copy, on the coordinator's node, before a transfer of rel: chunks (of
-  // chunk_size bytes) its LiveCopy wants first, in this order (a replayed profile's).
-  std::function<std::vector<uint64_t>(const std::string& rel, uint64_t chunk_size)> first_chunks;
-  // With read_during_copy, on every rank, after a transfer of rel: what this node's readers
-  // read during the copy (LiveCopy::read_order; called only if they read something).
-  std::function<void(const std::string& rel, const LiveCopy::ReadOrder& order)> live_reads;
-  // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
-  // room by evicting; a batch that does not fit is then refused by the engine's free-space
-  // check, on every rank.
-  // slice: the part of dir's small files the batch takes (the engine's scan, with the limits).
-  std::function<void(const std::string& dir, const stage::SmallFilesSlice& slice, bool may_evict)>
-      before_batch;
-  std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok, double seconds)>
-      after_batch;
+  // With read_during_copy: the order readers read files in (a replayed profile's, and this
+  // mount's record: profile/job_profile.h). Null: none.
+  std::shared_ptr<ReadOrders> read_orders;
   // The coordinator announces batches nested in a running single-file transfer (needs the
   // nested Comm on every rank; only the coordinator's setting counts).
   bool nest_batches = true;

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +30,7 @@
 #include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
+#include "group_hooks.h"
 #include "source_cache.h"
 #include "tmpdir.h"
 
@@ -85,9 +86,10 @@ struct BatchEnds {
   std::condition_variable cv;
   int ended = 0;
   void count_in(GroupConfig& cfg) {
-    cfg.after_batch = [this, inner = cfg.after_batch](const std::string& dir, const std::vector<std::string>& published,
-                                                      bool ok, double secs) {
-      if (inner) inner(dir, published, ok, secs);
+    group_hooks(cfg).on_after_batch = [this, inner = group_hooks(cfg).on_after_batch](
+                                          const std::string& dir, const std::vector<std::string>& published,
+                                          bool ok) {
+      if (inner) inner(dir, published, ok);
       std::lock_guard lk(m);
       ++ended;
       cv.notify_all();
@@ -179,7 +181,8 @@ class BatchTest : public testing::SourceCacheTest {
     g.idle_poll = std::chrono::milliseconds(5);
     g.small_file_size = kSmall;
     // As the daemon: published copies join the index and count as verified in this mount.
-    g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool, double) {
+    group_hooks(g).on_after_batch = [this](const std::string& dir, const std::vector<std::string>& published,
+                                           bool) {
       const auto copies = cache_->added_in(dir, published);
       const std::lock_guard lk(core_m_);  // stop() may be ending the core on the test's thread
       if (core_) core_->copies_made(copies);
@@ -395,7 +398,7 @@ TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeF
   }
   core_->release(first->pinned);
   EXPECT_EQ(group.stats().transfers, 1U);
-  EXPECT_EQ(core_->counters().verified, 0U) << "batch copies were CRC-read again on their first open";
+  EXPECT_EQ(core_->copy_counters().verified, 0U) << "batch copies were CRC-read again on their first open";
   // The large file: its own transfer.
   auto large = core_->open(lookup(dir, "large.bin"), O_RDONLY);
   ASSERT_TRUE(large) << large.error().message;
@@ -850,7 +853,8 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::mutex m;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&,
+                                         bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
@@ -902,7 +906,8 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   std::promise<stage::Status> attached;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&,
+                                         bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
     if (!may_evict)
@@ -980,7 +985,7 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   ASSERT_EQ(mat.called.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(mat.asked, "many/" + name(5));
   EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // waiting, not read back
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   // The batch ends: it tells the core what it published, then answers.
   core_->copies_made(cache_->added_in("many", {name(5)}));
   mat.pending({});
@@ -988,7 +993,7 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(read_fd(r->fd.get()), small_[5]);
   core_->release(r->pinned);
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   core_->stop();
   core_.reset();
 }
@@ -1141,7 +1146,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   ASSERT_FALSE(rc);
   EXPECT_EQ(rc.error().to_errno(), EIO);
   EXPECT_EQ(held.mat.asked, std::vector<std::string>{"big/c"});
-  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
+  EXPECT_EQ(core_->copy_counters().verify_waits.load(), 2U);
   EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "served before its CRC was read";
   held.let_go();
   for (auto* f : {&a1, &a2, &a3, &b1}) {
@@ -1155,7 +1160,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   auto checked = held.names();
   std::sort(checked.begin(), checked.end());
   EXPECT_EQ(checked, (std::vector<std::string>{"big/a", "big/b"})) << "a copy was read back more than once";
-  EXPECT_EQ(core_->counters().verified.load(), 2U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 2U);
   EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
 }
 
@@ -1205,8 +1210,8 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   ASSERT_NO_FATAL_FAILURE(
       three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"), "a corrupted copy was served"));
   EXPECT_EQ(held.names().size(), 1U);
-  EXPECT_EQ(core_->counters().corrupt.load(), 1U);
-  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
+  EXPECT_EQ(core_->copy_counters().corrupt.load(), 1U);
+  EXPECT_EQ(core_->copy_counters().verify_waits.load(), 2U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
 }
@@ -1257,8 +1262,8 @@ TEST_F(BatchTest, AnUnreadableCopySendsItsWaitersToANewCopy) {
   ASSERT_NO_FATAL_FAILURE(three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"),
                                                        "a copy that could not be read back was served"));
   EXPECT_EQ(held.names().size(), 1U);
-  EXPECT_EQ(core_->counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the unreadable copy was left in the cache";
 }
@@ -1308,13 +1313,13 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
   GroupService* g = nullptr;
   auto cfg = config();
   cfg.batch_max_files = 100;
-  cfg.before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SmallFilesSlice&, bool) {
     order.push_back("batch " + dir);
     if (order.size() == 1)  // another user's open while the first slice runs
       g->materialize_async("many/large.bin", Want{2000, false},
                            [&](stage::Status st) { other.set_value(st); });
   };
-  cfg.before_transfer = [&](const std::string& rel, bool) {
+  group_hooks(cfg).on_before_transfer = [&](const std::string& rel, bool) {
     order.push_back("file " + rel);
     return stage::Status{};
   };
