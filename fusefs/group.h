@@ -254,6 +254,8 @@ class GroupService final : public Materializer {
   ShownTransfer show_batch(const std::string& shown, Clock::time_point t0);
   // A nested transfer ended: status shows the one it interrupted again (m_ held).
   void show_again_locked(ShownTransfer outer);
+  // A transfer's counters (a nested one shows the one it interrupted again).
+  void count_transfer(const stage::StageReport& report, bool nested, ShownTransfer outer);
   // A background transfer found no room here (m_ held): the opens or requests waiting for key
   // that may evict ask again, as an open; true if they do (then the key is not completed).
   bool ask_again_evicting_locked(const Key& key);
