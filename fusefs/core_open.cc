@@ -11,9 +11,9 @@
 #include <future>
 
 #include "bcast/store.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/live.h"
 #include "fusefs/log.h"
@@ -116,7 +116,7 @@ Result<OpenFile> StageFsCore::open_temp_name(const std::string& rel, const stage
 
 void StageFsCore::ask_cache(Pending p, bool checked) {
   p.ask.since = mat_.epoch();  // before the look into the cache
-  // The batch's own rule (cache/rules.h, beneath.h), so an open asks for a batch only if it
+  // The batch's own rule (batch_rules.h, beneath.h), so an open asks for a batch only if it
   // holds rel.
   p.ask.small =
       batch_eligible(p.src, std::string_view(p.rel).substr(p.rel.rfind('/') + 1), cfg_.small_file_size) &&

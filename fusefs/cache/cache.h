@@ -40,7 +40,7 @@
 //     the cache.
 //   - Admission (cache/admit.cc): before a transfer or a batch, on every node, a stale copy
 //     goes and room is made; after it, what was published joins the index. What a batch
-//     takes is one rule, batch_eligible() (cache/rules.h). Trust in a copy's bytes (its CRC
+//     takes is one rule, batch_eligible() (batch_rules.h). Trust in a copy's bytes (its CRC
 //     checked once per mount) is CopyChecker's (cache/verify.h), which NodeCopies owns.
 // Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
 // thread that syncs in the background); the rest only reads the held descriptors.

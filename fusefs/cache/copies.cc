@@ -4,8 +4,8 @@
 #include <cerrno>
 
 #include "bcast/store.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/log.h"
 
 namespace stagefs {

@@ -13,9 +13,9 @@
 #include "bcast/paths.h"
 #include "bcast/source.h"
 #include "bcast/store.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/links.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/cache/verify.h"
 #include "tmpdir.h"
 
