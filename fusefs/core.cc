@@ -96,10 +96,10 @@ Result<std::unique_ptr<StageFsCore>> StageFsCore::create(CoreConfig cfg, NodeCac
   stage::Fd root(::open(cfg.source_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return stage::sys_error(errno, "open SOURCE_DIR", cfg.source_dir);
   // Its admission looks at the source through the core's own SOURCE_DIR descriptor.
-  auto own = std::make_unique<NodeCopies>(
-      cache,
-      NodeCopies::Config{root.get(), cfg.verify, cfg.verify_threads, cfg.space_wait, cfg.small_file_size},
-      reader);
+  auto own = std::make_unique<NodeCopies>(cache,
+                                          NodeCopies::Config{root.get(), cfg.verify_cache, cfg.verify_threads,
+                                                             cfg.space_wait, cfg.small_file_size},
+                                          reader);
   NodeCopies& copies = *own;
   return started(std::unique_ptr<StageFsCore>(
       new StageFsCore(std::move(cfg), std::move(own), copies, mat, std::move(root))));

@@ -135,7 +135,7 @@ enum class StallPolicy { eio, source };
 struct CoreConfig {
   std::string source_dir;
   StallPolicy on_stall = StallPolicy::eio;
-  Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
+  Verify verify_cache = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
   int verify_threads = 2;  // the CopyChecker's threads
   // Regular files of at most this many bytes that every user may read (o+r) are

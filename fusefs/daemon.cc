@@ -244,7 +244,7 @@ void Daemon::limit_cache() {
 void Daemon::create_copies() {
   NodeCopies::Config c;
   c.source_root = source_root_.get();
-  c.verify = cfg_.verify;
+  c.verify_cache = cfg_.verify_cache;
   c.space_wait = stall_timeout();
   c.small_file_size = cfg_.small_file_size;
   copies_ = std::make_shared<NodeCopies>(*cache_, c);
@@ -276,13 +276,13 @@ GroupConfig Daemon::group_config() {
   };
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
-  g.nest_batches = cfg_.nested_batches;
+  g.nested_batches = cfg_.nested_batches;
   g.prefetch_siblings = cfg_.prefetch_siblings;
   g.batch_max_files = cfg_.batch_max_files;
   g.batch_max_bytes = cfg_.batch_max_bytes;
-  g.walk_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
-  g.walk_max_bytes = cfg_.prefetch_max_bytes;
-  g.walk_max_files = cfg_.prefetch_max_files;
+  g.prefetch_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
+  g.prefetch_max_bytes = cfg_.prefetch_max_bytes;
+  g.prefetch_max_files = cfg_.prefetch_max_files;
   g.file_charge = kCopyCharge;
   g.cancelled = [this] {
     std::lock_guard lk(m_);
@@ -303,7 +303,7 @@ GroupConfig Daemon::group_config() {
 std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   holds_ = std::make_unique<stage::TestHolds>(cache_->store(), *source_, data_->rank());
   group_ = std::make_unique<GroupService>(*data_, *ctl_, holds_->source(), holds_->store(), g, nested_.get());
-  CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
+  CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify_cache};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.source_version = cfg_.source_version;
   core_cfg.read_during_copy = cfg_.read_during_copy;

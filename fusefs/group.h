@@ -20,7 +20,7 @@
 // temporary file exists, the opens waiting for that file are answered with it
 // (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
 // missing chunks through it; the engine passes the wants to the source rank.
-// More than one transfer at a time (GroupConfig::nest_batches, with a
+// More than one transfer at a time (GroupConfig::nested_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
 // control plane from the engine's copy loop (bcast/engine.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
@@ -85,7 +85,7 @@ class ReadOrders {
   virtual std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) = 0;
   // On every rank, after a transfer of rel: what this node's readers read during the copy
   // (LiveCopy::read_order; called only if they read something).
-  virtual void read_during_copy(const std::string& rel, const LiveCopy::ReadOrder& order) = 0;
+  virtual void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) = 0;
 };
 
 struct GroupConfig {
@@ -113,7 +113,7 @@ struct GroupConfig {
   std::shared_ptr<ReadOrders> read_orders;
   // The coordinator announces batches nested in a running single-file transfer (needs the
   // nested Comm on every rank; only the coordinator's setting counts).
-  bool nest_batches = true;
+  bool nested_batches = true;
   // Walks (coordinator.h): once opens asked for two sibling directories' batches, the other
   // subdirectories of their parent are staged in the background, behind every request
   // (source readers without list_dirs() never do; only the coordinator's setting counts).
@@ -128,9 +128,9 @@ struct GroupConfig {
   // slices of one sequence (a batch an open or a prefetch asked for, and the slices that
   // follow it: coordinator.h, Budgets). 0: no limit. Each file is charged its bytes and
   // file_charge more (the cache's copy_charge: an empty file's copy is not free).
-  size_t walk_max_dirs = 64;
-  uint64_t walk_max_bytes = uint64_t{1} << 30;
-  uint64_t walk_max_files = 16384;
+  size_t prefetch_max_dirs = 64;
+  uint64_t prefetch_max_bytes = uint64_t{1} << 30;
+  uint64_t prefetch_max_files = 16384;
   uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy
@@ -161,9 +161,9 @@ struct GroupStats {
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
   uint64_t prefetch_queued =
-      0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
+      0;  // coordinator's node: subdirectories walks queued (GroupConfig::prefetch_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
-  // coordinator's node: walks and batch sequences stopped at their budget (walk_max_files...)
+  // coordinator's node: walks and batch sequences stopped at their budget (prefetch_max_files...)
   uint64_t budget_stops = 0;
   uint64_t waiting = 0;        // files this node waits for
   uint64_t reads_waited_during_copy = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers

@@ -99,7 +99,7 @@ void GroupService::expand_walks() {
   }
   for (const std::string& parent : walks) {
     // The budget counts the directories queued: the two asked for may be among those listed.
-    const size_t budget = cfg_.walk_max_dirs > 0 ? cfg_.walk_max_dirs : SIZE_MAX;
+    const size_t budget = cfg_.prefetch_max_dirs > 0 ? cfg_.prefetch_max_dirs : SIZE_MAX;
     auto dirs = src_.list_dirs(parent, budget > SIZE_MAX - 2 ? budget : budget + 2);
     if (!dirs) {
       spdlog::debug("walk of {}/: {}", parent, dirs.error().message);

@@ -121,7 +121,7 @@ void GroupService::end_live(const std::string& rel, LiveCopy& live, const stage:
   live.end(report.ok, report.comm_broken ? stage::make_error_code(stage::Errc::group_broken)
                                          : std::error_code(EIO, std::generic_category()));
   if (cfg_.read_orders)
-    if (auto order = live.read_order(); !order.chunks.empty()) cfg_.read_orders->read_during_copy(rel, order);
+    if (auto order = live.read_order(); !order.chunks.empty()) cfg_.read_orders->live_reads(rel, order);
   const LiveCopy::Stats ls = live.stats();
   std::lock_guard lk(m_);
   stats_.reads_waited_during_copy += ls.reads_waited;

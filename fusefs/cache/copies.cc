@@ -19,7 +19,7 @@ std::string_view name_of(const std::string& rel) {
 NodeCopies::NodeCopies(NodeCache& cache, Config cfg, CopyReader& reader)
     : cache_(cache),
       cfg_(cfg),
-      checker_(cache_, CopyChecker::Config{cfg_.verify, cfg_.verify_threads}, counters_, reader),
+      checker_(cache_, CopyChecker::Config{cfg_.verify_cache, cfg_.verify_threads}, counters_, reader),
       room_waits_(cache_, cfg_.space_wait, counters_.room_waits) {}
 
 NodeCopies::~NodeCopies() {

@@ -50,7 +50,7 @@ class NodeCopies final : public Admission {
   using Clock = std::chrono::steady_clock;
   struct Config {
     int source_root = -1;  // SOURCE_DIR's fd (admission looks at the source beneath it)
-    Verify verify = Verify::crc;
+    Verify verify_cache = Verify::crc;
     int verify_threads = 2;  // the CopyChecker's threads
     // How long an open waits for room held by open copies, from its first refusal (RoomWaits).
     std::chrono::milliseconds space_wait{std::chrono::seconds(60)};

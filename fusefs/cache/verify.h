@@ -67,7 +67,7 @@ CopyReader& disk_copy_reader();
 class CopyChecker {
  public:
   struct Config {
-    Verify verify = Verify::crc;
+    Verify verify_cache = Verify::crc;
     int threads = 2;  // verifier threads (at least one with Verify::crc)
   };
   // counters: where the checker counts; reader: how it reads copies back (both outlive it).

@@ -65,8 +65,8 @@ void JobProfile::attach(GroupConfig& g) {
   if (recorder_) g.read_orders = std::shared_ptr<ReadOrders>(std::shared_ptr<void>(), this);
 }
 
-void JobProfile::read_during_copy(const std::string& rel, const LiveCopy::ReadOrder& order) {
-  recorder_->read_during_copy(rel, order.chunk_size, order.chunks);
+void JobProfile::live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) {
+  recorder_->live_reads(rel, order.chunk_size, order.chunks);
 }
 
 // Called on the service thread, which also starts the replay: no race on replay_.

@@ -48,7 +48,7 @@ class JobProfile final : public ReadOrders {
   // core's observer with core_ready().
   void attach(GroupConfig& g);
   std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) override;
-  void read_during_copy(const std::string& rel, const LiveCopy::ReadOrder& order) override;
+  void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) override;
   void core_ready(StageFsCore& core);
   void start_replay(Materializer& mat, StageFsCore& core, int source_root);
   // Returns false if the exchange left a send cancelled: MPI must not be finalized then.

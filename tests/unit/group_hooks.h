@@ -20,7 +20,7 @@ struct GroupHooks final : Admission, ReadOrders {
   std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok)>
       on_after_batch;
   std::function<std::vector<uint64_t>(const std::string& rel, uint64_t chunk_size)> on_first_chunks;
-  std::function<void(const std::string& rel, const LiveCopy::ReadOrder& order)> on_read_during_copy;
+  std::function<void(const std::string& rel, const LiveCopy::ReadOrder& order)> on_live_reads;
 
   stage::Status before_transfer(const std::string& rel, bool may_evict) override {
     return on_before_transfer ? on_before_transfer(rel, may_evict) : stage::Status{};
@@ -37,8 +37,8 @@ struct GroupHooks final : Admission, ReadOrders {
   std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) override {
     return on_first_chunks ? on_first_chunks(rel, chunk_size) : std::vector<uint64_t>{};
   }
-  void read_during_copy(const std::string& rel, const LiveCopy::ReadOrder& order) override {
-    if (on_read_during_copy) on_read_during_copy(rel, order);
+  void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) override {
+    if (on_live_reads) on_live_reads(rel, order);
   }
 };
 

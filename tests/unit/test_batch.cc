@@ -1394,7 +1394,7 @@ TEST_F(BatchTest, OneOpenInAHugeDirectoryOfEmptyFilesStagesItsBudgetNotTheDirect
   for (int i = 0; i < 1000; ++i) write_file(path("src/empty/" + huge_name(i)), "");
   auto cfg = config();
   cfg.batch_max_files = 100;
-  cfg.walk_max_files = 250;
+  cfg.prefetch_max_files = 250;
   cfg.file_charge = kCopyCharge;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);
@@ -1418,8 +1418,8 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
     fs::remove_all(path("cache/data/w"));
     auto cfg = config();
     cfg.batch_max_files = 100;
-    cfg.walk_max_files = by_bytes ? 0 : 250;
-    cfg.walk_max_bytes = by_bytes ? 4096 : 0;
+    cfg.prefetch_max_files = by_bytes ? 0 : 250;
+    cfg.prefetch_max_bytes = by_bytes ? 4096 : 0;
     cfg.file_charge = kCopyCharge;
     Mount mount(*this, *source_, cfg);
     make_core(mount.group);
@@ -1433,11 +1433,11 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
   }
 }
 
-// A walk prefetches at most walk_max_dirs subdirectories of its parent.
+// A walk prefetches at most prefetch_max_dirs subdirectories of its parent.
 TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
   for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e", "w/f"}) small_dir(d, {"f0", "f1"});
   auto cfg = config();
-  cfg.walk_max_dirs = 2;
+  cfg.prefetch_max_dirs = 2;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
