@@ -272,6 +272,11 @@ class GroupService final : public Materializer {
   bool run_announcement(const Message& a);  // a transfer or batch, with the coordinator told
   // The next announcement, if one has arrived (the Coordinator, if here, is told).
   stage::Result<std::optional<Message>> receive();
+  // The steps of run(): the next announcement to run (deferred or received), the end of the
+  // group, and a broken data path.
+  stage::Result<std::optional<Message>> next_announcement();
+  stage::Status shut_down();
+  stage::Status data_path_broke(const Message& m);
   // The engine's Nest (service thread, inside run_transfer): see the comment at the top.
   class NestHook;
   friend class NestHook;

@@ -220,42 +220,13 @@ stage::Status GroupService::run() {
       if (!c) return control_failed(c.error());
       busy = busy || *c;
     }
-    std::optional<Message> next;
-    if (!deferred_.empty()) {  // arrived during the last transfer, not run nested in it
-      next = std::move(deferred_.front());
-      deferred_.pop_front();
-    } else {
-      auto a = receive();
-      if (!a) return control_failed(a.error());
-      next = std::move(*a);
-    }
-    if (next) {
+    auto next = next_announcement();
+    if (!next) return control_failed(next.error());
+    if (*next) {
       busy = true;
       mark_progress();
-      const Message& m = *next;
-      if (m.type == MsgType::shutdown) {
-        Ready ready;
-        {
-          std::lock_guard lk(m_);
-          state_ = GroupState::shut_down;
-          ready = fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount group shut down)"));
-        }
-        run_ready(ready);
-        return {};
-      }
-      const bool data_ok = run_announcement(m);
-      if (!data_ok) {
-        // The ranks may no longer be in step: no MPI call may follow. The group is broken
-        // (later cache misses fail at once or go to the source; cached files are still
-        // served) and this thread waits, without MPI, for the mount to be shut down.
-        (void)control_failed(stage::stage_error(stage::Errc::group_broken,
-                                                "the mount group stops transferring (the broadcast of " +
-                                                    (m.path.empty() ? std::string("/") : m.path) + " broke)"),
-                             "data path");
-        std::unique_lock lk(m_);
-        service_cv_.wait(lk, [&] { return shutdown_requested_; });
-        return {};
-      }
+      if ((*next)->type == MsgType::shutdown) return shut_down();
+      if (!run_announcement(**next)) return data_path_broke(**next);
     }
     if (busy) {
       idle = std::chrono::milliseconds(1);
@@ -268,6 +239,39 @@ stage::Status GroupService::run() {
                          [&] { return !outbox_.empty() || (shutdown_requested_ && !shutdown_sent_); });
     idle = std::min(idle * 2, cfg_.idle_poll);
   }
+}
+
+// One that arrived during the last transfer and did not run nested in it, else a new one.
+stage::Result<std::optional<Message>> GroupService::next_announcement() {
+  if (deferred_.empty()) return receive();
+  std::optional<Message> next = std::move(deferred_.front());
+  deferred_.pop_front();
+  return next;
+}
+
+// Every node agreed to shut down: the waiting opens get ESHUTDOWN.
+stage::Status GroupService::shut_down() {
+  Ready ready;
+  {
+    std::lock_guard lk(m_);
+    state_ = GroupState::shut_down;
+    ready = fail_all_locked(stage::sys_error(ESHUTDOWN, "materialize (mount group shut down)"));
+  }
+  run_ready(ready);
+  return {};
+}
+
+// The ranks may no longer be in step: no MPI call may follow. The group is broken (later cache
+// misses fail at once or go to the source; cached files are still served) and this thread
+// waits, without MPI, for the mount to be shut down.
+stage::Status GroupService::data_path_broke(const Message& m) {
+  (void)control_failed(stage::stage_error(stage::Errc::group_broken,
+                                          "the mount group stops transferring (the broadcast of " +
+                                              (m.path.empty() ? std::string("/") : m.path) + " broke)"),
+                       "data path");
+  std::unique_lock lk(m_);
+  service_cv_.wait(lk, [&] { return shutdown_requested_; });
+  return {};
 }
 
 }  // namespace stagefs
