@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bcast/io/store.h"
-#include "fusefs/cache/rules.h"
+#include "fusefs/batch_rules.h"
 
 namespace stagefs {
 

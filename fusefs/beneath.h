@@ -42,7 +42,7 @@ bool has_access_acl(int dfd, const std::string& name);
 bool has_access_acl_beneath(int root_fd, const std::string& rel);
 
 // The files a batch of directory dfd (named dir) takes, in the slice's order: those the
-// cache's batch rule admits (batch_eligible, cache/rules.h: small regular files every user
+// cache's batch rule admits (batch_eligible, batch_rules.h: small regular files every user
 // may read by their mode, not named like a temporary file) and that have no ACL, within the
 // slice and its limits (stage::SelectionSlice; its bytes count each file's copy_charge).
 // Lists every name, checks (fstatat, no symlinks; lgetxattr) only the slice's; fn(name,

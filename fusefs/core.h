@@ -27,16 +27,16 @@
 //     freed with the last one: memory does not grow with the number of handles.
 //   - Opens that must wait for a copy do not hold the caller's thread: open_async() answers
 //     through a callback, run on the core's small completion pool.
-//   - Room: an open whose copy does not fit in the cache because other copies are held open
-//     on this node waits for room without holding a thread (the cache room's RoomWaits,
-//     cache/wait.h), then asks for the copy again; past CoreConfig::space_wait it fails with
-//     ENOSPC.
-//   - Hard links: the names of one source file (one version of one inode) cost one transfer
-//     (the cache room's LinkedCopies, cache/links.h, says which name's copy serves them). The
-//     first open of a file with several links waits for its whole copy (no reads during the copy).
-//   - Trust in a copy's bytes is the cache room's CopyChecker (cache/verify.h), which the core
-//     owns for the mount's life and asks once per open: serve this copy, wait for its CRC
-//     read-back (on the checker's threads, once per copy), or miss.
+//   - Copies: every question about a copy goes to the cache room (NodeCopies,
+//     cache/copies.h), once per open: serve this copy, check it first (its CRC read back
+//     once per copy, on the room's threads), another name's copy (hard links: the names of
+//     one source version cost one transfer, and the first open of such a file waits for its
+//     whole copy), wait for that name's transfer, or miss. A copy that finds no room because
+//     copies held open on this node take it waits there for room without holding a thread,
+//     then is asked for again; past CoreConfig::space_wait the open fails with ENOSPC.
+// The files: core.cc (life, completion pool), core_names.cc (lookups, attributes, the access
+// check as the caller), core_listing.cc (directories), core_xattr.cc (extended attributes and
+// stagectl), core_open.cc (the open chain and reads during a copy).
 // Every method is thread-safe (one mutex over the node table; no lock is held while waiting
 // for a materialization). Errors are stage::Error; the edge maps them with Error::to_errno().
 #pragma once
@@ -65,9 +65,7 @@
 #include "bcast/io/manifest.h"
 #include "bcast/io/source.h"
 #include "fusefs/as_caller.h"
-#include "fusefs/cache/links.h"
-#include "fusefs/cache/verify.h"
-#include "fusefs/cache/wait.h"
+#include "fusefs/cache/copies.h"
 #include "fusefs/handles.h"
 #include "fusefs/nodes.h"
 #include "fusefs/xattr_cache.h"
@@ -114,7 +112,8 @@ class Materializer {
   // If that never happens (the transfer failed first, or this materializer cannot), done
   // as above.
   using LiveStarted = std::function<void(std::shared_ptr<LiveCopy>)>;
-  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done, LiveStarted on_live) {
+  virtual void materialize_live_async(const std::string& rel, const Want& want, Done done,
+                                      LiveStarted on_live) {
     (void)on_live;
     materialize_async(rel, want, std::move(done));
   }
@@ -136,7 +135,7 @@ enum class StallPolicy { eio, source };
 struct CoreConfig {
   std::string source_dir;
   StallPolicy on_stall = StallPolicy::eio;
-  Verify verify = Verify::crc;  // check a cached copy's CRC once per mount before serving it
+  Verify verify_cache = Verify::crc;  // check a cached copy's CRC once per mount before serving it
   int completion_threads = 2;
   int verify_threads = 2;  // the CopyChecker's threads
   // Regular files of at most this many bytes that every user may read (o+r) are
@@ -169,9 +168,9 @@ struct CoreConfig {
 
 struct OpenFile {
   stage::Fd fd;
-  bool cache_hit = false;    // served from a copy that was already there
-  bool from_source = false;  // stall fallback: reads go to the shared source
-  std::string pinned;        // the cache copy held while this file is open: pass to release()
+  bool cache_hit = false;          // served from a copy that was already there
+  bool from_source = false;        // stall fallback: reads go to the shared source
+  std::string pinned;              // the cache copy held while this file is open: pass to release()
   std::shared_ptr<LiveCopy> live;  // set: the copy is in progress; read through read_live()
                                    // (fd: the source for --on-stall source, else unset)
   HandleLimits::Slot slot;         // this handle's share of its user's limit (held until released)
@@ -190,19 +189,22 @@ struct OpenDir {
   HandleLimits::Slot slot;
 };
 
-// verified, corrupt and verify_waits are the CopyChecker's (CheckCounters).
-struct CoreCounters : CheckCounters {
+// What the core counts; the cache room counts the rest (CopyCounters: read-backs, room waits).
+struct CoreCounters {
   std::atomic<uint64_t> opens{0}, cache_hits{0}, materializations{0}, source_fallbacks{0}, open_errors{0};
   std::atomic<uint64_t> stale_opens{0}, denied{0}, prefetches{0};
   std::atomic<uint64_t> opens_during_copy{0};  // opens answered while their copy was in progress
-  std::atomic<uint64_t> room_waits{0};    // opens that waited for room held by open copies (no_room);
-                                          // notified (atomic wait) once such an open is queued
 };
 
 class StageFsCore {
  public:
   static constexpr uint64_t kRootId = NodeTable::kRootId;
-  // reader: how the cache's copies are read back for their CRC (CopyReader; outlives the core).
+  // copies: the cache room the opens ask (outlives the core; the daemon hands the same object
+  // to the group as its Admission).
+  static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCopies& copies,
+                                                            Materializer& mat);
+  // The same with a cache room of its own over cache, made from cfg (verify, verify_threads,
+  // space_wait, small_file_size); reader: how its copies are read back (outlives the core).
   static stage::Result<std::unique_ptr<StageFsCore>> create(CoreConfig cfg, NodeCache& cache,
                                                             Materializer& mat,
                                                             CopyReader& reader = disk_copy_reader());
@@ -264,9 +266,10 @@ class StageFsCore {
   // NodeCache::open_current), for a caller who may read it (the access check of an open:
   // others learn nothing of the cache, only EACCES). Copies nothing, counts no open.
   stage::Result<bool> has_copy(uint64_t id, const Caller& who) const;
-  // The materializer published these copies in this mount (a batch of small files): they
-  // were checked chunk by chunk while written, so their first open skips the CRC re-read that
-  // a copy from an earlier mount gets (Verify::crc). Each is named by the stat of the copy
+  // The cache room's copies_made() (the mount's group tells it through its admission; tests
+  // with a group of their own tell the core). The materializer published these copies in this mount (a batch
+  // of small files): they were checked chunk by chunk while written, so their first open skips the CRC
+  // re-read that a copy from an earlier mount gets (Verify::crc). Each is named by the stat of the copy
   // (device, inode, mtime), as NodeCache::added_in returns it.
   void copies_made(const std::vector<struct stat>& copies);
   // Finishes the verifier (a CRC read in progress ends first; opens waiting for one that had
@@ -297,13 +300,17 @@ class StageFsCore {
   [[nodiscard]] bool may_read(const std::string& rel, const Caller& who) const;
   [[nodiscard]] int root_fd() const { return root_.get(); }
   [[nodiscard]] const CoreCounters& counters() const { return counters_; }
+  [[nodiscard]] const CopyCounters& copy_counters() const { return copies_.counters(); }
   [[nodiscard]] XattrCache::Stats xattr_stats() const { return xattrs_.stats(); }
   [[nodiscard]] size_t node_count() const;
   [[nodiscard]] AccessCheck::Method access_method() const { return access_.method(); }
   stage::Result<std::string> path_of(uint64_t id) const;
 
  private:
-  StageFsCore(CoreConfig cfg, NodeCache& cache, Materializer& mat, CopyReader& reader, stage::Fd root);
+  StageFsCore(CoreConfig cfg, std::unique_ptr<NodeCopies> own, NodeCopies& copies, Materializer& mat,
+              stage::Fd root);
+  // A new core, its access check's method logged where it is not faccessat2.
+  static std::unique_ptr<StageFsCore> started(std::unique_ptr<StageFsCore> core);
   stage::Result<struct stat> stat_rel(const std::string& rel) const;
   // stat of rel resolved as the caller (resolve_as_caller, no access mask).
   stage::Result<struct stat> stat_as_caller(const std::string& rel, const Caller& who) const;
@@ -321,25 +328,27 @@ class StageFsCore {
   // The same number of path walks and credential switches as a check of the file alone: no
   // answer is cached, so a chmod or setfacl on the source counts from the next open on.
   // Counts a denial (CoreCounters::denied).
-  stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
+  stage::Result<stage::Fd> open_as_caller(const std::string& rel, int flags, int mask,
+                                          const Caller& who) const;
   // open_as_caller() without counting (may_read() is not an open). mask 0: the path walk
   // alone (search permission on every directory on the way), no check on what it reached.
-  stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask, const Caller& who) const;
+  stage::Result<stage::Fd> resolve_as_caller(const std::string& rel, int flags, int mask,
+                                             const Caller& who) const;
 
-  // The open chain. An open (open_async, prefetch_async) takes up to four steps, each handing
-  // the open's answer (done) on to the next; none holds a thread while a copy or a CRC
-  // read-back runs:
-  //   check_open             on the caller's thread: the checks every open passes (read-only,
-  //                          the id's version, access as the caller, temporary names), then a
-  //                          copy trusted in this mount is answered at once;
-  //   serve_or_materialize   on the completion pool: the cache room's answer (serve the copy,
-  //                          wait for its CRC read-back, or miss), another name's copy (hard
-  //                          links), else on to a copy;
-  //   materialize_then_open  asks the materializer for the copy (the file alone, its
-  //                          directory's small files, or answered during the copy); no room:
-  //                          the cache room's wait (no_room); a failed batch: the file alone;
-  //   open_materialized      the verified copy the materialization made, or the source after
-  //                          a stall (--on-stall source).
+  // The open chain, in the order an open goes through it (core_open.cc). An open (open_async,
+  // prefetch_async) hands its answer (done) on from step to step; none holds a thread while a
+  // copy or a CRC read-back runs. check_open runs on the caller's thread (a FUSE worker, or
+  // stagectl's), every later step on the core's completion pool.
+  //   check_open       the checks every open passes (read-only, the id's version, access as the
+  //                    caller, temporary names); a copy trusted in this mount is answered here;
+  //   ask_cache        the cache room's one answer (NodeCopies::ask): serve a copy (this
+  //                    name's or another name's), check it first, wait for another name's
+  //                    transfer, or miss;
+  //   materialize      asks the materializer for the copy: the file alone, its directory's
+  //                    small files, or answered during the copy (open_live);
+  //   materialized     the outcome: the copy made (open_materialized, or the source after a
+  //                    stall); a batch that failed or left the file out: the file alone
+  //                    (batch_ended); no room: wait for it (wait_for_room), then materialize.
   // How an open asks the materializer: small (its directory's slice; `since` as
   // materialize_small_async's), live_ok (answer during the copy).
   struct Ask {
@@ -348,39 +357,49 @@ class StageFsCore {
     bool live_ok = false;
     uint64_t since = 0;
   };
-  // space_deadline: when an open that found no room (no_room) stops waiting; unset before.
-  void materialize_then_open(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
-                             Clock::time_point space_deadline = {});
-  // rel's copy found no room (ENOSPC, `why`): the cache room's RoomWaits says when to ask
-  // for it again, or fails the open. space_epoch: NodeCache::space_epoch() read before the
-  // copy was asked for.
-  void no_room(const std::string& rel, const struct stat& src, const Ask& ask, OpenDone done,
-               Clock::time_point deadline, uint64_t space_epoch, const stage::Error& why);
+  // An open past its checks, on its way to a copy. space_deadline: when an open that found no
+  // room stops waiting for it (unset before its first refusal).
+  struct Pending {
+    std::string rel;
+    struct stat src {};
+    Ask ask;
+    OpenDone done;
+    Clock::time_point space_deadline{};
+  };
   // live_ok: answer during the copy (read_during_copy; not for prefetch); background: a
   // prefetch (no open waits for it).
   void check_open(uint64_t id, int flags, const Caller& who, OpenDone done, bool live_ok,
                   bool background = false);
+  // The source file an open of rel (the id's version) reads: resolved as the caller, checked
+  // for read access, a regular file, still that version (ESTALE if not).
+  stage::Result<struct stat> check_source(const std::string& rel, const stage::FileMeta& version,
+                                          const Caller& who);
+  // A path named like a copy's temporary file: served from the source, never cached.
+  stage::Result<OpenFile> open_temp_name(const std::string& rel, const stage::FileMeta& version);
   // checked: the copy's CRC read-back (if it needed one) has ended.
-  void serve_or_materialize(const std::string& rel, const struct stat& src, Ask ask, OpenDone done,
-                            bool checked);
+  void ask_cache(Pending p, bool checked);
+  // This open's copy is the one the file's other names wait for (hard links): done is wrapped
+  // to tell the cache room when it ends, and the open waits for a whole copy.
+  void make_linked_copy(Pending& p);
+  void materialize(Pending p);
+  void materialized(Pending p, const stage::Status& outcome, uint64_t space_epoch);
+  void batch_ended(Pending p, const stage::Status& outcome);
+  // The copy found no room (ENOSPC, `why`): the cache room's RoomWaits says when to ask for it
+  // again, or fails the open. space_epoch: NodeCopies::space_epoch() read before the copy was
+  // asked for.
+  void wait_for_room(Pending p, uint64_t space_epoch, const stage::Error& why);
+  // The copy is in progress on this node: the open returns with it (reads wait for chunks).
+  void open_live(Pending p, std::shared_ptr<LiveCopy> live);
   // done: the materialization's outcome.
   stage::Result<OpenFile> open_materialized(const std::string& rel, const struct stat& src,
                                             const stage::Status& done);
   void post(std::function<void()> fn);
   void completion_loop();
-  // Hard links (LinkedCopies): if another name of src's version has a copy made in this
-  // mount, or is being materialized, serves this open from that copy (now, or once that
-  // transfer ended) and returns true. Otherwise, rel's open is the one that materializes that
-  // version: done is wrapped to record the copy and release the waiting names, and
-  // ask.live_ok is cleared.
-  bool serve_from_other_name(const std::string& rel, const struct stat& src, Ask& ask, OpenDone& done);
-  // A trusted copy of rel found in the cache was served: other names of a file with several
-  // links are then served from it too (LinkedCopies::served), not copied again.
-  void note_linked_copy(const std::string& rel, const struct stat& src);
-  LinkedCopies links_;
 
+  // A cache room of the core's own (the create() that takes a NodeCache), else null.
+  std::unique_ptr<NodeCopies> own_copies_;
   CoreConfig cfg_;
-  NodeCache& cache_;
+  NodeCopies& copies_;  // the cache room: every question about a copy goes to it
   Materializer& mat_;
   stage::Fd root_;
   // Directory snapshots by (path, dev, inode, mtime, ctime), while some handle holds them.
@@ -397,11 +416,6 @@ class StageFsCore {
   std::deque<std::function<void()>> pool_q_;
   bool pool_stop_ = false;
   std::vector<std::thread> pool_;
-  // Trust in the copies (made after the pool: its callbacks post to it; stopped before it).
-  std::unique_ptr<CopyChecker> checker_;
-  // Opens waiting for room in the cache (no_room); made after the pool (its answers post to
-  // it), stopped before it.
-  std::unique_ptr<RoomWaits> room_waits_;
   // Bytes each user holds through the mount: the listings its opendirs built (held while a
   // handle of them is open) and the nodes its lookups created (held until the kernel forgets
   // them), against CoreConfig::listing_bytes_per_user. Shared with the listings' deleters,

@@ -20,9 +20,9 @@
 #include "bcast/comm/mpi_start.h"
 #include "bcast/io/paths.h"
 #include "bcast/io/store.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/control_mpi.h"
 #include "fusefs/group.h"
 #include "fusefs/log.h"
@@ -40,69 +40,6 @@ constexpr const char* kStateXattr = "user.stagefs.state";
 // Reading it stops the mount on every node, as SIGTERM would (root or the daemon's user).
 constexpr const char* kStopXattr = "user.stagefs.stop";
 
-bool inside(const std::string& child, const std::string& parent) {
-  return child == parent || (child.size() > parent.size() && child.compare(0, parent.size(), parent) == 0 &&
-                             (parent.back() == '/' || child[parent.size()] == '/'));
-}
-
-std::string absolute(const std::string& p) {
-  std::error_code ec;
-  auto a = fs::weakly_canonical(fs::absolute(p), ec);
-  return ec ? fs::absolute(p).lexically_normal().string() : a.string();
-}
-
-}  // namespace
-
-std::string check_paths(DaemonConfig& cfg) {
-  if (cfg.source_dir.empty() || cfg.mountpoint.empty() || cfg.cache_dir.empty())
-    return "SOURCE_DIR, MOUNTPOINT and --cache are required";
-  const std::string given_src = cfg.source_dir;
-  const std::string given_mnt = cfg.mountpoint;
-  const std::string given_cache = cfg.cache_dir;
-  cfg.source_dir = absolute(cfg.source_dir);
-  cfg.mountpoint = absolute(cfg.mountpoint);
-  cfg.cache_dir = absolute(cfg.cache_dir);
-  // Both paths as given and as resolved (symlinks of their existing prefixes followed).
-  auto both = [](const char* what, const std::string& given, const std::string& abs) {
-    return std::string(what) + " " + given + (given == abs ? std::string() : " (" + abs + ")");
-  };
-  const std::string src = both("SOURCE_DIR", given_src, cfg.source_dir);
-  const std::string mnt = both("MOUNTPOINT", given_mnt, cfg.mountpoint);
-  const std::string cache = both("--cache", given_cache, cfg.cache_dir);
-  if (cfg.source_dir == cfg.mountpoint) return src + " and " + mnt + " are the same directory";
-  if (inside(cfg.mountpoint, cfg.source_dir))
-    return mnt + " lies inside " + src + ": the mount would hide part of its own source";
-  if (inside(cfg.cache_dir, cfg.mountpoint))
-    return cache + " lies inside " + mnt + ": the copies would be hidden under the mount";
-  if (inside(cfg.cache_dir, cfg.source_dir))
-    return cache + " lies inside " + src + ": the copies would show up in the source they mirror";
-  if (inside(cfg.source_dir, cfg.cache_dir))
-    return src + " lies inside " + cache + ": the cache would write into the source it mirrors";
-  if (inside(cfg.mountpoint, cfg.cache_dir))
-    return mnt + " lies inside " + cache + ": the cache would be written through its own read-only mount";
-  if (const char* fs = stage::pseudo_fs_of(cfg.source_dir))
-    return src + " is on " + fs + ", a pseudo filesystem whose file sizes do not describe their contents";
-  return {};
-}
-
-std::string check_source_and_mount(const DaemonConfig& cfg) {
-  struct stat st {};
-  if (::stat(cfg.source_dir.c_str(), &st) != 0)
-    return "SOURCE_DIR " + cfg.source_dir + ": " + std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return "SOURCE_DIR " + cfg.source_dir + " is not a directory";
-  if (cfg.stall_timeout <= 0) return "--stall-timeout must be positive";
-  return check_mountpoint(cfg.mountpoint);
-}
-
-int wait_ready(const std::string& mountpoint, double timeout_s) {
-  const std::string why = wait_until_ready(mountpoint, timeout_s);
-  if (why.empty()) return 0;
-  std::fprintf(stderr, "stagefs --wait: %s is not ready (%s)\n", mountpoint.c_str(), why.c_str());
-  return 1;
-}
-
-namespace {
-
 // Everything one node's daemon owns, in construction order (destroyed in reverse).
 class Daemon {
  public:
@@ -114,6 +51,10 @@ class Daemon {
   // The steps of setup_local: each returns why it failed (empty: done).
   std::string open_cache(const std::string& cache_as_given);
   void limit_cache();
+  void create_copies();
+  [[nodiscard]] std::chrono::milliseconds stall_timeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
+  }
   [[nodiscard]] GroupConfig group_config();
   [[nodiscard]] std::string profile_path() const;
   std::string create_group_core_mount(const GroupConfig& g);
@@ -136,6 +77,8 @@ class Daemon {
   std::unique_ptr<NodeCache> cache_;
   stage::Fd source_root_;
   std::unique_ptr<BeneathSource> source_;
+  // The cache room: the core's answers about copies and the group's admission (cache/copies.h).
+  std::shared_ptr<NodeCopies> copies_;
   std::unique_ptr<stage::Seams> seams_;  // the group's store and source (DaemonConfig::wrap_seams)
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<JobProfile> profile_;  // recorded here, replayed on the coordinator's node
@@ -173,6 +116,7 @@ std::string Daemon::setup_local() {
   limit_cache();
   profile_ = std::make_unique<JobProfile>(JobProfile::Config{profile_path(), cfg_.replay, cfg_.source_dir,
                                                              cfg_.chunk_size, cfg_.small_file_size});
+  create_copies();
   return create_group_core_mount(group_config());
 }
 
@@ -233,6 +177,16 @@ void Daemon::limit_cache() {
              cache_->usage().files, cache_->usage().bytes);
 }
 
+// The cache room over the opened cache: an open waits for room as long as for a stalled copy.
+void Daemon::create_copies() {
+  NodeCopies::Config c;
+  c.source_root = source_root_.get();
+  c.verify_cache = cfg_.verify_cache;
+  c.space_wait = stall_timeout();
+  c.small_file_size = cfg_.small_file_size;
+  copies_ = std::make_shared<NodeCopies>(*cache_, c);
+}
+
 // --profile as a path ("" off): made absolute, its last component not resolved (a symlink
 // there is read_profile's to refuse).
 std::string Daemon::profile_path() const {
@@ -246,40 +200,27 @@ std::string Daemon::profile_path() const {
   return fs::absolute(cfg_.profile).lexically_normal().string();
 }
 
-// The group's configuration: the daemon's options, and the cache's admission around every
-// transfer and batch.
+// The group's configuration: the daemon's options, and the objects it asks: the cache room's
+// admission around every transfer and batch, the profile's read orders.
 GroupConfig Daemon::group_config() {
   GroupConfig g;
   g.source_dir = cfg_.source_dir;
   g.cache_dir = cache_->store_root();  // /proc/self/fd/N: never resolved through a replaced path
-  // Admission is the cache's (NodeCache::admit_transfer, admit_batch): the group calls it on
-  // every node before a transfer or a batch, and tells it what was published after.
-  g.before_transfer = [this](const std::string& rel, bool may_evict) {
-    return cache_->admit_transfer(source_root_.get(), rel, may_evict);
-  };
-  g.after_transfer = [this](const std::string& rel, bool ok, double secs, uint64_t /*bytes*/) {
-    cache_->transfer_done(rel);
+  // The cache room decides around every transfer and batch (admission.h); the metrics observe them.
+  g.admission = copies_;
+  g.transfer_ended = [this](double secs, bool ok) {
     if (metrics_) metrics_->observe_transfer(secs, ok);
   };
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
-  g.nest_batches = cfg_.nested_batches;
+  g.nested_batches = cfg_.nested_batches;
   g.prefetch_siblings = cfg_.prefetch_siblings;
   g.batch_max_files = cfg_.batch_max_files;
   g.batch_max_bytes = cfg_.batch_max_bytes;
-  g.walk_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
-  g.walk_max_bytes = cfg_.prefetch_max_bytes;
-  g.walk_max_files = cfg_.prefetch_max_files;
+  g.prefetch_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
+  g.prefetch_max_bytes = cfg_.prefetch_max_bytes;
+  g.prefetch_max_files = cfg_.prefetch_max_files;
   g.file_charge = kCopyCharge;
-  g.before_batch = [this](const std::string& dir, const stage::SelectionSlice& slice, bool may_evict) {
-    cache_->admit_batch(source_root_.get(), dir, cfg_.small_file_size, slice, may_evict);
-  };
-  g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool ok,
-                         double secs) {
-    const auto copies = cache_->batch_done(dir, published);
-    if (core_) core_->copies_made(copies);
-    if (metrics_) metrics_->observe_transfer(secs, ok);
-  };
   g.cancelled = [this] {
     std::lock_guard lk(m_);
     return shutting_down_;
@@ -287,7 +228,7 @@ GroupConfig Daemon::group_config() {
   profile_->attach(g);
   g.bcast.chunk_size = cfg_.chunk_size;
   g.bcast.source_version = cfg_.source_version;
-  g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg_.stall_timeout * 1000));
+  g.stall_timeout = stall_timeout();
   g.bcast.bcast_algorithm = cfg_.bcast_algorithm;
   g.bcast.pipeline.segment = cfg_.bcast_segment;     // rank 0's (Daemon::run)
   g.bcast.pipeline.stall_timeout = g.stall_timeout;  // a chunk's data path gives up as the opens do
@@ -299,15 +240,14 @@ GroupConfig Daemon::group_config() {
 std::string Daemon::create_group_core_mount(const GroupConfig& g) {
   seams_ = stage::wrap_seams(cfg_.wrap_seams, cache_->store(), *source_, data_->rank());
   group_ = std::make_unique<GroupService>(*data_, *ctl_, seams_->source(), seams_->store(), g, nested_.get());
-  CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify};
+  CoreConfig core_cfg{cfg_.source_dir, cfg_.on_stall, cfg_.verify_cache};
   core_cfg.small_file_size = cfg_.small_file_size;
   core_cfg.source_version = cfg_.source_version;
   core_cfg.read_during_copy = cfg_.read_during_copy;
-  core_cfg.space_wait = g.stall_timeout;  // an open waits for room as long as for a stalled copy
   std::string lowered;
   core_cfg.handles = descriptor_budget(descriptor_limit_, cfg_.max_open_per_user, lowered);
   if (!lowered.empty()) log_info("{}", lowered);
-  auto core = StageFsCore::create(core_cfg, *cache_, *group_);
+  auto core = StageFsCore::create(core_cfg, *copies_, *group_);
   if (!core) return core.error().message;
   core_ = std::move(core.value());
   core_->set_control_xattr([this](const std::string& n, const Caller& who) { return control_xattr(n, who); });
@@ -338,14 +278,15 @@ MountStatus Daemon::status() const {
   s.cache_dir = cache_->dir();
   s.read_path = mount_ ? read_path_name(mount_->read_path()) : "-";
   const CoreCounters& c = core_->counters();
+  const CopyCounters& k = copies_->counters();
   s.opens = c.opens;
   s.cache_hits = c.cache_hits;
   s.materializations = c.materializations;
   s.source_fallbacks = c.source_fallbacks;
   s.open_errors = c.open_errors;
-  s.verified = c.verified;
-  s.verify_waits = c.verify_waits;
-  s.corrupt = c.corrupt;
+  s.verified = k.verified;
+  s.verify_waits = k.verify_waits;
+  s.corrupt = k.corrupt;
   s.stale_opens = c.stale_opens;
   s.denied = c.denied;
   s.prefetches = c.prefetches;
@@ -368,7 +309,7 @@ MountStatus Daemon::status() const {
   s.requests = g.requests_sent;
   s.waiting = g.waiting;
   s.opens_during_copy = c.opens_during_copy;
-  s.room_waits = c.room_waits;
+  s.room_waits = k.room_waits;
   s.reads_waited_during_copy = g.reads_waited_during_copy;
   s.chunks_wanted = g.chunks_wanted;
   s.current = g.current;

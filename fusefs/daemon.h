@@ -52,7 +52,7 @@ struct DaemonConfig {
   // cache for that read, which then costs no disk read; direct writes cost less CPU but
   // leave that read to the disk (bench/README.md).
   bool direct_io = false;
-  Verify verify = Verify::crc;  // check each cached copy's CRC once per mount before serving it
+  Verify verify_cache = Verify::crc;  // check each cached copy's CRC once per mount before serving it
   // --source-version: what identifies a source version (the cache's validity rule, seeds).
   stage::SourceVersion source_version = stage::SourceVersion::full;
   // --small-file-size: files of at most this many bytes are staged with every other small

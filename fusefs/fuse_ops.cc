@@ -17,7 +17,6 @@
 
 #include "fusefs/live.h"
 #include "fusefs/log.h"
-#include "fusefs/mount.h"
 #include "fusefs/read_mode.h"
 #include "fusefs/stagectl_channel.h"
 
@@ -36,8 +35,8 @@ struct FileHandle {
 
 using DirHandle = OpenDir;  // the listing is shared by every handle of this directory version
 
-FuseMount& fm(fuse_req_t req) {
-  return *static_cast<FuseMount*>(fuse_req_userdata(req));
+EdgeMount& fm(fuse_req_t req) {
+  return *static_cast<EdgeMount*>(fuse_req_userdata(req));
 }
 
 // The caller's identity; groups only where the daemon checks access itself (root daemon).
@@ -88,7 +87,7 @@ void reply_erofs(fuse_req_t req) {
 }
 
 void op_init(void* userdata, struct fuse_conn_info* conn) {
-  auto* m = static_cast<FuseMount*>(userdata);
+  auto* m = static_cast<EdgeMount*>(userdata);
   if ((conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if ((conn->capable & FUSE_CAP_CACHE_SYMLINKS) != 0) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
   // The kernel enforces the source's POSIX ACLs (system.posix_acl_* from getxattr) on every
@@ -111,7 +110,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   guarded(req, [&] {
     auto& m = fm(req);
     fuse_entry_param e{};
-    e.entry_timeout = m.options().entry_timeout;
+    e.entry_timeout = m.entry_timeout();
     auto r = m.core().lookup(parent, name, caller(req, true));
     if (!r) {
       if (r.error().to_errno() == ENOENT) {  // cache the negative answer too
@@ -122,7 +121,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     e.ino = r->first;
     e.attr = r->second;
-    e.attr_timeout = m.options().attr_timeout;
+    e.attr_timeout = m.attr_timeout();
     fuse_reply_entry(req, &e);
   });
 }
@@ -143,7 +142,7 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
     // its open. Otherwise as the caller.
     auto r = fm(req).core().getattr(ino, fi != nullptr ? Caller{} : caller(req, true));
     if (!r) return reply_err(req, r.error());
-    fuse_reply_attr(req, &r.value(), fm(req).options().attr_timeout);
+    fuse_reply_attr(req, &r.value(), fm(req).attr_timeout());
   });
 }
 
@@ -217,8 +216,8 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
       if (const auto& r = looked[i - first]) {
         e.ino = r->first;
         e.attr = r->second;
-        e.attr_timeout = m.options().attr_timeout;
-        e.entry_timeout = m.options().entry_timeout;
+        e.attr_timeout = m.attr_timeout();
+        e.entry_timeout = m.entry_timeout();
         ids.push_back(e.ino);
       } else {
         e.attr.st_ino = d.ino;
@@ -282,7 +281,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
 void op_read(fuse_req_t req, fuse_ino_t /*ino*/, size_t size, off_t off, struct fuse_file_info* fi) {
   const auto* h = reinterpret_cast<FileHandle*>(fi->fh);
   if (h->live) {  // the copy is in progress: at once if the range is here, else when it is
-    FuseMount* m = &fm(req);
+    EdgeMount* m = &fm(req);
     return guarded(req, [&] {
       m->core().read_live(h->live, h->fd.get(), static_cast<uint64_t>(off), size,
                           [m, req](stage::Result<std::string> r) {
@@ -438,12 +437,12 @@ const fuse_lowlevel_ops kOps = [] {
   return o;
 }();
 
-// custom io: libfuse hands us the session's userdata (the FuseMount).
+// custom io: libfuse hands us the session's userdata (the EdgeMount).
 ssize_t io_read(int fd, void* buf, size_t len, void* ud) {
-  return Passthrough::read_hook(fd, buf, len, &static_cast<FuseMount*>(ud)->passthrough());
+  return Passthrough::read_hook(fd, buf, len, &static_cast<EdgeMount*>(ud)->passthrough());
 }
 ssize_t io_writev(int fd, struct iovec* iov, int count, void* ud) {
-  return Passthrough::writev_hook(fd, iov, count, &static_cast<FuseMount*>(ud)->passthrough());
+  return Passthrough::writev_hook(fd, iov, count, &static_cast<EdgeMount*>(ud)->passthrough());
 }
 ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned int flags,
                        void* ud) {
@@ -454,7 +453,7 @@ ssize_t io_splice_send(int fdin, off_t* offin, int fdout, off_t* offout, size_t 
 
 namespace fuse_edge {
 
-fuse_session* new_session(FuseMount& m, std::span<const char*> argv) {
+fuse_session* new_session(EdgeMount& m, std::span<const char*> argv) {
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
   return fuse_session_new(&args, &kOps, sizeof kOps, &m);
 }

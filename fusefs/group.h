@@ -20,7 +20,7 @@
 // temporary file exists, the opens waiting for that file are answered with it
 // (materialize_live_async), and so is any open of it until the transfer ends. Reads ask for
 // missing chunks through it; the engine passes the wants to the source rank.
-// More than one transfer at a time (GroupConfig::nest_batches, with a
+// More than one transfer at a time (GroupConfig::nested_batches, with a
 // second data Comm): while one file's transfer streams, the service thread keeps polling the
 // control plane from the engine's copy loop (bcast/transfer/terms.h, Nest), so this node's requests
 // still reach the coordinator; the coordinator may then announce one batch as batch_nested,
@@ -66,12 +66,27 @@
 #include <vector>
 
 #include "bcast/transfer/engine.h"
+#include "fusefs/admission.h"
 #include "fusefs/control.h"
 #include "fusefs/coordinator.h"
 #include "fusefs/core.h"
 #include "fusefs/live.h"
 
 namespace stagefs {
+
+// The order readers read a file in, for reads during its copy (GroupConfig::read_during_copy):
+// what a replayed profile says they will read first, and what this node's readers did read.
+// Called on the service thread.
+class ReadOrders {
+ public:
+  virtual ~ReadOrders() = default;
+  // On the coordinator's node, before a transfer of rel: chunks (of chunk_size bytes) its
+  // LiveCopy wants first, in this order.
+  virtual std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) = 0;
+  // On every rank, after a transfer of rel: what this node's readers read during the copy
+  // (LiveCopy::read_order; called only if they read something).
+  virtual void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) = 0;
+};
 
 struct GroupConfig {
   std::string source_dir;  // SOURCE_DIR (absolute)
@@ -81,39 +96,24 @@ struct GroupConfig {
   std::chrono::milliseconds idle_poll{20};  // longest sleep of an idle service thread
   // Named in the one log line per materialization (how reads of the copy are served).
   std::function<std::string()> read_path;
-  // Called on every rank before a transfer of rel starts (the mount removes an outdated copy
-  // there, so that its space counts as free, and makes room, evicting only if may_evict: not
-  // for a background transfer). An error (no room in this node's cache) makes this node relay
-  // the transfer without writing a copy: the other nodes get theirs, and this node's opens of
-  // rel get the error (the core then waits for room and asks again, StageFsCore::no_room).
-  std::function<stage::Status(const std::string& rel, bool may_evict)> before_transfer;
+  // The cache room's admission around every transfer and batch, on every rank (admission.h;
+  // the daemon's is its NodeCopies, cache/copies.h). Null: every node writes every copy and
+  // nothing is told of it.
+  std::shared_ptr<Admission> admission;
   // Asked by the source rank before each chunk: true abandons the transfer (a local stop).
   std::function<bool()> cancelled;
-  // Called on every rank after a transfer (the cache indexes the copy; metrics observe it).
-  std::function<void(const std::string& rel, bool ok, double seconds, uint64_t bytes)> after_transfer;
-  // Batches: the largest small file (0: no batches, every file alone), and the hooks as
-  // above for a batch of directory dir (after_batch gets the files this node published).
+  // Told, on every rank, of each transfer's and batch's end (the mount's metrics observe it).
+  std::function<void(double seconds, bool ok)> transfer_ended;
+  // Batches: the largest small file (0: no batches, every file alone).
   uint64_t small_file_size = 0;
   // Reads before the copy ends: single-file transfers get a LiveCopy (materialize_live_async).
   bool read_during_copy = false;
-  // With read_during_copy, on the coordinator's node, before a transfer of rel: chunks (of
-  // chunk_size bytes) its LiveCopy wants first, in this order (a replayed profile's).
-  std::function<std::vector<uint64_t>(const std::string& rel, uint64_t chunk_size)> first_chunks;
-  // With read_during_copy, on every rank, after a transfer of rel: what this node's readers
-  // read during the copy (LiveCopy::read_order; called only if they read something).
-  std::function<void(const std::string& rel, const LiveCopy::ReadOrder& order)> live_reads;
-  // may_evict: false for a prefetched batch (no open asked for it): the hook must not make
-  // room by evicting; a batch that does not fit is then refused by the engine's free-space
-  // check, on every rank.
-  // slice: the part of dir's small files the batch takes (the engine's scan, with the limits).
-  std::function<void(const std::string& dir, const stage::SelectionSlice& slice, bool may_evict)>
-      before_batch;
-  std::function<void(const std::string& dir, const std::vector<std::string>& published, bool ok,
-                     double seconds)>
-      after_batch;
+  // With read_during_copy: the order readers read files in (a replayed profile's, and this
+  // mount's record: profile/job_profile.h). Null: none.
+  std::shared_ptr<ReadOrders> read_orders;
   // The coordinator announces batches nested in a running single-file transfer (needs the
   // nested Comm on every rank; only the coordinator's setting counts).
-  bool nest_batches = true;
+  bool nested_batches = true;
   // Walks (coordinator.h): once opens asked for two sibling directories' batches, the other
   // subdirectories of their parent are staged in the background, behind every request
   // (source readers without list_dirs() never do; only the coordinator's setting counts).
@@ -128,9 +128,9 @@ struct GroupConfig {
   // slices of one sequence (a batch an open or a prefetch asked for, and the slices that
   // follow it: coordinator.h, Budgets). 0: no limit. Each file is charged its bytes and
   // file_charge more (the cache's copy_charge: an empty file's copy is not free).
-  size_t walk_max_dirs = 64;
-  uint64_t walk_max_bytes = uint64_t{1} << 30;
-  uint64_t walk_max_files = 16384;
+  size_t prefetch_max_dirs = 64;
+  uint64_t prefetch_max_bytes = uint64_t{1} << 30;
+  uint64_t prefetch_max_files = 16384;
   uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy
@@ -161,9 +161,9 @@ struct GroupStats {
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
   uint64_t prefetch_queued =
-      0;  // coordinator's node: subdirectories walks queued (GroupConfig::walk_max_dirs)
+      0;  // coordinator's node: subdirectories walks queued (GroupConfig::prefetch_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
-  // coordinator's node: walks and batch sequences stopped at their budget (walk_max_files...)
+  // coordinator's node: walks and batch sequences stopped at their budget (prefetch_max_files...)
   uint64_t budget_stops = 0;
   uint64_t waiting = 0;                                      // files this node waits for
   uint64_t reads_waited_during_copy = 0, chunks_wanted = 0;  // LiveCopy::Stats of ended transfers
@@ -255,6 +255,8 @@ class GroupService final : public Materializer {
   ShownTransfer show_batch(const std::string& shown, Clock::time_point t0);
   // A nested transfer ended: status shows the one it interrupted again (m_ held).
   void show_again_locked(ShownTransfer outer);
+  // A transfer's counters (a nested one shows the one it interrupted again).
+  void count_transfer(const stage::StageReport& report, bool nested, ShownTransfer outer);
   // A background transfer found no room here (m_ held): the opens or requests waiting for key
   // that may evict ask again, as an open; true if they do (then the key is not completed).
   bool ask_again_evicting_locked(const Key& key);
@@ -271,6 +273,11 @@ class GroupService final : public Materializer {
   bool run_announcement(const Message& a);  // a transfer or batch, with the coordinator told
   // The next announcement, if one has arrived (the Coordinator, if here, is told).
   stage::Result<std::optional<Message>> receive();
+  // The steps of run(): the next announcement to run (deferred or received), the end of the
+  // group, and a broken data path.
+  stage::Result<std::optional<Message>> next_announcement();
+  stage::Status shut_down();
+  stage::Status data_path_broke(const Message& m);
   // The engine's Nest (service thread, inside run_transfer): see the comment at the top.
   class NestHook;
   friend class NestHook;

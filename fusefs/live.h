@@ -1,5 +1,10 @@
 // LiveCopy: a file this node is materializing, readable before its copy ends (a live copy).
 //
+// One word in code: "live" (LiveCopy, materialize_live_async, open_live, read_live,
+// live_reads). Only the names users see keep the option's words: --read-during-copy and the
+// config fields named after it (read_during_copy), and the status keys opens_during_copy and
+// reads_waited_during_copy.
+//
 // The engine tells it, as the copy's stage::LiveCopyReaders, when the temporary file exists
 // (started) and which chunks are in it, verified against their CRC (chunk_written). A reader
 // asks for a byte range (await):

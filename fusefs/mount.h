@@ -19,10 +19,9 @@
 #include <string>
 
 #include "fusefs/core.h"
+#include "fusefs/fuse_ops.h"
 #include "fusefs/passthrough.h"
 #include "fusefs/read_mode.h"
-
-struct fuse_session;  // libfuse's, opaque here (fuse_ops.h)
 
 namespace stagefs {
 
@@ -41,10 +40,10 @@ struct MountOptions {
   std::string backing_probe;
 };
 
-class FuseMount {
+class FuseMount final : public EdgeMount {
  public:
   static stage::Result<std::unique_ptr<FuseMount>> create(StageFsCore& core, const MountOptions& opt);
-  ~FuseMount();
+  ~FuseMount() override;
   FuseMount(const FuseMount&) = delete;
   FuseMount& operator=(const FuseMount&) = delete;
 
@@ -57,20 +56,18 @@ class FuseMount {
   [[nodiscard]] ReadPath read_path();
   [[nodiscard]] const MountOptions& options() const { return opt_; }
 
-  // Used by the callbacks (fuse_ops.cc).
-  StageFsCore& core() { return core_; }
-  Passthrough& passthrough() { return pt_; }
-  // Held while a reply is written from outside the session's workers; empty (false) once the
-  // session loop ended.
-  std::shared_lock<std::shared_mutex> reply_guard() {
+  // What the callbacks use (EdgeMount, fuse_ops.h).
+  StageFsCore& core() override { return core_; }
+  Passthrough& passthrough() override { return pt_; }
+  [[nodiscard]] double attr_timeout() const override { return opt_.attr_timeout; }
+  [[nodiscard]] double entry_timeout() const override { return opt_.entry_timeout; }
+  std::shared_lock<std::shared_mutex> reply_guard() override {
     std::shared_lock lk(reply_m_);
     if (loop_done_) lk.unlock();
     return lk;
   }
-  // How an open of node is served (read_mode.h), counted until close_read_mode; file_fd is
-  // what a new backing file registers. Thread-safe.
-  ReadChoice open_read_mode(uint64_t node, int file_fd, const OpenFacts& facts);
-  void close_read_mode(uint64_t node, const ReadChoice& c) { modes_.close(node, c); }
+  ReadChoice open_read_mode(uint64_t node, int file_fd, const OpenFacts& facts) override;
+  void close_read_mode(uint64_t node, const ReadChoice& c) override { modes_.close(node, c); }
 
  private:
   FuseMount(StageFsCore& core, const MountOptions& opt);

@@ -13,10 +13,6 @@
 
 namespace stagefs::ctl {
 
-std::string shown(const std::string& name) {
-  return stage::escape_controls(name);
-}
-
 namespace {
 
 using nlohmann::json;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bcast/text/progress.h"
+#include "fusefs/stagectl_mount.h"  // shown()
 
 namespace stagefs::ctl {
 
@@ -36,8 +37,5 @@ int prefetch(const std::vector<std::string>& args, bool no_wait, const Options& 
 
 // `stagectl evict PATH...`: one line per file.
 int evict(const std::vector<std::string>& args, bool as_json);
-
-// A name as the text output shows it (controls escaped).
-std::string shown(const std::string& name);
 
 }  // namespace stagefs::ctl

@@ -9,9 +9,13 @@
 #include <filesystem>
 #include <map>
 
-#include "fusefs/stagectl_client.h"
+#include "bcast/text/text.h"
 
 namespace stagefs::ctl {
+
+std::string shown(const std::string& name) {
+  return stage::escape_controls(name);
+}
 
 namespace fs = std::filesystem;
 using nlohmann::json;

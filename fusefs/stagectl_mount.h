@@ -22,6 +22,9 @@
 
 namespace stagefs::ctl {
 
+// A name as the text output shows it (controls escaped).
+std::string shown(const std::string& name);
+
 // The attribute's value, or an errno.
 int get_attr(const std::string& path, const char* name, std::string& out);
 

@@ -128,7 +128,7 @@ void add_mount_options(CLI::App& app, Cli& cli) {
              "off: buffered cache writes, so the copy is in the page cache for the read that "
              "asked for it; auto: O_DIRECT where the cache filesystem accepts it (less CPU "
              "while materializing, but the first read comes from disk)");
-  add_choice(app, "--verify-cache", cfg.verify,
+  add_choice(app, "--verify-cache", cfg.verify_cache,
              {{"crc", stagefs::Verify::crc}, {"none", stagefs::Verify::none}},
              "crc: before a copy found in the cache (made by an earlier mount) is first served, "
              "read it once and check the CRC it was recorded with; a corrupted copy is removed "

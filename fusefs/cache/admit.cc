@@ -1,8 +1,8 @@
 // NodeCache's admission: the room a transfer or a batch needs, made on every node before it
 // starts, and the index updated after it (cache.h, "admission"). The group calls these from
-// its service thread through GroupConfig's hooks, one transfer at a time; they take the
-// index lock (NodeCache::m_) only inside the calls they make (make_room, keep_current...),
-// never across a look at the source.
+// its service thread through NodeCopies (cache/copies.h, its Admission), one transfer at a time; they take
+// the index lock (NodeCache::m_) only inside the calls they make (make_room, keep_current...), never across a
+// look at the source.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -17,7 +17,7 @@ namespace stagefs {
 // An outdated copy goes first (its space counts as free), then least recently used copies
 // until the new one fits (make_room). No room under the limit (copies held open, or a copy
 // larger than the whole limit): the error makes this node relay the transfer without writing
-// (GroupConfig::before_transfer), so one node's full cache does not fail the copy on the
+// (Admission::before_transfer), so one node's full cache does not fail the copy on the
 // others; a filesystem without room is left to the engine's collective free-space check.
 stage::Status NodeCache::admit_transfer(int source_root, const std::string& rel, bool may_evict) {
   auto fd = open_beneath(source_root, rel, O_PATH);

@@ -40,8 +40,8 @@
 //     the cache.
 //   - Admission (cache/admit.cc): before a transfer or a batch, on every node, a stale copy
 //     goes and room is made; after it, what was published joins the index. What a batch
-//     takes is one rule, batch_eligible() (cache/rules.h). Trust in a copy's bytes (its CRC
-//     checked once per mount) is CopyChecker's (cache/verify.h), which the mount's core owns.
+//     takes is one rule, batch_eligible() (batch_rules.h). Trust in a copy's bytes (its CRC
+//     checked once per mount) is CopyChecker's (cache/verify.h), which NodeCopies owns.
 // Thread-safe after open(): the index has its own mutex; the UnsyncedLog its own (and a
 // thread that syncs in the background); the rest only reads the held descriptors.
 #pragma once
@@ -180,7 +180,7 @@ class NodeCache {
   // another file (the path was swapped since the owner check) is left alone: EBUSY.
   stage::Status evict(const std::string& rel, const struct stat& source);
   // ---- admission (cache/admit.cc): called on every node by the group's service thread,
-  // through GroupConfig's hooks, around each transfer or batch. source_root: SOURCE_DIR's fd.
+  // through NodeCopies (its Admission), around each transfer or batch. source_root: SOURCE_DIR's fd.
   // Before a transfer of rel: removes an outdated copy, then makes room for the new one (an
   // error, logged: no room under the limit; this node then relays without writing). With
   // !may_evict (a background transfer: no open asked for it) no copy is evicted for it.

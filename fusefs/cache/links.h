@@ -9,7 +9,8 @@
 // the name being materialized with the opens of other names waiting for it. Whether a recorded
 // copy is still usable is the caller's to check (CopyChecker::open_verified); it forgets one
 // that is not.
-// Thread-safe (one lock, innermost: nothing is called under it but `make_waiter`).
+// NodeCopies (copies.h) owns one. Thread-safe (one lock, innermost: nothing is called under it but
+// `make_waiter`).
 #pragma once
 
 #include <sys/stat.h>

@@ -27,7 +27,7 @@ CopyReader& disk_copy_reader() {
 
 CopyChecker::CopyChecker(NodeCache& cache, Config cfg, CheckCounters& counters, CopyReader& reader)
     : cache_(cache), cfg_(cfg), counters_(counters), reader_(reader) {
-  if (cfg_.verify == Verify::crc)
+  if (cfg_.verify_cache == Verify::crc)
     for (int i = 0; i < std::max(1, cfg_.threads); ++i) verifiers_.emplace_back([this] { verify_loop(); });
 }
 
@@ -112,7 +112,7 @@ stage::Status CopyChecker::read_back(int fd, const std::string& rel, const struc
 
 CopyChecker::Check CopyChecker::check_later(const std::string& rel, const struct stat& src,
                                             std::function<void(stage::Status)> then) {
-  if (cfg_.verify == Verify::none) return Check::none;
+  if (cfg_.verify_cache == Verify::none) return Check::none;
   struct stat st {};
   auto fd = cache_.open_current(rel, src, &st);
   if (!fd) return Check::none;
@@ -139,7 +139,7 @@ CopyChecker::Check CopyChecker::check_later(const std::string& rel, const struct
 stage::Result<stage::Fd> CopyChecker::open_trusted(const std::string& rel, const struct stat& src,
                                                    struct stat& copy_st) {
   auto fd = cache_.open_current(rel, src, &copy_st);
-  if (!fd || cfg_.verify == Verify::none || trusted(copy_key(copy_st))) return fd;
+  if (!fd || cfg_.verify_cache == Verify::none || trusted(copy_key(copy_st))) return fd;
   return stage::stage_error(stage::Errc::checksum_mismatch, "cached copy (not checked)", rel);
 }
 
@@ -161,7 +161,7 @@ stage::Result<stage::Fd> CopyChecker::open_verified(const std::string& rel, cons
                                                     bool just_made, bool may_read_back) {
   struct stat st {};
   auto fd = cache_.open_current(rel, src, &st);
-  if (!fd || cfg_.verify == Verify::none) return fd;
+  if (!fd || cfg_.verify_cache == Verify::none) return fd;
   const auto key = copy_key(st);
   if (trusted(key)) return fd;
   const auto origin = stage::origin_of_fd(fd->get(), kCopyXattrs.origin);
@@ -179,7 +179,7 @@ stage::Result<stage::Fd> CopyChecker::open_verified(const std::string& rel, cons
 }
 
 void CopyChecker::copies_made(const std::vector<struct stat>& copies) {
-  if (cfg_.verify == Verify::none) return;
+  if (cfg_.verify_cache == Verify::none) return;
   std::lock_guard lk(verified_m_);
   for (const auto& st : copies) verified_.insert(copy_key(st));
 }

@@ -10,7 +10,7 @@
 // further ones queue), once however many opens ask for one copy: the opens that find it
 // being read wait for that read (a callback each, no thread held). A 50 GB image being
 // checked holds neither the core's completion pool nor a second reader of the same copy.
-// The mount's core owns one, for the mount's life (a new mount trusts nothing it has not
+// NodeCopies (copies.h) owns one, for the mount's life (a new mount trusts nothing it has not
 // checked), and asks it one question per open that found no trusted copy at once (ask()).
 // Thread-safe. Lock order: verify_m_ (queue, waiters, stop) before verified_m_ (the trusted
 // set); the verifier threads never hold both; no lock is held while a copy is read or a
@@ -67,7 +67,7 @@ CopyReader& disk_copy_reader();
 class CopyChecker {
  public:
   struct Config {
-    Verify verify = Verify::crc;
+    Verify verify_cache = Verify::crc;
     int threads = 2;  // verifier threads (at least one with Verify::crc)
   };
   // counters: where the checker counts; reader: how it reads copies back (both outlive it).

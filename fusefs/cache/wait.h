@@ -9,7 +9,7 @@
 // another copy it comes back here with its first deadline. Past the deadline, or when waiting
 // cannot help (nothing pinned, a copy larger than the whole cache, a filesystem full of other
 // data), it fails with ENOSPC and a log line naming the cause.
-// The mount's core owns one and asks it one question per refusal (await()).
+// NodeCopies (copies.h) owns one and asks it one question per refusal (await()).
 // Thread-safe. One thread of its own. Lock order: sig_->m before NodeCache's index lock (the thread
 // asks the cache for room under it); the cache's listener takes sig_->m only, with no cache lock
 // held; no lock is held while an answer runs.

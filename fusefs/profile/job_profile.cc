@@ -61,14 +61,17 @@ JobProfile::~JobProfile() {
 }
 
 void JobProfile::attach(GroupConfig& g) {
-  if (!recorder_) return;
-  g.live_reads = [this](const std::string& rel, const LiveCopy::ReadOrder& order) {
-    recorder_->read_during_copy(rel, order.chunk_size, order.chunks);
-  };
-  // Called on the service thread, which also starts the replay: no race on replay_.
-  g.first_chunks = [this](const std::string& rel, uint64_t chunk_size) {
-    return replay_ ? replay_->first_chunks(rel, chunk_size) : std::vector<uint64_t>{};
-  };
+  // Not owned by the group: the daemon's JobProfile outlives it.
+  if (recorder_) g.read_orders = std::shared_ptr<ReadOrders>(std::shared_ptr<void>(), this);
+}
+
+void JobProfile::live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) {
+  recorder_->live_reads(rel, order.chunk_size, order.chunks);
+}
+
+// Called on the service thread, which also starts the replay: no race on replay_.
+std::vector<uint64_t> JobProfile::first_chunks(const std::string& rel, uint64_t chunk_size) {
+  return replay_ ? replay_->first_chunks(rel, chunk_size) : std::vector<uint64_t>{};
 }
 
 void JobProfile::core_ready(StageFsCore& core) {

@@ -1,8 +1,8 @@
 // JobProfile: a mount's profile from start to end, so that the daemon calls it at a few
 // points only (fusefs/daemon.cc):
-//   attach()        before the mount serves: the core tells the recorder every open, the group
-//                   tells it what readers read during a copy (every node), and asks the
-//                   replay for a file's recorded chunks (the coordinator's node);
+//   attach()        before the mount serves: the core tells the recorder every open; the group
+//                   (this is its ReadOrders) tells it what readers read during a copy (every
+//                   node), and asks the replay for a file's recorded chunks (the coordinator's);
 //   start_replay()  once every node mounted, on the coordinator's node: reads the profile
 //                   (file.h's checks) and starts the Replay (replay.h) as the profile's user:
 //                   the daemon's own user, or for a daemon that runs as root the profile file's
@@ -13,7 +13,7 @@
 //                   and writes the profile (not when the job read nothing: the last one stays);
 //   stats()         the replay's progress, for status and metrics (the coordinator's node).
 // Thread-safety: attach, start_replay and finish from the daemon's main thread, in that order;
-// stats from any thread; the hooks attach() installs from the threads that call them.
+// stats from any thread; the ReadOrders methods from the group's service thread.
 #pragma once
 
 #include <chrono>
@@ -30,7 +30,7 @@
 
 namespace stagefs {
 
-class JobProfile {
+class JobProfile final : public ReadOrders {
  public:
   struct Config {
     std::string path;  // the profile file ("" : off)
@@ -40,12 +40,15 @@ class JobProfile {
     uint64_t small_file_size = 0;
   };
   explicit JobProfile(Config cfg);
-  ~JobProfile();
+  ~JobProfile() override;
   JobProfile(const JobProfile&) = delete;
   JobProfile& operator=(const JobProfile&) = delete;
 
-  // Sets the group's hooks (first_chunks, live_reads) in g; the core's with core_ready().
+  // Makes this the group's ReadOrders in g when it records (it must outlive the group); the
+  // core's observer with core_ready().
   void attach(GroupConfig& g);
+  std::vector<uint64_t> first_chunks(const std::string& rel, uint64_t chunk_size) override;
+  void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) override;
   void core_ready(StageFsCore& core);
   void start_replay(Materializer& mat, StageFsCore& core, int source_root);
   // Returns false if the exchange left a send cancelled: MPI must not be finalized then.

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "fusefs/cache/rules.h"
+#include "fusefs/batch_rules.h"
 
 namespace stagefs {
 

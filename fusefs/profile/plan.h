@@ -1,6 +1,6 @@
 // ReplayPlan: what a replay asks for, file by file in the profile's order (replay.h runs it;
 // this is its pure part, tested with no mount):
-//   - a small file (the batch rule, cache/rules.h): its directory's batch, once, beginning
+//   - a small file (the batch rule, batch_rules.h): its directory's batch, once, beginning
 //     with the first file of that directory the job read: as few transfers as the batch rules
 //     allow (a slice of at most --batch-max-files and bytes each, the rest in further slices);
 //   - any other regular file: its own transfer, with the chunks the job read first wanted

@@ -26,8 +26,8 @@ void AccessRecorder::opened(const std::string& rel) {
   note_locked(rel);
 }
 
-void AccessRecorder::read_during_copy(const std::string& rel, uint64_t chunk_size,
-                                      const std::vector<uint64_t>& chunks) {
+void AccessRecorder::live_reads(const std::string& rel, uint64_t chunk_size,
+                                const std::vector<uint64_t>& chunks) {
   std::vector<uint32_t> in;
   for (uint64_t c : chunks)
     if (c <= UINT32_MAX) in.push_back(static_cast<uint32_t>(c));

@@ -1,7 +1,7 @@
 // AccessRecorder: what this node's job read, for the profile its mount writes at the end
 // (format.h). The core tells it each open that passed its access check (opened: the first
 // one of a path counts, with its time since the mount was ready); the group tells it what
-// readers read of a file while it was being copied (read_during_copy: the chunks in the order
+// readers read of a file while it was being copied (live_reads: the chunks in the order
 // readers first asked for them). A file read through kernel passthrough after its copy is
 // invisible to the daemon: its chunks stay unknown (the whole file, in file order).
 // At most max_files paths are kept (the rest are counted as left out: Profile::truncated).
@@ -30,7 +30,7 @@ class AccessRecorder {
 
   void opened(const std::string& rel);
   // chunks: of chunk_size bytes (the transfer's), in first-read order.
-  void read_during_copy(const std::string& rel, uint64_t chunk_size, const std::vector<uint64_t>& chunks);
+  void live_reads(const std::string& rel, uint64_t chunk_size, const std::vector<uint64_t>& chunks);
   [[nodiscard]] bool contains(const std::string& rel) const;
   [[nodiscard]] size_t files() const;
   // The profile so far (uid, created and source are the caller's to fill in).

@@ -20,6 +20,7 @@
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/group.h"
+#include "group_hooks.h"
 #include "source_cache.h"
 #include "tmpdir.h"
 
@@ -138,7 +139,7 @@ TEST_F(BackgroundTest, AnOpenThatJoinsABackgroundWaitOnItsNodeGoesAheadOfTheQueu
   Outcome opened;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.before_transfer = [&](const std::string& rel, bool may_evict) {
+  group_hooks(cfg).on_before_transfer = [&](const std::string& rel, bool may_evict) {
     order.push_back(rel + (may_evict ? "" : " (background)"));
     if (order.size() == 1) g->materialize_async("d/r2", kOpen, opened.done());
     return stage::Status{};
@@ -167,7 +168,7 @@ TEST_F(BackgroundTest, ABackgroundFileEvictsNothingAndOnlyAWaitThatMayEvictAsksA
   write_file(path("src/d/b"), random_bytes(3 * kChunk, 2));
   std::vector<std::string> order;
   auto cfg = config();
-  cfg.before_transfer = [&](const std::string& rel, bool may_evict) -> stage::Status {
+  group_hooks(cfg).on_before_transfer = [&](const std::string& rel, bool may_evict) -> stage::Status {
     order.push_back(rel + (may_evict ? "" : " (background)"));
     if (!may_evict) return stage::sys_error(ENOSPC, "no room without evicting (test)", rel);
     return {};
@@ -197,7 +198,7 @@ TEST_F(BackgroundTest, ASkippedBackgroundBatchFailsAWaitThatMayNotEvict) {
   std::vector<bool> hooks;  // may_evict of each batch
   auto cfg = config();
   cfg.small_file_size = kChunk;
-  cfg.before_batch = [&](const std::string&, const stage::SelectionSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string&, const stage::SelectionSlice&, bool may_evict) {
     hooks.push_back(may_evict);
     faults.free_bytes = may_evict ? -1 : 0;  // the engine's free-space check refuses a prefetch
   };
@@ -221,7 +222,7 @@ TEST_F(BackgroundTest, AReplayedFilesRecordedChunksAreReadFirst) {
   auto cfg = config();
   cfg.read_during_copy = true;
   uint64_t asked_chunk = 0;
-  cfg.first_chunks = [&](const std::string& rel, uint64_t chunk_size) {
+  group_hooks(cfg).on_first_chunks = [&](const std::string& rel, uint64_t chunk_size) {
     asked_chunk = chunk_size;
     return rel == "d/img" ? std::vector<uint64_t>{5, 2} : std::vector<uint64_t>{};
   };

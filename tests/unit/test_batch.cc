@@ -25,12 +25,12 @@
 #include "bcast/comm/comm.h"
 #include "bcast/io/store.h"
 #include "fakes.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/core.h"
 #include "fusefs/group.h"
+#include "group_hooks.h"
 #include "source_cache.h"
 #include "tmpdir.h"
 
@@ -87,10 +87,10 @@ struct BatchEnds {
   std::condition_variable cv;
   int ended = 0;
   void count_in(GroupConfig& cfg) {
-    cfg.after_batch = [this, inner = cfg.after_batch](const std::string& dir,
-                                                      const std::vector<std::string>& published, bool ok,
-                                                      double secs) {
-      if (inner) inner(dir, published, ok, secs);
+    group_hooks(cfg).on_after_batch = [this, inner = group_hooks(cfg).on_after_batch](
+                                          const std::string& dir, const std::vector<std::string>& published,
+                                          bool ok) {
+      if (inner) inner(dir, published, ok);
       std::lock_guard lk(m);
       ++ended;
       cv.notify_all();
@@ -185,7 +185,8 @@ class BatchTest : public testing::SourceCacheTest {
     g.idle_poll = std::chrono::milliseconds(5);
     g.small_file_size = kSmall;
     // As the daemon: published copies join the index and count as verified in this mount.
-    g.after_batch = [this](const std::string& dir, const std::vector<std::string>& published, bool, double) {
+    group_hooks(g).on_after_batch = [this](const std::string& dir, const std::vector<std::string>& published,
+                                           bool) {
       const auto copies = cache_->added_in(dir, published);
       const std::lock_guard lk(core_m_);  // stop() may be ending the core on the test's thread
       if (core_) core_->copies_made(copies);
@@ -402,7 +403,7 @@ TEST_F(BatchTest, OneSmallFileOpenStagesItsDirectoryInOneTransferButNotTheLargeF
   }
   core_->release(first->pinned);
   EXPECT_EQ(group.stats().transfers, 1U);
-  EXPECT_EQ(core_->counters().verified, 0U) << "batch copies were CRC-read again on their first open";
+  EXPECT_EQ(core_->copy_counters().verified, 0U) << "batch copies were CRC-read again on their first open";
   // The large file: its own transfer.
   auto large = core_->open(lookup(dir, "large.bin"), O_RDONLY);
   ASSERT_TRUE(large) << large.error().message;
@@ -863,7 +864,8 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::mutex m;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&,
+                                         bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
@@ -916,7 +918,8 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   std::promise<stage::Status> attached;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&,
+                                         bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
     if (!may_evict)
@@ -997,7 +1000,7 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   ASSERT_EQ(mat.called.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(mat.asked, "many/" + name(5));
   EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // waiting, not read back
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   // The batch ends: it tells the core what it published, then answers.
   core_->copies_made(cache_->added_in("many", {name(5)}));
   mat.pending({});
@@ -1005,7 +1008,7 @@ TEST_F(BatchTest, AnOpenDuringItsBatchsPublicationWaitsForItInsteadOfReadingTheC
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(read_fd(r->fd.get()), small_[5]);
   core_->release(r->pinned);
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   core_->stop();
   core_.reset();
 }
@@ -1158,9 +1161,8 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   ASSERT_FALSE(rc);
   EXPECT_EQ(rc.error().to_errno(), EIO);
   EXPECT_EQ(held.mat.asked, std::vector<std::string>{"big/c"});
-  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
-  EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
-      << "served before its CRC was read";
+  EXPECT_EQ(core_->copy_counters().verify_waits.load(), 2U);
+  EXPECT_EQ(a2.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "served before its CRC was read";
   held.let_go();
   for (auto* f : {&a1, &a2, &a3, &b1}) {
     ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready)
@@ -1174,7 +1176,7 @@ TEST_F(BatchTest, CrcReadBacksRunApartFromOtherOpensAndOncePerCopy) {
   auto checked = held.names();
   std::sort(checked.begin(), checked.end());
   EXPECT_EQ(checked, (std::vector<std::string>{"big/a", "big/b"})) << "a copy was read back more than once";
-  EXPECT_EQ(core_->counters().verified.load(), 2U);
+  EXPECT_EQ(core_->copy_counters().verified.load(), 2U);
   EXPECT_EQ(core_->counters().materializations.load(), 1U);  // c only
 }
 
@@ -1225,8 +1227,8 @@ TEST_F(BatchTest, ACorruptedCopyFoundByOneReadBackSendsItsWaitersToANewCopy) {
   ASSERT_NO_FATAL_FAILURE(
       three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"), "a corrupted copy was served"));
   EXPECT_EQ(held.names().size(), 1U);
-  EXPECT_EQ(core_->counters().corrupt.load(), 1U);
-  EXPECT_EQ(core_->counters().verify_waits.load(), 2U);
+  EXPECT_EQ(core_->copy_counters().corrupt.load(), 1U);
+  EXPECT_EQ(core_->copy_counters().verify_waits.load(), 2U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the corrupted copy was left in the cache";
 }
@@ -1278,8 +1280,8 @@ TEST_F(BatchTest, AnUnreadableCopySendsItsWaitersToANewCopy) {
   ASSERT_NO_FATAL_FAILURE(three_opens_go_to_new_copies(held, lookup(dir, "a"), lookup(dir, "c"),
                                                        "a copy that could not be read back was served"));
   EXPECT_EQ(held.names().size(), 1U);
-  EXPECT_EQ(core_->counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
-  EXPECT_EQ(core_->counters().verified.load(), 0U);
+  EXPECT_EQ(core_->copy_counters().corrupt.load(), 0U);  // not counted as corrupted: it was not read
+  EXPECT_EQ(core_->copy_counters().verified.load(), 0U);
   EXPECT_EQ(held.mat.asked, (std::vector<std::string>{"big/c", "big/a", "big/a", "big/a"}));
   EXPECT_FALSE(fs::exists(cache_->store_root() + "/big/a")) << "the unreadable copy was left in the cache";
 }
@@ -1329,13 +1331,13 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
   GroupService* g = nullptr;
   auto cfg = config();
   cfg.batch_max_files = 100;
-  cfg.before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool) {
     order.push_back("batch " + dir);
     if (order.size() == 1)  // another user's open while the first slice runs
       g->materialize_async("many/large.bin", Want{2000, false},
                            [&](stage::Status st) { other.set_value(st); });
   };
-  cfg.before_transfer = [&](const std::string& rel, bool) {
+  group_hooks(cfg).on_before_transfer = [&](const std::string& rel, bool) {
     order.push_back("file " + rel);
     return stage::Status{};
   };
@@ -1412,7 +1414,7 @@ TEST_F(BatchTest, OneOpenInAHugeDirectoryOfEmptyFilesStagesItsBudgetNotTheDirect
   for (int i = 0; i < 1000; ++i) write_file(path("src/empty/" + huge_name(i)), "");
   auto cfg = config();
   cfg.batch_max_files = 100;
-  cfg.walk_max_files = 250;
+  cfg.prefetch_max_files = 250;
   cfg.file_charge = kCopyCharge;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);
@@ -1436,8 +1438,8 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
     fs::remove_all(path("cache/data/w"));
     auto cfg = config();
     cfg.batch_max_files = 100;
-    cfg.walk_max_files = by_bytes ? 0 : 250;
-    cfg.walk_max_bytes = by_bytes ? 4096 : 0;
+    cfg.prefetch_max_files = by_bytes ? 0 : 250;
+    cfg.prefetch_max_bytes = by_bytes ? 4096 : 0;
     cfg.file_charge = kCopyCharge;
     Mount mount(*this, *source_, cfg);
     make_core(mount.group);
@@ -1451,11 +1453,11 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
   }
 }
 
-// A walk prefetches at most walk_max_dirs subdirectories of its parent.
+// A walk prefetches at most prefetch_max_dirs subdirectories of its parent.
 TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
   for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e", "w/f"}) small_dir(d, {"f0", "f1"});
   auto cfg = config();
-  cfg.walk_max_dirs = 2;
+  cfg.prefetch_max_dirs = 2;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");

@@ -13,10 +13,10 @@
 #include "bcast/io/paths.h"
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
+#include "fusefs/batch_rules.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/links.h"
-#include "fusefs/cache/rules.h"
 #include "fusefs/cache/verify.h"
 #include "tmpdir.h"
 

@@ -19,6 +19,7 @@
 #include "fusefs/core.h"
 #include "fusefs/group.h"
 #include "fusefs/stagectl_channel.h"
+#include "group_hooks.h"
 #include "source_cache.h"
 #include "tmpdir.h"
 
@@ -335,12 +336,12 @@ class RoomTest : public GroupTest {
   }
   GroupConfig room_config() {
     GroupConfig g = config();
-    g.before_transfer = [this](const std::string& rel, bool) -> stage::Status {
+    group_hooks(g).on_before_transfer = [this](const std::string& rel, bool) -> stage::Status {
       struct stat st {};
       if (::stat(path("src/" + rel).c_str(), &st) != 0) return {};
       return cache_->make_room(rel, stage::allocated_from_stat(st) + cache_->copy_overhead());
     };
-    g.after_transfer = [this](const std::string& rel, bool, double, uint64_t) { cache_->added(rel); };
+    group_hooks(g).on_after_transfer = [this](const std::string& rel, bool) { cache_->added(rel); };
     return g;
   }
   std::unique_ptr<StageFsCore> core_with_wait(Materializer& mat, std::chrono::milliseconds wait) {
@@ -360,8 +361,9 @@ class RoomTest : public GroupTest {
     auto f = answer->get_future();
     core.open_async(core.lookup(StageFsCore::kRootId, name)->first, O_RDONLY, Caller{},
                     [answer](stage::Result<OpenFile> r) { answer->set_value(std::move(r)); });
-    core.counters().room_waits.wait(0);  // until the open is queued for room (the test's timeout bounds it)
-    EXPECT_EQ(core.counters().room_waits.load(), 1U);
+    core.copy_counters().room_waits.wait(
+        0);  // until the open is queued for room (the test's timeout bounds it)
+    EXPECT_EQ(core.copy_counters().room_waits.load(), 1U);
     return f;
   }
 };
@@ -394,7 +396,7 @@ TEST_F(RoomTest, AnOpenThatNeverGetsRoomFailsWithEnospcNamingThePinnedCopies) {
   EXPECT_EQ(next.error().to_errno(), ENOSPC) << next.error().message;
   EXPECT_NE(next.error().message.find("held by 1 cop(ies) of files open on this node"), std::string::npos)
       << next.error().message;
-  EXPECT_EQ(core->counters().room_waits.load(), 1U);
+  EXPECT_EQ(core->copy_counters().room_waits.load(), 1U);
   EXPECT_TRUE(fs::exists(path("cache/data/held")));  // never evicted while open
   EXPECT_FALSE(fs::exists(path("cache/data/next")));
   core->release(held->pinned);

@@ -174,7 +174,7 @@ TEST_F(LiveCopyTest, NotReadyBeforeTheTransferStarts) {
 namespace stagefs {
 namespace {
 
-// The core's early open (StageFsCore::materialize_then_open) over a materializer that answers
+// The core's early open (StageFsCore::materialize) over a materializer that answers
 // with a LiveCopy of a given version: a node compares the version being copied with the one
 // it looked up by size, times and inode. The device number is each node's own (NFS, Lustre),
 // so a different one must not make early opens fail with ESTALE; a different inode must.

@@ -248,8 +248,8 @@ TEST(ProfileRecorderTest, FirstAccessesInOrderWithTheChunksReadDuringTheCopy) {
   rec.opened("a");
   rec.opened("b");
   rec.opened("a");  // not again
-  rec.read_during_copy("b", 2 << 20, {3, 0, 3});
-  rec.read_during_copy("b", 1 << 20, {7, 6});
+  rec.live_reads("b", 2 << 20, {3, 0, 3});
+  rec.live_reads("b", 1 << 20, {7, 6});
   rec.opened("c");
   rec.opened("d");  // past max_files: left out, and said so
   Profile p = rec.snapshot();

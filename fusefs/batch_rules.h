@@ -1,9 +1,11 @@
-// The node cache's admission rules that other rooms must apply the same way: what a batch of
-// small files takes, and what a copy of one costs. The batch's scan
-// (BeneathSource::scan_selection), the cache's room-making before a batch (NodeCache) and
-// the core's choice between a batch and a transfer of one file (StageFsCore) all ask
-// batch_eligible (and, beneath.h, whether the file has an ACL: for_each_small_file), so they
-// never disagree on what a batch holds. Pure functions of a stat and a name: thread-safe.
+// The batch rules that the rooms must apply the same way: what a batch of small files takes,
+// and what a copy of one costs. The batch's scan (BeneathSource::scan_selection), the
+// cache's room-making before a batch (NodeCache) and the core's choice between a batch and a
+// transfer of one file (StageFsCore) all ask batch_eligible (and, beneath.h, whether the file
+// has an ACL: for_each_small_file), so they never disagree on what a batch holds. A leaf that
+// depends on the engine's store only, in the library of the paths beneath SOURCE_DIR: the
+// source reader (beneath.cc) and the cache (cache/) both include it, neither the other.
+// Pure functions of a stat and a name: thread-safe.
 #pragma once
 
 #include <sys/stat.h>
