@@ -16,6 +16,7 @@
 #include "bcast/job.h"
 #include "bcast/paths.h"
 #include "fusefs/profile/file.h"
+#include "tools/cli.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
 
@@ -81,7 +82,9 @@ CLI::Option* add_options(CLI::App& app, stage::BcastJob& job, std::string& profi
   stall << std::chrono::duration<double>(opt.pipeline.stall_timeout).count();
   app.add_option_function<double>(
          "--stall-timeout",
-         [&o = job.opt](double s) { o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); },
+         [&o = job.opt](double s) {
+           o.pipeline.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+         },
          "chain/tree: seconds without progress (a node or link gone) before the transfer "
          "fails; 0 waits forever")
       ->check(stagetools::seconds(0, 1e6))
@@ -146,20 +149,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
   std::string profile;
   CLI::Option* source_rank = add_options(app, job, profile);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    if (stage::launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForAllHelp& e) {
-    if (stage::launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    if (stage::launcher_rank() == 0) std::puts(e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return stage::bcast_usage_error(e.what());
-  }
+  // Every rank parses; the launcher's first rank alone prints (help, version, usage errors).
+  const stagetools::Command cmd{"stage-bcast", "stage-bcast", 2, stage::launcher_rank() == 0, {}, {}};
+  if (auto exit_status = stagetools::parse(app, argc, argv, cmd)) return *exit_status;
   job.opt.seed_from_copies = source_rank->count() == 0;
   if (!profile.empty() && stage::launcher_rank() == job.opt.root)
     job.opt.first_files = first_files(profile, job);
