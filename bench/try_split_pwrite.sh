@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# try_split_pwrite.sh: would stage-bcast be faster if its writer issued <= 1 MiB pwrites
+# try_split_pwrite.sh: would stage-bcast be faster if its writer made <= 1 MiB pwrites
 # instead of one pwrite per 16 MiB chunk? Measured on the real binary, without changing
 # product code, through an LD_PRELOAD shim (bench/split_pwrite.c) that splits large pwrites.
 #
@@ -7,7 +7,7 @@
 # cache, destinations removed between runs), variants interleaved per round:
 #   sb-16M          stage-bcast --chunk-size 16M as shipped
 #   sb-16M-split1M  the same with LD_PRELOAD=split_pwrite.so (pwrite pieces of SPLIT_KIB)
-#   cp              RANKS x cp + sync (the reference of the target)
+#   cp              RANKS x cp + sync (the reference of the target)
 # Metric: wall clock of the whole command; also CPU-seconds of all its processes (perf stat).
 #
 # Env: SIZE_MB (1024) RANKS (4) RUNS (5) CHUNK (16M) SPLIT_KIB (1024) WORK_ROOT BIN RESULTS
