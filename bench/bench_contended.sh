@@ -155,17 +155,15 @@ variants=(baseline)
 for c in $CACHES; do variants+=("stagefs-$c"); [ -n "$BIN2" ] && variants+=("stagefs-$c@2"); done
 raw_init "$NAME" "round,variant,loadavg,seconds,mount_s,incl_mount_s,daemons_cpu_s"
 echo "# throttle check: $check" >> "$RAW"
-for ((r = 1; r <= RUNS; r++)); do
-  for v in "${variants[@]}"; do
-    la=$(loadavg)
-    case $v in
-      baseline) run_baseline || RES=",,," ;;
-      stagefs-*) c=${v#stagefs-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
-                 run_stagefs "$c" "$b" || { log "retrying $v"; stop_group; la="$la retry"; run_stagefs "$c" "$b" || RES=",,,"; } ;;
-    esac
-    raw "$r,$v,$la,$RES"
-  done
-done
+# One run of a variant; a stagefs run that failed is retried once (said in the raw log).
+run_variant() {
+  case $1 in
+    baseline) run_baseline ;;
+    stagefs-*) c=${1#stagefs-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
+               run_stagefs "$c" "$b" || { log "retrying $1"; stop_group; LA="$LA retry"; run_stagefs "$c" "$b"; } ;;
+  esac
+}
+rounds run_variant ",,," "${variants[@]}"
 
 ratios=() targets=()
 for c in $CACHES; do

@@ -338,7 +338,7 @@ def main():
         log("on: first byte / chunk-time: %s" % ", ".join(
             "node %d %.2f" % (k, statistics.median([b["nodes"][k]["first"] for b in on_big]) / chunk_time)
             for k in NODES_BIG))
-        log("on: the copy's own time (log line, slowest rank) %s vs off %s; opens issued %.1f ms apart at most" %
+        log("on: the copy's own time (log line, slowest rank) %s vs off %s; opens sent %.1f ms apart at most" %
             (fmt([b["copy_s"] for b in on_big]), fmt([b["copy_s"] for b in off_big]),
              max(b["spread_ms"] for b in on_big + off_big)))
         log("off: read after the open (last - first): %s" % ", ".join(

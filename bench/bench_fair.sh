@@ -64,8 +64,7 @@ a_then_b() {
 
 raw_init "$NAME" "round,variant,n,loadavg,b_wait,a_open,new_a_open,new_b_wait"
 for ((r = 1; r <= RUNS; r++)); do
-  if ((r % 2)); then order="unbounded bounded"; else order="bounded unbounded"; fi
-  for v in $order; do
+  for v in $(round_order "$r" unbounded bounded); do
     args=()
     [ "$v" = unbounded ] && args=(--batch-max-files 0 --batch-max-bytes 0)
     rm -rf "$CACHE" "$SRC/u/new"*

@@ -89,13 +89,9 @@ dir_of() {
 
 raw_init "$NAME" "round,variant,loadavg,secs"
 for what in $variants; do ls_time "$(dir_of $what)" > /dev/null; done  # warm-up, untimed
-for ((r = 1; r <= RUNS; r++)); do
-  if ((r % 2)); then order=$variants; else order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' '); fi
-  for what in $order; do
-    la=$(loadavg)
-    raw "$r,$what,$la,$(ls_time "$(dir_of $what)")"
-  done
-done
+ls_run() { RES=$(ls_time "$(dir_of "$1")"); }
+# shellcheck disable=SC2086  # the variants are words
+rounds --alternate ls_run "" $variants
 stats=$(getfattr --only-values -n user.stagefs.stats "$MNT" 2>/dev/null || true)
 log "daemon stats: $stats"
 

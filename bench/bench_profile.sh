@@ -310,14 +310,12 @@ for s in $SCENARIOS; do
   esac
 done
 raw_init "$NAME" "round,variant,loadavg,seconds,pass_seconds,warm_pass_seconds,replay_bytes_at_gap,replay_bytes_at_end,replay_bytes_staged,replay_bytes_used,replay_bytes_unused,throttlefs_bytes"
-for ((ROUND = 1; ROUND <= RUNS; ROUND++)); do
-  log "round $ROUND of $RUNS"
-  for v in "${variants[@]}"; do
-    la=$(loadavg)
-    profile_run "$v" || RES=",,,,,,,,"
-    raw "$ROUND,$v,$la,$RES"
-  done
-done
+round_run() {  # VARIANT ROUND: profile_run, which names its profiles by ROUND
+  ROUND=$2
+  [ "$1" != "${variants[0]}" ] || log "round $ROUND of $RUNS"
+  profile_run "$1"
+}
+rounds round_run ",,,,,,,," "${variants[@]}"
 cp "$WORK/logs/replay.lines" "$RESULTS/$NAME.replay-log.txt" 2>/dev/null || true
 
 # --- the tables ---------------------------------------------------------------------------

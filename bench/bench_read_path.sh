@@ -80,7 +80,7 @@ for ((r = 1; r <= RUNS; r++)); do
     mount_fresh "$opt" "$v.$r"
     path=$(grep -o 'reads are served by .*' "$LOGF" | tail -1 | sed 's/reads are served by //')
     served[$v]=$path
-    if ((r % 2)); then order="mount direct"; else order="direct mount"; fi
+    order=$(round_order "$r" mount direct)
     for ((i = 1; i <= REPS; i++)); do   # cold: each read right after a drop
       for what in $order; do
         drop_caches
@@ -103,4 +103,4 @@ done
   --ratio "passthrough cold=pt-mount-cold/pt-direct-cold" --ratio "passthrough warm=pt-mount-warm/pt-direct-warm" \
   --ratio "fallback cold=fb-mount-cold/fb-direct-cold" --ratio "fallback warm=fb-mount-warm/fb-direct-warm" \
   --target "passthrough cold>=0.95" --target "passthrough warm>=0.95" --target "fallback warm>=0.5" \
-  --note "Ratios are throughput mount/direct (higher is better). Daemon log: passthrough mount: \"reads are served by ${served[pt]:-?}\"; --no-passthrough mount: \"reads are served by ${served[fb]:-?}\". The fallback-cold ratio has no target in the issue (reported for completeness)."
+  --note "Ratios are throughput mount/direct (higher is better). Daemon log: passthrough mount: \"reads are served by ${served[pt]:-?}\"; --no-passthrough mount: \"reads are served by ${served[fb]:-?}\". The fallback-cold ratio has no target (reported for completeness)."

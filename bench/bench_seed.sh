@@ -80,7 +80,7 @@ seed_run() {
   esac
 }
 raw_init "$NAME" "round,variant,loadavg,seconds,bytes_read_source,bytes_read_seed,fed_by_rank,fed_from"
-seed_rounds ",,,," source $(seed_warm_variants "")
+rounds seed_run ",,,," source $(seed_warm_variants "")
 
 seed_summarize "" source 0.3 bytes_read_source,bytes_read_seed,fed_by_rank \
   "warm nodes seed cold ones: $NODES ranks-as-nodes stage one $SIZE_MB MiB image from a $RATE_MBS MB/s source, 0..$((NODES - 1)) of them warm" \

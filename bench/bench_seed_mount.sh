@@ -115,7 +115,7 @@ seed_run() {
   esac
 }
 raw_init "$NAME" "round,variant,loadavg,seconds,bytes_from_source,bytes_from_seeds,fed_by"
-seed_rounds ",,," source $(seed_warm_variants "")
+rounds seed_run ",,," source $(seed_warm_variants "")
 
 seed_summarize "" source 0.3 bytes_from_source,bytes_from_seeds \
   "warm nodes seed cold ones, through the mount: a $NODES-rank group, a first open of one $SIZE_MB MiB image from a $RATE_MBS MB/s source, 0..$((NODES - 1)) caches warm" \

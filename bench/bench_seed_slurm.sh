@@ -299,7 +299,7 @@ if [[ $SET == jobs ]]; then
   variants=("source$r" "jobs$r-warm2" "jobs$r-warm4" "seedfail$r" ttfb-head-seeded ttfb-tail-seeded ttfb-head-source ttfb-tail-source)
   [ -z "${BIN2:-}" ] || variants+=(ttfb-head-seeded-main ttfb-tail-seeded-main)
   raw_init "$NAME" "round,variant,loadavg,seconds,bytes_from_source,bytes_from_seeds,fed_by,throttlefs_bytes,feed_retries"
-  seed_rounds ",,,,," "${variants[@]}"
+  rounds seed_run ",,,,," "${variants[@]}"
   rm -f "$MD"
   common="Source: throttlefs at $r MB/s (measured from inside n2 before the rounds: $(awk -v r="$r" '$1 == r {print $2}' "$WORK/rate-check") MB/s); source$r: cat of the image through it on n1 (the unit). Warm copies' and the image's pages evicted before each run; every node's copy compared with the reference after each run. Chunk size $CHUNK. bytes_from_source / bytes_from_seeds / feed_retries: n1's user.stagefs.stats; throttlefs_bytes (raw CSV): the file bytes the throttled mount served during the run."
   "$PY" "$BENCH_DIR/summarize.py" "$RAW" "$MD" --metric seconds --cols bytes_from_source,bytes_from_seeds,throttlefs_bytes,feed_retries \
@@ -327,11 +327,11 @@ for r in $RATES; do
   variants+=("source$r" $(seed_warm_variants "bcast$r-") $(seed_warm_variants "mount$r-"))
 done
 raw_init "$NAME" "round,variant,loadavg,seconds,bytes_from_source,bytes_from_seeds,fed_by,throttlefs_bytes"
-seed_rounds ",,,," "${variants[@]}"
+rounds seed_run ",,,," "${variants[@]}"
 
 rm -f "$MD"
 for r in $RATES; do
-  target=$([ "$r" = 10 ] && echo 0.3 || true)  # the issue's target is set at 10 MB/s
+  target=$([ "$r" = 10 ] && echo 0.3 || true)  # the target is set at 10 MB/s
   common="Source: throttlefs at $r MB/s (measured from inside n2 before the rounds: $(awk -v r="$r" '$1 == r {print $2}' "$WORK/rate-check") MB/s); source$r: cat of the image through it on n1 (the unit). throttlefs_bytes (raw CSV): the file bytes the throttled mount served during the run. Warm copies' and the image's pages evicted before each run; every node's copy compared with the reference after each run. Chunk size $CHUNK."
   seed_summarize "bcast$r-" "source$r" "$target" bytes_from_source,bytes_from_seeds \
     "stage-bcast on $NODES simulated Slurm nodes, one $SIZE_MB MiB image from a $r MB/s source, 0..$((NODES - 1)) nodes warm" \

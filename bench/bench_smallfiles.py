@@ -6,7 +6,7 @@ Tree: FILES files of 4-64 KiB (random sizes and bytes, seed 11) in DIRS director
 Readers: `tar cf - . | wc -c` (tar skips reading when its archive is /dev/null itself) and a
 Python loop with 8 threads (os.walk, then open+read of every file).
 Points, each reader, wall time until every rank finished:
-  source x1      one process reading the tree from the source once (the issue's yardstick)
+  source x1      one process reading the tree from the source once (the yardstick)
   source xNP     NP processes at once reading the source directly
   stagefs        NP ranks, fresh caches, default --small-file-size (1M): batches by directory
   stagefs warm   the same mounts again (every file cached)

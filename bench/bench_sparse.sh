@@ -78,9 +78,8 @@ variants="new"
 [ -n "${BIN2:-}" ] && variants="new base"
 raw_init "$NAME" "round,variant,sparse_bytes,loadavg,b_idle,b_contended,a_sparse_open,sparse_transfer,sparse_chunks,dense_open,dense_transfer"
 for ((r = 1; r <= RUNS; r++)); do
-  order=$variants
-  ((r % 2)) || order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' ')
-  for v in $order; do
+  # shellcheck disable=SC2086  # the variants are words
+  for v in $(round_order "$r" $variants); do
     for k in idle contended; do
       cp "$WORK/one-chunk.bin" "$SRC/other-$k.bin"
       head -c $((4 << 20)) "$WORK/one-chunk.bin" >> "$SRC/other-$k.bin"  # 20 MiB

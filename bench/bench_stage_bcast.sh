@@ -106,23 +106,22 @@ variants=()
 for c in $CHUNKS; do variants+=("sb-$c"); [ -n "$BIN2" ] && variants+=("sb-$c@2"); done
 variants+=(cp dd mpi-true)
 
+# One run of a variant on fresh destinations, after a drop of the page cache.
+run_variant() {
+  reset_dests
+  case $1 in
+    sb-*) # Open MPI 4.1 start-up sometimes fails under concurrent jobs (PMIx
+          # "Unreachable"): retry once on a fresh destination, note it in the raw log
+          c=${1#sb-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
+          run_sb "$c" "$b" || { log "retrying $1"; reset_dests; LA="$(loadavg) retry"; run_sb "$c" "$b"; } ;;
+    cp) run_cp ;;
+    dd) run_dd ;;
+    mpi-true) run_mpi_true ;;
+  esac
+}
+
 raw_init "$NAME" "round,variant,loadavg,wall,total,copy"
-for ((r = 1; r <= RUNS; r++)); do
-  for v in "${variants[@]}"; do
-    reset_dests
-    la=$(loadavg)
-    case $v in
-      sb-*) # Open MPI 4.1 start-up sometimes fails under concurrent jobs (PMIx
-            # "Unreachable"): retry once on a fresh destination, note it in the raw log
-            c=${v#sb-}; b=$BIN; [[ $c == *@2 ]] && { c=${c%@2}; b=$BIN2; }
-            run_sb "$c" "$b" || { log "retrying $v"; reset_dests; la="$(loadavg) retry"; run_sb "$c" "$b" || RES=",,"; } ;;
-      cp) run_cp ;;
-      dd) run_dd ;;
-      mpi-true) run_mpi_true || RES=",," ;;
-    esac
-    raw "$r,$v,$la,$RES"
-  done
-done
+rounds run_variant ",," "${variants[@]}"
 rm -rf "$WORK"/node* "$WORK"/dd*
 
 ratios=() targets=()

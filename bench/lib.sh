@@ -69,6 +69,39 @@ raw_init() {
 }
 raw() { echo "$*" >> "$RAW"; log "raw: $*"; }
 
+# --- rounds: every script's timed runs ----------------------------------------------------
+# rounds [--alternate] RUN EMPTY VARIANT...: RUNS rounds of the VARIANTs, interleaved (A B C
+# A B C ...; --alternate: A B C, C B A, ...: none goes first every time), so background noise
+# hits all alike. Each run is `RUN VARIANT ROUND`, which sets RES (the CSV fields after
+# round,variant,loadavg) or fails: EMPTY is recorded instead. LA is the load average taken at
+# the run's start; RUN may add to it (a retry says so: LA="$LA retry").
+rounds() {
+  local alternate=0 run empty r v order
+  [ "$1" = --alternate ] && { alternate=1; shift; }
+  run=$1 empty=$2
+  shift 2
+  for ((r = 1; r <= RUNS; r++)); do
+    order=("$@")
+    # shellcheck disable=SC2207  # round_order prints the variants space-separated
+    ((alternate)) && order=($(round_order "$r" "$@"))
+    for v in "${order[@]}"; do
+      LA=$(loadavg)
+      RES=
+      "$run" "$v" "$r" || RES=$empty
+      raw "$r,$v,$LA,$RES"
+    done
+  done
+}
+
+# round_order ROUND VARIANT...: the VARIANTs in their order in odd rounds, reversed in even
+# ones (A B, B A, ...: neither goes first every time), space-separated.
+round_order() {
+  local r=$1 out=() i
+  shift
+  if ((r % 2)); then out=("$@"); else for ((i = $#; i >= 1; i--)); do out+=("${!i}"); done; fi
+  echo "${out[*]}"
+}
+
 # Free space sanity check: $1 = GiB needed under WORK_ROOT.
 need_space() {
   local avail_kb
@@ -240,21 +273,6 @@ timed() {
 
 # seed_warm_variants PREFIX: PREFIXwarm0 .. PREFIXwarm$((NODES-1)), one a line.
 seed_warm_variants() { local w; for ((w = 0; w < NODES; w++)); do echo "${1}warm$w"; done; }
-
-# seed_rounds EMPTY VARIANT...: RUNS rounds of the VARIANTs, interleaved; each is run by the
-# script's seed_run VARIANT, which sets RES (the CSV fields after round,variant,loadavg), or
-# fails: EMPTY is recorded instead.
-seed_rounds() {
-  local empty=$1 r v la
-  shift
-  for ((r = 1; r <= RUNS; r++)); do
-    for v in "$@"; do
-      la=$(loadavg)
-      seed_run "$v" || RES=$empty
-      raw "$r,$v,$la,$RES"
-    done
-  done
-}
 
 # seed_summarize PREFIX UNIT TARGET COLS TITLE NOTE [summarize.py options]: the table of the
 # variants PREFIXwarmW in seconds, each as a ratio to the same round's UNIT; with TARGET, the

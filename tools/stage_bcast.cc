@@ -18,6 +18,7 @@
 #include "bcast/job/job.h"
 #include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/profile/file.h"
+#include "tools/cli.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
 
@@ -150,20 +151,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("stage-bcast ") + STAGEFS_VERSION);
   std::string profile;
   CLI::Option* source_rank = add_options(app, job, profile);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    if (stage::launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForAllHelp& e) {
-    if (stage::launcher_rank() == 0) std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    if (stage::launcher_rank() == 0) std::puts(e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return stage::bcast_usage_error(e.what());
-  }
+  // Every rank parses; the launcher's first rank alone prints (help, version, usage errors).
+  const stagetools::Command cmd{"stage-bcast", "stage-bcast", 2, stage::launcher_rank() == 0, {}, {}};
+  if (auto exit_status = stagetools::parse(app, argc, argv, cmd)) return *exit_status;
   job.opt.seed_from_copies = source_rank->count() == 0;
   if (!profile.empty() && stage::launcher_rank() == job.opt.root)
     job.opt.first_files = first_files(profile, job);

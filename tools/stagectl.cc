@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fusefs/stagectl_client.h"
+#include "tools/cli.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
 
@@ -57,22 +58,8 @@ int main(int argc, char** argv) {
   auto* evict = app.add_subcommand("evict", "remove files' copies from this node's cache (not while open)");
   evict->add_option("PATH", paths, "files in a stagefs mount")->required();
   for (auto* sub : {status, stats, prefetch, evict}) sub->add_flag("--json", o.json, "print JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    std::puts(e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {
-      std::fputs(app.help().c_str(), stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "stagectl: %s\nTry 'stagectl --help'.\n", stagefs::ctl::shown(e.what()).c_str());
-    return 2;
-  }
+  const stagetools::Command cmd{"stagectl", "stagectl", 2, true, {}, stagefs::ctl::shown};
+  if (auto exit_status = stagetools::parse(app, argc, argv, cmd)) return *exit_status;
   if (*status || *stats) return stagefs::ctl::show_status(where, stats->parsed(), o.json);
   if (*evict) return stagefs::ctl::evict(paths, o.json);
   return stagefs::ctl::prefetch(paths, no_wait, o);

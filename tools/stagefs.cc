@@ -24,6 +24,7 @@
 #include "fusefs/run/run.h"
 #include "fusefs/run/site.h"
 #include "fusefs/run/slurm.h"
+#include "tools/cli.h"
 #include "tools/help_format.h"
 #include "tools/options.h"
 
@@ -398,35 +399,23 @@ int main(int argc, char** argv) {
   add_mount(app, cli);
   add_run(app, r);
   CLI::App* const run = app.get_subcommand("run");
-  const int usage_status = is_run ? stagefs::run::kRunFailed : 2;
-  try {
-    app.parse(static_cast<int>(args.size()), args.data());
-  } catch (const CLI::CallForHelp&) {
-    std::fputs((is_run ? run_help(*run) : app.help()).c_str(), stdout);
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    std::puts(e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "stagefs: %s\nTry 'stagefs%s --help'.\n", e.what(), is_run ? " run" : "");
-    return usage_status;
-  }
+  const stagetools::Command cmd{"stagefs",
+                                is_run ? "stagefs run" : "stagefs",
+                                is_run ? stagefs::run::kRunFailed : 2,
+                                true,
+                                [&] { return is_run ? run_help(*run) : app.help(); },
+                                {}};
+  if (auto exit_status = stagetools::parse(app, static_cast<int>(args.size()), args.data(), cmd))
+    return *exit_status;
   if (*run) return run_main(r, *run, std::move(command));
   stagefs::DaemonConfig& cfg = cli.cfg;
   if (app.count("--wait") > 0) {
-    if (cli.wait_for.empty()) {
-      std::fprintf(stderr, "stagefs: --wait: empty mount point\nTry 'stagefs --help'.\n");
-      return 2;
-    }
+    if (cli.wait_for.empty()) return stagetools::usage_error(cmd, "--wait: empty mount point");
     return stagefs::wait_ready(cli.wait_for, cli.wait_timeout);
   }
-  auto usage = [](const std::string& m) {
-    std::fprintf(stderr, "stagefs: %s\nTry 'stagefs --help'.\n", m.c_str());
-    return 2;
-  };
   if (cfg.source_dir.empty() || cfg.mountpoint.empty())
-    return usage("SOURCE_DIR and MOUNTPOINT are required");
-  if (cfg.cache_dir.empty()) return usage("--cache CACHE_DIR is required");
+    return stagetools::usage_error(cmd, "SOURCE_DIR and MOUNTPOINT are required");
+  if (cfg.cache_dir.empty()) return stagetools::usage_error(cmd, "--cache CACHE_DIR is required");
   cfg.mount.passthrough = !cli.no_passthrough;
   // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
   // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).

@@ -180,4 +180,12 @@ class FakeP2P final : public PointToPoint {
   int cancelled_ = 0;
 };
 
+// `n` bytes of a seeded random pattern: what a broadcast's root sends.
+inline std::vector<std::byte> pattern(size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937 g(seed);
+  for (auto& b : v) b = static_cast<std::byte>(g());
+  return v;
+}
+
 }  // namespace stage::testing

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "acl.h"
 #include "core_fixture.h"
 #include "fusefs/as_caller.h"
 
@@ -25,6 +26,14 @@ namespace stagefs {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Ace;
+using testing::acl_xattr;
+using testing::kGroupAce;
+using testing::kGroupObj;
+using testing::kMask;
+using testing::kOther;
+using testing::kUser;
+using testing::kUserObj;
 
 constexpr uint32_t kOwner = 61001, kGroup = 61002, kNamedUser = 61096, kNamedGroup = 61090;
 
@@ -38,15 +47,6 @@ const std::vector<std::pair<const char*, Caller>> kCallers = {
     {"named group", {61019, 61020, {kNamedGroup}}},  // ... as a supplementary group
     {"root", {0, 0, {}}},
 };
-
-// An ACL entry (tag, permission bits, id) as setfacl would write it.
-struct Ace {
-  uint16_t tag;
-  uint16_t perm;
-  uint32_t id = 0xffffffff;
-};
-constexpr uint16_t kUserObj = 0x01, kUser = 0x02, kGroupObj = 0x04, kGroupAce = 0x08, kMask = 0x10,
-                   kOther = 0x20;
 
 struct Case {
   const char* name;
@@ -77,20 +77,6 @@ const std::vector<Case> kCases = {
      {{kUserObj, 6}, {kUser, 4, kNamedUser}, {kGroupObj, 4}, {kMask, 0}, {kOther, 0}},
      "1000001"},
 };
-
-std::string acl_xattr(const std::vector<Ace>& aces) {
-  std::string v(4, '\0');
-  const uint32_t version = 2;
-  std::memcpy(v.data(), &version, 4);
-  for (const Ace& a : aces) {
-    char e[8];
-    std::memcpy(e, &a.tag, 2);
-    std::memcpy(e + 2, &a.perm, 2);
-    std::memcpy(e + 4, &a.id, 4);
-    v.append(e, 8);
-  }
-  return v;
-}
 
 // faccessat2 fails with ENOSYS on the calling thread (and the threads it starts) from now on,
 // as on a kernel before 5.8. False if this architecture is not covered here.
