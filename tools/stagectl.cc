@@ -6,15 +6,15 @@
 //                                       then one summary (files, bytes, copied, cached, failed)
 //   stagectl evict PATH...              drop files' copies from this node's cache
 // PATH: relative to the current directory or absolute; the mount is the one it lies in (the
-// older form CMD MOUNTPOINT PATH... still works: fusefs/stagectl_mount.h). --json on every
+// older form CMD MOUNTPOINT PATH... still works: fusefs/stagectl/stagectl_mount.h). --json on every
 // command. Exit 0: done; 1: a request failed (or PATH is not in a running stagefs); 2: usage.
-// A thin shell over fusefs/stagectl_client.h (the channel, and how names are shown).
+// A thin shell over fusefs/stagectl/stagectl_client.h (the channel, and how names are shown).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "fusefs/stagectl_client.h"
+#include "fusefs/stagectl/stagectl_client.h"
 #include "tools/cli.h"
 #include "tools/help_format.h"
 #include "tools/options.h"

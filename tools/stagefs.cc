@@ -1,6 +1,6 @@
 // stagefs: mount a read-only view of SOURCE_DIR whose files are copied onto every node's
 // local disk at their first open (one MPI broadcast per file for the whole job step).
-// A thin shell over fusefs/daemon.h: parse options into DaemonConfig (whose member values are
+// A thin shell over fusefs/edge/daemon.h: parse options into DaemonConfig (whose member values are
 // the defaults --help shows), run the daemon or wait for readiness.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -19,8 +19,8 @@
 #include "bcast/io/chunk.h"
 #include "bcast/io/paths.h"
 #include "bcast/transfer/pipeline.h"
-#include "fusefs/daemon.h"
-#include "fusefs/log.h"
+#include "fusefs/edge/daemon.h"
+#include "fusefs/base/log.h"
 #include "fusefs/run/run.h"
 #include "fusefs/run/site.h"
 #include "fusefs/run/slurm.h"
@@ -418,7 +418,7 @@ int main(int argc, char** argv) {
   if (cfg.cache_dir.empty()) return stagetools::usage_error(cmd, "--cache CACHE_DIR is required");
   cfg.mount.passthrough = !cli.no_passthrough;
   // Logs go to stderr, uncoloured: under srun/mpirun they land in job logs, often via a pty.
-  // Control characters in messages (from file names users chose) are escaped (fusefs/log.h).
+  // Control characters in messages (from file names users chose) are escaped (fusefs/base/log.h).
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("stagefs", stagefs::escaping_sink()));
   spdlog::set_level(cli.verbose ? spdlog::level::debug : spdlog::level::info);
   cfg.wrap_seams = stage::test_holds;  // the crash tests stop real processes at these points

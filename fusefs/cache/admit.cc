@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 
 #include "bcast/io/source.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/log.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

@@ -22,9 +22,9 @@
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
 #include "bcast/text/text.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/log.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

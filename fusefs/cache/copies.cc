@@ -4,9 +4,9 @@
 #include <cerrno>
 
 #include "bcast/io/store.h"
-#include "fusefs/batch_rules.h"
+#include "fusefs/base/batch_rules.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/log.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

@@ -30,7 +30,7 @@
 
 #include "bcast/io/error.h"
 #include "bcast/io/fd.h"
-#include "fusefs/admission.h"
+#include "fusefs/base/admission.h"
 #include "fusefs/cache/links.h"
 #include "fusefs/cache/verify.h"
 #include "fusefs/cache/wait.h"

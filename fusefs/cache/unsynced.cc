@@ -9,8 +9,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "fusefs/beneath.h"
-#include "fusefs/log.h"
+#include "fusefs/base/beneath.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

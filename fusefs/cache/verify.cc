@@ -7,7 +7,7 @@
 #include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/log.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

@@ -5,7 +5,7 @@
 
 #include "bcast/io/paths.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/log.h"
+#include "fusefs/base/log.h"
 
 namespace stagefs {
 

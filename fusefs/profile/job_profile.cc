@@ -10,7 +10,7 @@
 
 #include <ctime>
 
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/profile/exchange.h"
 #include "fusefs/profile/file.h"
 

@@ -1,5 +1,5 @@
 // JobProfile: a mount's profile from start to end, so that the daemon calls it at a few
-// points only (fusefs/daemon.cc):
+// points only (fusefs/edge/daemon.cc):
 //   attach()        before the mount serves: the core tells the recorder every open; the group
 //                   (this is its ReadOrders) tells it what readers read during a copy (every
 //                   node), and asks the replay for a file's recorded chunks (the coordinator's);
@@ -23,8 +23,8 @@
 #include <string>
 
 #include "bcast/comm/comm.h"
-#include "fusefs/core.h"
-#include "fusefs/group.h"
+#include "fusefs/core/core.h"
+#include "fusefs/group/group.h"
 #include "fusefs/profile/recorder.h"
 #include "fusefs/profile/replay.h"
 

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "fusefs/batch_rules.h"
+#include "fusefs/base/batch_rules.h"
 
 namespace stagefs {
 

@@ -29,7 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "fusefs/core.h"
+#include "fusefs/core/core.h"
 #include "fusefs/profile/file.h"
 #include "fusefs/profile/plan.h"
 

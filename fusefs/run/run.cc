@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "bcast/transfer/report.h"
-#include "fusefs/status.h"
+#include "fusefs/edge/status.h"
 
 extern char** environ;
 

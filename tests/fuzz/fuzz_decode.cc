@@ -9,7 +9,7 @@
 #include <span>
 
 #include "bcast/io/manifest.h"
-#include "fusefs/control.h"
+#include "fusefs/group/control.h"
 #include "fusefs/profile/format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -8,7 +8,7 @@ command -v clang++ >/dev/null || { echo "clang++ not installed: skipped"; exit 7
 mkdir -p "$out/corpus"
 python3 "$top/tests/fuzz/make_corpus.py" "$out/corpus"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I"$top" \
-  "$top/tests/fuzz/fuzz_decode.cc" "$top/bcast/io/manifest.cc" "$top/bcast/io/chunk.cc" "$top/bcast/io/error.cc" "$top/fusefs/control.cc" \
+  "$top/tests/fuzz/fuzz_decode.cc" "$top/bcast/io/manifest.cc" "$top/bcast/io/chunk.cc" "$top/bcast/io/error.cc" "$top/fusefs/group/control.cc" \
   "$top/fusefs/profile/format.cc" "$top/bcast/io/crc.cc" -lisal \
   -o "$out/fuzz_decode"
 "$out/fuzz_decode" -max_total_time="${FUZZ_SECONDS:-10}" -seed=1 -print_final_stats=1 "$out/corpus" 2>&1 | tail -15

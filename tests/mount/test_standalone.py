@@ -260,7 +260,7 @@ class CachePageCache(h.MountTestCase):
 class SourceChanges(h.MountTestCase):
     """--attr-timeout 0 --entry-timeout 0: every open sees the source's current attributes. A
     copy is current when the source's size, mtime, ctime and inode all match its origin (see
-    fusefs/core.h); each kind of change below must give a new materialization and the new
+    fusefs/core/core.h); each kind of change below must give a new materialization and the new
     content through the mount."""
 
     T = [1_700_000_000_000_000_000 + i * 100_000_000_000 for i in range(4)]

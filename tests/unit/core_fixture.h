@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
+#include "fusefs/core/core.h"
 #include "tmpdir.h"
 
 namespace stagefs::testing {

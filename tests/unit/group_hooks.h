@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fusefs/group.h"
+#include "fusefs/group/group.h"
 
 namespace stagefs {
 

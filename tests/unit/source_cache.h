@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "bcast/io/fd.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "tmpdir.h"
 

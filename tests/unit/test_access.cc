@@ -1,4 +1,4 @@
-// Access checked as the caller (fusefs/as_caller.h) on kernels without faccessat2: a table of
+// Access checked as the caller (fusefs/base/as_caller.h) on kernels without faccessat2: a table of
 // files and directories (owner, group, other, supplementary groups, POSIX ACLs that allow and
 // deny, a mask, a closed parent) read by seven callers (root among them). The fallback (a
 // reopen as the caller) must give faccessat2's answers, both called directly and through
@@ -20,7 +20,7 @@
 
 #include "acl.h"
 #include "core_fixture.h"
-#include "fusefs/as_caller.h"
+#include "fusefs/base/as_caller.h"
 
 namespace stagefs {
 namespace {

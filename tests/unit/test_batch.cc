@@ -27,11 +27,11 @@
 #include "bcast/comm/comm.h"
 #include "bcast/io/store.h"
 #include "fakes.h"
-#include "fusefs/batch_rules.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/batch_rules.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
-#include "fusefs/group.h"
+#include "fusefs/core/core.h"
+#include "fusefs/group/group.h"
 #include "tmpdir.h"
 
 namespace stagefs {

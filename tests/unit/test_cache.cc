@@ -13,7 +13,7 @@
 #include "bcast/io/paths.h"
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
-#include "fusefs/batch_rules.h"
+#include "fusefs/base/batch_rules.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/cache/links.h"

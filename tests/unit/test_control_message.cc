@@ -1,4 +1,4 @@
-// The control channel's messages (fusefs/control.h): what goes out comes back equal, and a
+// The control channel's messages (fusefs/group/control.h): what goes out comes back equal, and a
 // message a node must not act on (an unsafe directory, a bad slice, unknown flags) is refused.
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "fusefs/control.h"
-#include "fusefs/coordinator.h"
+#include "fusefs/group/control.h"
+#include "fusefs/group/coordinator.h"
 
 namespace stagefs {
 namespace {

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "coordinator_model.h"
-#include "fusefs/control.h"
-#include "fusefs/coordinator.h"
+#include "fusefs/group/control.h"
+#include "fusefs/group/coordinator.h"
 
 namespace stagefs {
 namespace {

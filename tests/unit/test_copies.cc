@@ -11,8 +11,8 @@
 #include "bcast/comm/comm.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copies.h"
-#include "fusefs/core.h"
-#include "fusefs/group.h"
+#include "fusefs/core/core.h"
+#include "fusefs/group/group.h"
 #include "source_cache.h"
 #include "tmpdir.h"
 

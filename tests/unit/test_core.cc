@@ -13,8 +13,8 @@
 #include "bcast/job/job.h"
 #include "bcast/io/manifest.h"
 #include "bcast/transfer/layout.h"
-#include "fusefs/log.h"
-#include "fusefs/status.h"
+#include "fusefs/base/log.h"
+#include "fusefs/edge/status.h"
 
 namespace stage {
 namespace {
@@ -385,8 +385,8 @@ TEST(Log, EachCauseHasItsBurstAndSaysHowManyWereHeldBack) {
   EXPECT_EQ(q[0].shown, "cause a");
   EXPECT_EQ(q[0].lines, 4U);
   EXPECT_TRUE(b.quiet(t0 + 30s, true).empty());
-  EXPECT_EQ(stagefs::site_name("materialize {} failed: {:.3f}", "/src/x/fusefs/group.cc", 355),
-            "materialize ... failed: ... (fusefs/group.cc:355)");
+  EXPECT_EQ(stagefs::site_name("materialize {} failed: {:.3f}", "/src/x/fusefs/group/group.cc", 355),
+            "materialize ... failed: ... (fusefs/group/group.cc:355)");
 }
 
 }  // namespace

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "fusefs/control.h"
-#include "fusefs/coordinator.h"
+#include "fusefs/group/control.h"
+#include "fusefs/group/coordinator.h"
 
 namespace stagefs {
 namespace {

@@ -9,8 +9,8 @@
 #include <random>
 
 #include "bcast/io/crc.h"
-#include "fusefs/core.h"
-#include "fusefs/live.h"
+#include "fusefs/core/core.h"
+#include "fusefs/core/live.h"
 #include "group_ranks.h"
 #include "planted.h"
 

@@ -1,4 +1,4 @@
-// HandleLimits (fusefs/handles.h): a user's handles (files and directories) up to its limit
+// HandleLimits (fusefs/core/handles.h): a user's handles (files and directories) up to its limit
 // (EMFILE), the descriptors of every user's files up to the room (ENFILE), root without a
 // limit of its own, slots given back when dropped (also after the limits are gone); the
 // budget made from a descriptor limit; and through StageFsCore, a user's opens and opendirs.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core_fixture.h"
-#include "fusefs/handles.h"
+#include "fusefs/core/handles.h"
 
 namespace stagefs {
 namespace {

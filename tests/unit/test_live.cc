@@ -1,4 +1,4 @@
-// LiveCopy (fusefs/live.h): reads of a copy in progress, without a mount or MPI. The
+// LiveCopy (fusefs/core/live.h): reads of a copy in progress, without a mount or MPI. The
 // temporary file is a real one (PosixStore's Txn); the test plays the engine's writer.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include "bcast/io/store.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/core.h"
-#include "fusefs/live.h"
+#include "fusefs/core/core.h"
+#include "fusefs/core/live.h"
 #include "tmpdir.h"
 
 namespace stagefs {

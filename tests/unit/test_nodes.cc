@@ -1,4 +1,4 @@
-// The node table (fusefs/nodes.h): paths built from parents (each node holds one name), a
+// The node table (fusefs/core/nodes.h): paths built from parents (each node holds one name), a
 // parent kept while children need it whatever order forgets come in, new versions, and every
 // node a user's lookup creates counted against that user's budget (UserBytes), shared with
 // the listings, given back when forgotten; through StageFsCore, a user past the budget gets
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core_fixture.h"
-#include "fusefs/nodes.h"
+#include "fusefs/core/nodes.h"
 
 namespace stagefs {
 namespace {

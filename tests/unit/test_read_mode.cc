@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "fusefs/read_mode.h"
+#include "fusefs/edge/read_mode.h"
 
 namespace stagefs {
 namespace {

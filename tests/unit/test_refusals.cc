@@ -12,9 +12,9 @@
 #include "bcast/io/paths.h"
 #include "bcast/io/source.h"
 #include "bcast/transfer/engine.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/privilege.h"
+#include "fusefs/edge/privilege.h"
 #include "thread_comm.h"
 #include "tmpdir.h"
 

@@ -12,7 +12,7 @@
 
 #include "bcast/comm/comm.h"
 #include "bcast/transfer/engine.h"
-#include "fusefs/beneath.h"
+#include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/unsynced.h"
 #include "tmpdir.h"

@@ -12,9 +12,9 @@
 
 #include "core_fixture.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/core.h"
-#include "fusefs/status.h"
-#include "fusefs/xattr_cache.h"
+#include "fusefs/core/core.h"
+#include "fusefs/edge/status.h"
+#include "fusefs/core/xattr_cache.h"
 #include "tmpdir.h"
 
 namespace stagefs {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "fusefs/control.h"
+#include "fusefs/group/control.h"
 
 namespace stagefs::testing {
 
