@@ -55,6 +55,9 @@ def one_group(h, build, src, np_, measure):
     g = h.Group(work, np_)
     try:
         g.wait_ready()
+        # The last measurement's copies are still being written back: settle that first, so
+        # no build pays for the one before it.
+        subprocess.run(["sync"], check=True)
         return measure(g, work.mnt)
     finally:
         problems = g.close()

@@ -159,5 +159,6 @@ int main(int argc, char** argv) {
     job.opt.first_files = first_files(profile, job);
   job.xattrs = stagefs::kCopyXattrs;   // the mount's names: its copies and ours read alike
   job.wrap_seams = stage::test_holds;  // the crash tests stop real processes at these points
+  job.usage_error = [&cmd](const std::string& why) { return stagetools::usage_error(cmd, why); };
   return stage::run_bcast_job(std::move(job), &argc, &argv);
 }

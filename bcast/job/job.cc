@@ -149,13 +149,16 @@ std::string check_job(const BcastJob& job) {
   return {};
 }
 
-int bcast_usage_error(const std::string& msg) {
-  if (launcher_rank() == 0) std::fprintf(stderr, "stage-bcast: %s\nTry 'stage-bcast --help'.\n", msg.c_str());
+namespace {
+int usage_error(const BcastJob& job, const std::string& why) {
+  if (job.usage_error) return job.usage_error(why);
+  if (launcher_rank() == 0) std::fprintf(stderr, "stage-bcast: %s\n", why.c_str());
   return 2;
 }
+}  // namespace
 
 int run_bcast_job(BcastJob job, int* argc, char*** argv) {
-  if (auto why = check_job(job); !why.empty()) return bcast_usage_error(why);
+  if (auto why = check_job(job); !why.empty()) return usage_error(job, why);
   spdlog::set_default_logger(spdlog::stderr_logger_mt("stage-bcast"));
   spdlog::set_pattern("[%l] %v");
   spdlog::set_level(job.verbose ? spdlog::level::info : spdlog::level::warn);
@@ -171,8 +174,8 @@ int run_bcast_job(BcastJob job, int* argc, char*** argv) {
   Comm& world = *ranks->world;
   const StageOptions& opt = job.opt;
   if (opt.root < 0 || opt.root >= world.size())
-    return bcast_usage_error("--source-rank " + std::to_string(opt.root) + " is out of range (job has " +
-                             std::to_string(world.size()) + " ranks)");
+    return usage_error(job, "--source-rank " + std::to_string(opt.root) + " is out of range (job has " +
+                                std::to_string(world.size()) + " ranks)");
 
   StageEndpoint ep;
   ep.source = job.source;

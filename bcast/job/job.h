@@ -9,6 +9,7 @@
 // watchdog exits the process itself). Messages go to stderr prefixed "stage-bcast: ".
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "bcast/comm/mpi_start.h"
@@ -44,14 +45,14 @@ struct BcastJob {
   // Wraps the store and the source before the transfer sees them (the tool's: the crash tests'
   // hold points); empty: they are used as they are.
   SeamWrapper wrap_seams;
+  // Reports a usage error found once the ranks are up (--source-rank out of range) as the
+  // tool reports its others, and returns the exit status; empty: "stage-bcast: why" on the
+  // launcher's rank 0, status 2.
+  std::function<int(const std::string& why)> usage_error;
 };
 
 // Usage errors no rank could get past, checked before MPI starts: an explanation, or empty.
 std::string check_job(const BcastJob& job);
-
-// Prints a usage error once per job (on the launcher's rank 0) with the hint to --help;
-// returns 2.
-int bcast_usage_error(const std::string& msg);
 
 // Runs the job: COLLECTIVE over every rank the launcher started. Returns the exit status; a
 // rank whose communicator broke mid-transfer ends the process with _Exit(1) instead (ranks
