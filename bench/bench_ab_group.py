@@ -108,6 +108,15 @@ def main():
             lines.append("| %s | %s | %d | %.3f | %.3f | %.3f | %s | %.3f |" % (
                 p, b, len(v), statistics.median(v), min(v), max(v), " ".join("%.2f" % x for x in ratios),
                 statistics.median(ratios)))
+    # A build that ran first in its round against the other that ran first (and second against
+    # second): what the order of a round costs (the page cache, writeback) drops out.
+    lines += ["", "| point | build | median s when first in its round | median s when second |", "|---|---|---|---|"]
+    for p in points:
+        for i, b in enumerate(builds):
+            first = [v for r, v in enumerate(res[(p, b)]) if (r % 2 == 0) == (i == 0)]
+            second = [v for r, v in enumerate(res[(p, b)]) if (r % 2 == 0) != (i == 0)]
+            fmt = lambda xs: "%.3f (%d)" % (statistics.median(xs), len(xs)) if xs else "-"
+            lines.append("| %s | %s | %s | %s |" % (p, b, fmt(first), fmt(second)))
     lines += ["", "first open: a %d MiB file opened and read whole on node 0 (dd bs=1M), no node holding it. "
               "dataset: %d files of 4-64 KiB in %d directories, tar'ed on every node at once. Source and "
               "caches on this machine's disk (the source in page cache for every build alike); a fresh group "
