@@ -19,8 +19,8 @@
 #include "bcast/io/chunk.h"
 #include "bcast/io/paths.h"
 #include "bcast/transfer/pipeline.h"
-#include "fusefs/edge/daemon.h"
 #include "fusefs/base/log.h"
+#include "fusefs/edge/daemon.h"
 #include "fusefs/run/run.h"
 #include "fusefs/run/site.h"
 #include "fusefs/run/slurm.h"
@@ -153,39 +153,39 @@ void add_mount_options(CLI::App& app, Cli& cli) {
              "node; a read waits only for the chunks it needs, and the source sends the chunks "
              "readers on any node wait for first (such a handle is served by the daemon, not "
              "kernel passthrough). off: an open waits for the whole verified copy");
-  add_choice(app, "--nested-batches", cfg.nested_batches, kOnOff,
+  add_choice(app, "--nested-batches", cfg.batches.nested_batches, kOnOff,
              "on: a batch of small files opened while a large file is being copied is copied "
              "at once, on a second communicator, nested at the next chunk of the large "
              "stream, instead of waiting until the large copy ends (only the setting of rank "
              "0 counts). off: one transfer at a time");
-  add_choice(app, "--prefetch-siblings", cfg.prefetch_siblings, kOnOff,
+  add_choice(app, "--prefetch-siblings", cfg.batches.prefetch_siblings, kOnOff,
              "on: once opens have staged the small files of two directories with the same "
              "parent (a reader walking a tree), the small files of the parent's other "
              "subdirectories (those every user may list and enter) are staged too, one "
              "directory after another, in the background: only when no open waits, so the "
              "source is read while readers read what is already here (only the setting of "
              "rank 0 counts). off: only what opens ask for");
-  app.add_option("--batch-max-files", cfg.batch_max_files,
+  app.add_option("--batch-max-files", cfg.batches.batch_max_files,
                  "a batch stages at most this many small files: a larger directory goes in several "
                  "batches, the opened file's first, and other users' opens are served between them "
                  "(only the setting of rank 0 counts). 0: no limit")
       ->capture_default_str()
       ->check(whole(0, kMaxCount));
-  add_size(app, "--batch-max-bytes", cfg.batch_max_bytes,
+  add_size(app, "--batch-max-bytes", cfg.batches.batch_max_bytes,
            "a batch stages at most this many bytes (K/M/G), as --batch-max-files, each file "
            "counted as its size and 8K more (what its copy takes beyond its bytes). 0: no limit");
-  app.add_option("--prefetch-max-dirs", cfg.prefetch_max_dirs,
+  app.add_option("--prefetch-max-dirs", cfg.batches.prefetch_max_dirs,
                  "--prefetch-siblings stages at most this many subdirectories of a walked parent "
                  "(rank 0's setting). 0: no limit")
       ->capture_default_str()
       ->check(whole(0, kMaxCount));
-  add_size(app, "--prefetch-max-bytes", cfg.prefetch_max_bytes,
+  add_size(app, "--prefetch-max-bytes", cfg.batches.prefetch_max_bytes,
            "--prefetch-siblings stages at most this many bytes (K/M/G) of small files per "
            "walked parent, each file counted as its size and 8K more (what its copy takes "
            "beyond its bytes); so do the batches one open or prefetch of a small file starts "
            "(its directory's slices, taken together). What is left waits for its own opens "
            "(rank 0's setting). 0: no limit");
-  app.add_option("--prefetch-max-files", cfg.prefetch_max_files,
+  app.add_option("--prefetch-max-files", cfg.batches.prefetch_max_files,
                  "as --prefetch-max-bytes, in small files: at most this many per walked parent, and "
                  "per open or prefetch of a small file (rank 0's setting). 0: no limit")
       ->capture_default_str()

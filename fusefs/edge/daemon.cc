@@ -22,11 +22,11 @@
 #include "bcast/io/store.h"
 #include "fusefs/base/batch_rules.h"
 #include "fusefs/base/beneath.h"
+#include "fusefs/base/log.h"
 #include "fusefs/cache/cache.h"
+#include "fusefs/edge/metrics.h"
 #include "fusefs/group/control_mpi.h"
 #include "fusefs/group/group.h"
-#include "fusefs/base/log.h"
-#include "fusefs/edge/metrics.h"
 #include "fusefs/profile/file.h"
 #include "fusefs/profile/job_profile.h"
 
@@ -213,13 +213,7 @@ GroupConfig Daemon::group_config() {
   };
   g.small_file_size = cfg_.small_file_size;
   g.read_during_copy = cfg_.read_during_copy;
-  g.nested_batches = cfg_.nested_batches;
-  g.prefetch_siblings = cfg_.prefetch_siblings;
-  g.batch_max_files = cfg_.batch_max_files;
-  g.batch_max_bytes = cfg_.batch_max_bytes;
-  g.prefetch_max_dirs = static_cast<size_t>(cfg_.prefetch_max_dirs);
-  g.prefetch_max_bytes = cfg_.prefetch_max_bytes;
-  g.prefetch_max_files = cfg_.prefetch_max_files;
+  g.batches = cfg_.batches;
   g.file_charge = kCopyCharge;
   g.cancelled = [this] {
     std::lock_guard lk(m_);

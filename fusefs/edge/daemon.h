@@ -25,6 +25,7 @@
 #include "fusefs/core/core.h"
 #include "fusefs/edge/mount.h"
 #include "fusefs/edge/status.h"
+#include "fusefs/group/group.h"
 
 namespace stagefs {
 
@@ -61,24 +62,11 @@ struct DaemonConfig {
   // --read-during-copy: an open of a file being copied returns once its transfer runs here;
   // reads wait for their chunks only (and ask for them first).
   bool read_during_copy = true;
-  // --nested-batches: a batch may run nested in a single-file transfer (rank 0's setting).
-  bool nested_batches = true;
-  // --prefetch-siblings: a walk (opens of small files in two sibling directories) stages the
-  // other subdirectories of their parent in the background (rank 0's setting).
-  bool prefetch_siblings = true;
-  // --batch-max-files, --batch-max-bytes: one batch stages at most this many small files and
-  // bytes; a larger directory goes in several batches with other requests between them
-  // (0: no limit). The defaults bound a batch to a few seconds of copying, so other requests
-  // do not wait long behind it.
-  uint64_t batch_max_files = 4096;
-  uint64_t batch_max_bytes = uint64_t{256} << 20;
-  // --prefetch-max-dirs, --prefetch-max-bytes, --prefetch-max-files: what one walk
-  // (--prefetch-siblings) stages ahead of the readers: subdirectories queued, bytes and files
-  // of small files listed (each file charged at least what its copy takes); and what one
-  // open's batch with the slices that follow it may list (0: no limit).
-  uint64_t prefetch_max_dirs = 64;
-  uint64_t prefetch_max_bytes = uint64_t{1} << 30;
-  uint64_t prefetch_max_files = 16384;
+  // --nested-batches, --prefetch-siblings, --batch-max-files, --batch-max-bytes,
+  // --prefetch-max-dirs, --prefetch-max-bytes, --prefetch-max-files (group/group.h; rank 0's
+  // settings count). The batch limits bound a batch to a few seconds of copying, so other
+  // requests do not wait long behind it.
+  BatchPolicy batches;
   double sync_after = 5;  // --sync-after: seconds a batch's copies may stay unsynced
   // --spare-caches: when --cache is in use by another stagefs on this node (another job of the
   // same user), the first free of CACHE/spare.1 .. CACHE/spare.N is used instead (0: refuse).

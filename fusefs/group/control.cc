@@ -75,8 +75,7 @@ stage::Result<Message> decode_message(std::span<const std::byte> b) {
   if (!plain_bound(m.from) || !plain_bound(m.until)) return bad("bad slice name");
   if (!is_batch(m.type) && (!m.from.empty() || !m.until.empty())) return bad("slice on a non-batch");
   if (is_file(m.type) && (m.path.empty() || !stage::is_safe_relative(m.path))) return bad("unsafe path");
-  if (is_batch(m.type) && !stage::is_safe_relative(m.path))
-    return bad("unsafe path");  // "" = root
+  if (is_batch(m.type) && !stage::is_safe_relative(m.path)) return bad("unsafe path");  // "" = root
   if (m.type == MsgType::shutdown && !m.path.empty()) return bad("path on shutdown");
   return m;
 }

@@ -14,7 +14,8 @@ MpiRequest::~MpiRequest() {
   int finalized = 0;
   if (req_ == MPI_REQUEST_NULL || MPI_Finalized(&finalized) != MPI_SUCCESS || finalized != 0) return;
   int flag = 0;
-  if (kind_ == Kind::collective || MPI_Test(&req_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0) return;
+  if (kind_ == Kind::collective || MPI_Test(&req_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag != 0)
+    return;
   if (kind_ == Kind::recv) {
     MPI_Cancel(&req_);
     MPI_Wait(&req_, MPI_STATUS_IGNORE);  // a cancelled receive completes at once

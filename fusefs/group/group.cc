@@ -22,9 +22,9 @@ GroupService::GroupService(stage::Comm& data, ControlPlane& ctl, stage::SourceRe
       last_progress_(Clock::now()) {
   if (ctl_.is_coordinator()) {
     coord_.emplace();
-    coord_->set_nesting(cfg_.nested_batches && nested_ != nullptr);
-    coord_->set_walks(cfg_.prefetch_siblings && cfg_.small_file_size > 0);
-    coord_->set_budget(cfg_.prefetch_max_bytes, cfg_.prefetch_max_files);
+    coord_->set_nesting(cfg_.batches.nested_batches && nested_ != nullptr);
+    coord_->set_walks(cfg_.batches.prefetch_siblings && cfg_.small_file_size > 0);
+    coord_->set_budget(cfg_.batches.prefetch_max_bytes, cfg_.batches.prefetch_max_files);
   }
   watchdog_ = std::thread([this] { watchdog(); });
 }

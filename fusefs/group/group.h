@@ -67,10 +67,10 @@
 
 #include "bcast/transfer/engine.h"
 #include "fusefs/base/admission.h"
-#include "fusefs/group/control.h"
-#include "fusefs/group/coordinator.h"
 #include "fusefs/core/core.h"
 #include "fusefs/core/live.h"
+#include "fusefs/group/control.h"
+#include "fusefs/group/coordinator.h"
 
 namespace stagefs {
 
@@ -86,6 +86,32 @@ class ReadOrders {
   // On every rank, after a transfer of rel: what this node's readers read during the copy
   // (LiveCopy::read_order; called only if they read something).
   virtual void live_reads(const std::string& rel, const LiveCopy::ReadOrder& order) = 0;
+};
+
+// How batches of small files, nested batches and walks run, and their budgets: the options
+// --nested-batches, --prefetch-siblings, --batch-max-*, --prefetch-max-* under their names
+// (DaemonConfig holds one and hands it to the group as it is).
+struct BatchPolicy {
+  // The coordinator announces batches nested in a running single-file transfer (needs the
+  // nested Comm on every rank; only the coordinator's setting counts).
+  bool nested_batches = true;
+  // Walks (coordinator.h): once opens asked for two sibling directories' batches, the other
+  // subdirectories of their parent are staged in the background, behind every request
+  // (source readers without list_dirs() never do; only the coordinator's setting counts).
+  bool prefetch_siblings = true;
+  // Bounded batches (coordinator.h, Slices): one batch stages at most this many small files
+  // and bytes (0: no limit); a larger directory goes in several slices, other requests
+  // between them. The source rank's (coordinator's) settings count.
+  uint64_t batch_max_files = 4096;
+  uint64_t batch_max_bytes = uint64_t{256} << 20;
+  // Walk budget: at most this many subdirectories of one walked parent are prefetched, and
+  // their prefetched slices list at most this many bytes and files of small files; so do the
+  // slices of one sequence (a batch an open or a prefetch asked for, and the slices that
+  // follow it: coordinator.h, Budgets). 0: no limit. Each file is charged its bytes and
+  // GroupConfig::file_charge more (the cache's copy_charge: an empty file's copy is not free).
+  uint64_t prefetch_max_dirs = 64;
+  uint64_t prefetch_max_bytes = uint64_t{1} << 30;
+  uint64_t prefetch_max_files = 16384;
 };
 
 struct GroupConfig {
@@ -111,26 +137,7 @@ struct GroupConfig {
   // With read_during_copy: the order readers read files in (a replayed profile's, and this
   // mount's record: profile/job_profile.h). Null: none.
   std::shared_ptr<ReadOrders> read_orders;
-  // The coordinator announces batches nested in a running single-file transfer (needs the
-  // nested Comm on every rank; only the coordinator's setting counts).
-  bool nested_batches = true;
-  // Walks (coordinator.h): once opens asked for two sibling directories' batches, the other
-  // subdirectories of their parent are staged in the background, behind every request
-  // (source readers without list_dirs() never do; only the coordinator's setting counts).
-  bool prefetch_siblings = true;
-  // Bounded batches (coordinator.h, Slices): one batch stages at most this many small files
-  // and bytes (0: no limit); a larger directory goes in several slices, other requests
-  // between them. The source rank's (coordinator's) settings count.
-  uint64_t batch_max_files = 4096;
-  uint64_t batch_max_bytes = uint64_t{256} << 20;
-  // Walk budget: at most this many subdirectories of one walked parent are prefetched, and
-  // their prefetched slices list at most this many bytes and files of small files; so do the
-  // slices of one sequence (a batch an open or a prefetch asked for, and the slices that
-  // follow it: coordinator.h, Budgets). 0: no limit. Each file is charged its bytes and
-  // file_charge more (the cache's copy_charge: an empty file's copy is not free).
-  size_t prefetch_max_dirs = 64;
-  uint64_t prefetch_max_bytes = uint64_t{1} << 30;
-  uint64_t prefetch_max_files = 16384;
+  BatchPolicy batches;  // how batches, walks and their budgets run (--batch-*, --prefetch-*)
   uint64_t file_charge = 0;
   // Warm nodes seed cold ones: when some node's cache holds a current copy (its origin matches
   // the source's version) of every file a transfer needs, the lowest such rank reads its copy

@@ -5,8 +5,8 @@
 #include <thread>
 #include <utility>
 
-#include "fusefs/group/group.h"
 #include "fusefs/base/log.h"
+#include "fusefs/group/group.h"
 
 namespace stagefs {
 
@@ -55,8 +55,8 @@ stage::StageOptions GroupService::batch_options(const Message& a) const {
   stage::StageOptions opt = transfer_options();
   // A selection on every rank (max_file_size > 0 marks one)
   opt.selection.max_file_size = std::max<uint64_t>(cfg_.small_file_size, 1);
-  opt.selection.range = stage::SelectionSlice{a.from, a.until, (a.flags & kToEnd) != 0, cfg_.batch_max_files,
-                                               cfg_.batch_max_bytes};
+  opt.selection.range = stage::SelectionSlice{a.from, a.until, (a.flags & kToEnd) != 0,
+                                              cfg_.batches.batch_max_files, cfg_.batches.batch_max_bytes};
   // A walk's slice, or one after a sequence's first, lists at most what its budget has left.
   // Only the source rank's scan uses these limits (the other ranks make room for a slice as
   // large as the batch limits allow: a slice of at most that).

@@ -6,8 +6,8 @@
 #include <thread>
 #include <utility>
 
-#include "fusefs/group/group.h"
 #include "fusefs/base/log.h"
+#include "fusefs/group/group.h"
 
 namespace stagefs {
 
@@ -99,7 +99,8 @@ void GroupService::expand_walks() {
   }
   for (const std::string& parent : walks) {
     // The budget counts the directories queued: the two asked for may be among those listed.
-    const size_t budget = cfg_.prefetch_max_dirs > 0 ? cfg_.prefetch_max_dirs : SIZE_MAX;
+    const size_t budget =
+        cfg_.batches.prefetch_max_dirs > 0 ? static_cast<size_t>(cfg_.batches.prefetch_max_dirs) : SIZE_MAX;
     auto dirs = src_.list_dirs(parent, budget > SIZE_MAX - 2 ? budget : budget + 2);
     if (!dirs) {
       spdlog::debug("walk of {}/: {}", parent, dirs.error().message);

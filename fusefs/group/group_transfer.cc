@@ -5,8 +5,8 @@
 #include <thread>
 #include <utility>
 
-#include "fusefs/group/group.h"
 #include "fusefs/base/log.h"
+#include "fusefs/group/group.h"
 
 namespace stagefs {
 

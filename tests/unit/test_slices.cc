@@ -22,15 +22,15 @@
 #include <thread>
 
 #include "batch_fixture.h"
-#include "group_hooks.h"
 #include "bcast/comm/comm.h"
 #include "bcast/io/store.h"
 #include "fakes.h"
+#include "fusefs/base/batch_rules.h"
 #include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/base/batch_rules.h"
 #include "fusefs/core/core.h"
 #include "fusefs/group/group.h"
+#include "group_hooks.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -52,7 +52,7 @@ class CountingScans final : public stage::SourceReader {
     return real_.scan(p, rec, skip);
   }
   stage::Result<stage::Selection> scan_selection(const std::string& dir, uint64_t max,
-                                                    const stage::SelectionSlice& slice) override {
+                                                 const stage::SelectionSlice& slice) override {
     auto r = real_.scan_selection(dir, max, slice);
     if (r) listed += r->manifest.entries.size() - 1;  // the directory's own entry left out
     return r;
@@ -81,7 +81,7 @@ TEST_F(BatchTest, AHugeDirectoryGoesInBoundedSlicesWithAnotherUsersOpenServedBet
   std::promise<stage::Status> other;
   GroupService* g = nullptr;
   auto cfg = config();
-  cfg.batch_max_files = 100;
+  cfg.batches.batch_max_files = 100;
   group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool) {
     order.push_back("batch " + dir);
     if (order.size() == 1)  // another user's open while the first slice runs
@@ -126,7 +126,7 @@ TEST_F(BatchTest, ANewFileInAStagedHugeDirectoryChecksASliceNotEveryName) {
   for (int i = 0; i < kFiles; ++i) write_file(path("src/huge/" + huge_name(i)), std::string(100, 'b'));
   CountingScans counting(*source_);
   auto cfg = config();
-  cfg.batch_max_files = 100;
+  cfg.batches.batch_max_files = 100;
   BatchEnds ends;
   ends.count_in(cfg);
   Mount mount(*this, counting, cfg);
@@ -154,8 +154,8 @@ TEST_F(BatchTest, OneOpenInAHugeDirectoryOfEmptyFilesStagesItsBudgetNotTheDirect
   fs::create_directories(path("src/empty"));
   for (int i = 0; i < 1000; ++i) write_file(path("src/empty/" + huge_name(i)), "");
   auto cfg = config();
-  cfg.batch_max_files = 100;
-  cfg.prefetch_max_files = 250;
+  cfg.batches.batch_max_files = 100;
+  cfg.batches.prefetch_max_files = 250;
   cfg.file_charge = kCopyCharge;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);

@@ -23,15 +23,15 @@
 
 #include "acl.h"
 #include "batch_fixture.h"
-#include "group_hooks.h"
 #include "bcast/comm/comm.h"
 #include "bcast/io/store.h"
 #include "fakes.h"
+#include "fusefs/base/batch_rules.h"
 #include "fusefs/base/beneath.h"
 #include "fusefs/cache/cache.h"
-#include "fusefs/base/batch_rules.h"
 #include "fusefs/core/core.h"
 #include "fusefs/group/group.h"
+#include "group_hooks.h"
 #include "tmpdir.h"
 
 namespace stagefs {
@@ -109,7 +109,8 @@ TEST_F(BatchTest, APrefetchThatDoesNotFitDropsTheWalkAndMarksNothingFailed) {
   std::mutex m;
   std::vector<std::pair<std::string, bool>> hooks;  // (dir, may_evict), in order
   auto cfg = config();
-  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&,
+                                         bool may_evict) {
     faults.free_bytes = may_evict ? -1 : 0;  // the service thread, as the store's free_bytes()
     std::lock_guard lk(m);
     hooks.emplace_back(dir, may_evict);
@@ -162,7 +163,8 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
   std::promise<stage::Status> attached;
   GroupService* g = nullptr;
   auto cfg = config();
-  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&, bool may_evict) {
+  group_hooks(cfg).on_before_batch = [&](const std::string& dir, const stage::SelectionSlice&,
+                                         bool may_evict) {
     hooks.emplace_back(dir, may_evict);
     faults.free_bytes = may_evict ? -1 : 0;
     if (!may_evict)
@@ -192,7 +194,7 @@ TEST_F(BatchTest, AnOpenThatAttachedToASkippedPrefetchGetsAnOrdinaryBatch) {
 TEST_F(BatchTest, WithoutWalksOnlyOpenedDirectoriesAreStaged) {
   for (const char* d : {"w/a", "w/b", "w/c"}) small_dir(d, {"f"});
   auto cfg = config();
-  cfg.prefetch_siblings = false;
+  cfg.batches.prefetch_siblings = false;
   Mount mount(*this, *source_, cfg);
   GroupService& group = mount.group;
   make_core(group);
@@ -219,9 +221,9 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
     SCOPED_TRACE(by_bytes ? "byte budget" : "file budget");
     fs::remove_all(path("cache/data/w"));
     auto cfg = config();
-    cfg.batch_max_files = 100;
-    cfg.prefetch_max_files = by_bytes ? 0 : 250;
-    cfg.prefetch_max_bytes = by_bytes ? 4096 : 0;
+    cfg.batches.batch_max_files = 100;
+    cfg.batches.prefetch_max_files = by_bytes ? 0 : 250;
+    cfg.batches.prefetch_max_bytes = by_bytes ? 4096 : 0;
     cfg.file_charge = kCopyCharge;
     Mount mount(*this, *source_, cfg);
     make_core(mount.group);
@@ -239,7 +241,7 @@ TEST_F(BatchTest, AWalkOfEmptyFilesStopsAtItsFileOrByteBudget) {
 TEST_F(BatchTest, AWalkPrefetchesAtMostItsBudgetOfDirectories) {
   for (const char* d : {"w/a", "w/b", "w/c", "w/d", "w/e", "w/f"}) small_dir(d, {"f0", "f1"});
   auto cfg = config();
-  cfg.prefetch_max_dirs = 2;
+  cfg.batches.prefetch_max_dirs = 2;
   Mount mount(*this, *source_, cfg);
   make_core(mount.group);
   const uint64_t w = lookup(StageFsCore::kRootId, "w");
