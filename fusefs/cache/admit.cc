@@ -9,8 +9,8 @@
 
 #include "bcast/io/source.h"
 #include "fusefs/base/beneath.h"
-#include "fusefs/cache/cache.h"
 #include "fusefs/base/log.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

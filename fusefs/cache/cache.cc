@@ -23,8 +23,8 @@
 #include "bcast/io/store.h"
 #include "bcast/text/text.h"
 #include "fusefs/base/beneath.h"
-#include "fusefs/cache/copy_xattrs.h"
 #include "fusefs/base/log.h"
+#include "fusefs/cache/copy_xattrs.h"
 
 namespace stagefs {
 

@@ -5,8 +5,8 @@
 
 #include "bcast/io/store.h"
 #include "fusefs/base/batch_rules.h"
-#include "fusefs/cache/cache.h"
 #include "fusefs/base/log.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

@@ -5,9 +5,9 @@
 
 #include "bcast/io/source.h"
 #include "bcast/io/store.h"
+#include "fusefs/base/log.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/cache/copy_xattrs.h"
-#include "fusefs/base/log.h"
 
 namespace stagefs {
 

@@ -4,8 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include "bcast/io/paths.h"
-#include "fusefs/cache/cache.h"
 #include "fusefs/base/log.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

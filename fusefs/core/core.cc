@@ -7,8 +7,8 @@
 
 #include <future>
 
-#include "fusefs/cache/cache.h"
 #include "fusefs/base/log.h"
+#include "fusefs/cache/cache.h"
 
 namespace stagefs {
 

@@ -13,10 +13,10 @@
 #include "bcast/io/store.h"
 #include "fusefs/base/batch_rules.h"
 #include "fusefs/base/beneath.h"
+#include "fusefs/base/log.h"
 #include "fusefs/cache/cache.h"
 #include "fusefs/core/core.h"
 #include "fusefs/core/live.h"
-#include "fusefs/base/log.h"
 
 namespace stagefs {
 

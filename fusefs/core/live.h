@@ -48,8 +48,8 @@
 #include <system_error>
 #include <vector>
 
-#include "bcast/transfer/engine.h"
 #include "bcast/io/fd.h"
+#include "bcast/transfer/engine.h"
 
 namespace stagefs {
 

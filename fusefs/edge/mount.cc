@@ -20,8 +20,8 @@
 
 #include "bcast/io/paths.h"
 #include "bcast/text/text.h"
-#include "fusefs/edge/fuse_ops.h"
 #include "fusefs/base/log.h"
+#include "fusefs/edge/fuse_ops.h"
 #include "fusefs/edge/privilege.h"
 
 namespace stagefs {

@@ -21,8 +21,8 @@
 // outstanding when it shuts down).
 #pragma once
 
-#include <functional>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
