@@ -28,13 +28,13 @@ def env_int(name, default):
     return int(os.environ.get(name, str(default)))
 
 
-def first_open(h, g, path):
+def first_open(g, path):
     t0 = time.perf_counter()
     g.on(0, ["dd", "if=" + path, "of=/dev/null", "bs=1M", "status=none"], timeout=600)
     return time.perf_counter() - t0
 
 
-def dataset(h, g, root):
+def dataset(g, root):
     t0 = time.perf_counter()
     procs = [subprocess.Popen(g.nsenter(k) + benchlib.reader_cmd("tar", root), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE) for k in range(g.np)]
@@ -83,8 +83,8 @@ def main():
                        check=True)
         subprocess.run(["chmod", "-R", "a+rX", data.src], check=True)
         points = {
-            "first open": lambda g, mnt: first_open(h, g, os.path.join(mnt, "big.bin")),
-            "dataset": lambda g, mnt: dataset(h, g, os.path.join(mnt, "tree")),
+            "first open": lambda g, mnt: first_open(g, os.path.join(mnt, "big.bin")),
+            "dataset": lambda g, mnt: dataset(g, os.path.join(mnt, "tree")),
         }
         res = {(p, b): [] for p in points for b in builds}
         for r in range(runs):
