@@ -168,7 +168,7 @@ struct GroupStats {
   uint64_t requests_sent = 0;  // first-open requests this node sent (or queued, coordinator)
   uint64_t walks = 0;          // coordinator's node: parents found walked (their subdirectories queued)
   uint64_t prefetch_queued =
-      0;  // coordinator's node: subdirectories walks queued (GroupConfig::prefetch_max_dirs)
+      0;  // coordinator's node: subdirectories walks queued (BatchPolicy::prefetch_max_dirs)
   uint64_t prefetch_skipped = 0;  // prefetched batches that failed (no room without evicting...)
   // coordinator's node: walks and batch sequences stopped at their budget (prefetch_max_files...)
   uint64_t budget_stops = 0;
